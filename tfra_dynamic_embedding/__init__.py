@@ -1,0 +1,34 @@
+"""tfra_dynamic_embedding: dynamic hash-table embeddings for TensorFlow.
+
+The public API, also importable as `tensorflow_recommenders_addons.dynamic_embedding`:
+
+    import tensorflow_recommenders_addons.dynamic_embedding as de
+    w = de.get_variable("user_emb", dim=16, initializer=tf.random_normal_initializer(0, 0.01))
+    emb = de.embedding_lookup(w, user_ids)
+"""
+
+from tfra_dynamic_embedding.embedding_ops import (
+    embedding_lookup,
+    embedding_lookup_sparse,
+    safe_embedding_lookup_sparse,
+)
+from tfra_dynamic_embedding.tables import BuiltinKVCreator, KVCreator, KVTable
+from tfra_dynamic_embedding.variable import (
+    Variable,
+    default_partition_fn,
+    get_variable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BuiltinKVCreator",
+    "KVCreator",
+    "KVTable",
+    "Variable",
+    "default_partition_fn",
+    "embedding_lookup",
+    "embedding_lookup_sparse",
+    "get_variable",
+    "safe_embedding_lookup_sparse",
+]

@@ -1,0 +1,161 @@
+"""Embedding lookups on a `de.Variable`, with the semantics of their `tf.nn` namesakes.
+
+Each function looks up the rows of the batch's unique ids once, then runs the `tf.nn` combine on
+those rows with ids re-mapped to row positions; the result is what `tf.nn` gives on a dense table
+holding the same rows, and gradients w.r.t. the looked-up rows are IndexedSlices.
+
+Example:
+    w = de.get_variable("emb", dim=8)
+    dense = de.embedding_lookup(w, tf.constant([[3, 7]], tf.int64))            # [1, 2, 8]
+    pooled = de.embedding_lookup_sparse(w, sp_ids, None, combiner="mean")       # [batch, 8]
+"""
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding import variable as variable_lib
+
+COMBINERS = ("mean", "sqrtn", "sum")
+
+
+def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
+                     max_norm=None):
+    """Like `tf.nn.embedding_lookup`: rows of `params` for `ids` -> `ids.shape + [dim]`.
+
+    `partition_strategy` and `validate_indices` are accepted for signature compatibility and
+    ignored (the variable's partitioner decides). Missing ids get initializer rows, not inserted.
+    """
+    del partition_strategy, validate_indices
+    params = _check_params(params, "params")
+    ids = variable_lib.typed_tensor(ids, params.key_dtype, "ids")
+    with tf.name_scope(name or "embedding_lookup"):
+        flat = tf.reshape(ids, [-1])
+        unique_ids, index = tf.unique(flat)
+        rows = params.lookup(unique_ids)
+        embeddings = tf.gather(rows, index)
+        if max_norm is not None:
+            embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])
+        embeddings = tf.reshape(embeddings, tf.concat([tf.shape(ids), [params.dim]], 0))
+        embeddings.set_shape(ids.shape.concatenate([params.dim]))
+        return embeddings
+
+
+def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name=None,
+                            combiner="mean", max_norm=None):
+    """Like `tf.nn.embedding_lookup_sparse`: combines the rows of each row of `sp_ids`.
+
+    `sp_ids` is a 2-D SparseTensor of keys; `sp_weights` None or a SparseTensor with the same
+    indices; `combiner` one of "mean", "sqrtn", "sum" (None means "mean").
+    """
+    del partition_strategy
+    params = _check_params(params, "params")
+    combiner = _check_combiner(combiner)
+    sp_ids = _check_sparse(sp_ids, params.key_dtype, "sp_ids")
+    with tf.name_scope(name or "embedding_lookup_sparse"):
+        checks = _check_weights(sp_ids, sp_weights)
+        with tf.control_dependencies(checks):
+            rows, position_ids = _unique_rows(params, sp_ids)
+        return tf.nn.embedding_lookup_sparse(rows, position_ids, sp_weights, combiner=combiner,
+                                             max_norm=max_norm)
+
+
+def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
+                                 combiner="mean", default_id=None, name=None,
+                                 partition_strategy="div", max_norm=None):
+    """Like `tf.nn.safe_embedding_lookup_sparse`, for a `de.Variable`.
+
+    Ids < 0 (integer keys) and, unless combiner is "sum", weights <= 0 are pruned; a row with no
+    ids left gets the row of key `default_id`, or zeros when it is None. `sparse_ids` may be N-D
+    (`[d_0, ..., d_n]`); the result is `[d_0, ..., d_{n-1}, dim]`.
+    """
+    del partition_strategy
+    params = _check_params(embedding_weights, "embedding_weights")
+    combiner = _check_combiner(combiner)
+    sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
+    with tf.name_scope(name or "safe_embedding_lookup_sparse"):
+        checks = _check_weights(sparse_ids, sparse_weights, arg="sparse_weights",
+                                ids_arg="sparse_ids")
+        with tf.control_dependencies(checks):
+            sparse_ids = tf.SparseTensor(tf.identity(sparse_ids.indices), sparse_ids.values,
+                                         sparse_ids.dense_shape)
+        if params.key_dtype.is_integer:
+            keep = sparse_ids.values >= 0
+            sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights, keep)
+        if sparse_weights is not None and combiner != "sum":
+            sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights,
+                                                 sparse_weights.values > 0)
+        if default_id is None:
+            rows, position_ids = _unique_rows(params, sparse_ids)
+            # tf.nn fills empty rows with position 0 and then zeroes them: make sure a row 0
+            # exists even when the batch has no ids at all.
+            rows = tf.concat([rows, tf.zeros([1, params.dim], rows.dtype)], 0)
+            default_position = None
+        else:
+            default_key = variable_lib.typed_tensor(default_id, params.key_dtype, "default_id")
+            # The default key goes first, so unique() gives it position 0.
+            rows, position_ids = _unique_rows(params, sparse_ids, leading_key=default_key)
+            default_position = 0
+        return tf.nn.safe_embedding_lookup_sparse(
+            rows, position_ids, sparse_weights, combiner=combiner, default_id=default_position,
+            max_norm=max_norm)
+
+
+def _unique_rows(params, sp_ids, leading_key=None):
+    """Rows of the unique ids of `sp_ids`, and `sp_ids` with values re-mapped to row positions."""
+    keys = sp_ids.values
+    if leading_key is not None:
+        keys = tf.concat([tf.reshape(leading_key, [1]), keys], 0)
+    unique_ids, index = tf.unique(keys)
+    if leading_key is not None:
+        index = index[1:]
+    rows = params.lookup(unique_ids)
+    positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
+    return rows, positions
+
+
+def _retain(sp_ids, sp_weights, keep):
+    sp_ids = tf.sparse.retain(sp_ids, keep)
+    if sp_weights is not None:
+        sp_weights = tf.sparse.retain(sp_weights, keep)
+    return sp_ids, sp_weights
+
+
+def _check_params(params, arg):
+    if not isinstance(params, variable_lib.Variable):
+        raise TypeError(f"{arg} must be a de.Variable; got {type(params).__name__}")
+    return params
+
+
+def _check_combiner(combiner):
+    if combiner is None:
+        return "mean"
+    if combiner not in COMBINERS:
+        raise ValueError(f"combiner must be one of {list(COMBINERS)}; got {combiner!r}")
+    return combiner
+
+
+def _check_sparse(sp, key_dtype, arg):
+    if not isinstance(sp, tf.SparseTensor):
+        raise TypeError(f"{arg} must be a tf.SparseTensor; got {type(sp).__name__}")
+    if sp.dtype != key_dtype:
+        raise variable_lib.DTypeError(
+            f"{arg} must have dtype {key_dtype.name} (the variable's key_dtype); got {sp.dtype.name}")
+    return sp
+
+
+def _check_weights(sp_ids, sp_weights, arg="sp_weights", ids_arg="sp_ids"):
+    """Static and runtime checks that the weights sit at the same indices as the ids."""
+    if sp_weights is None:
+        return []
+    if not isinstance(sp_weights, tf.SparseTensor):
+        raise TypeError(f"{arg} must be a tf.SparseTensor or None; got {type(sp_weights).__name__}")
+    if not sp_weights.dtype.is_floating:
+        raise variable_lib.DTypeError(f"{arg} must have a float dtype; got {sp_weights.dtype.name}")
+    if not sp_ids.indices.shape.is_compatible_with(sp_weights.indices.shape):
+        raise ValueError(f"{arg}.indices must equal {ids_arg}.indices; got shapes "
+                         f"{sp_weights.indices.shape} and {sp_ids.indices.shape}")
+    message = f"{arg}.indices must equal {ids_arg}.indices"
+    return [
+        tf.debugging.assert_equal(tf.shape(sp_ids.indices), tf.shape(sp_weights.indices),
+                                  message=message),
+        tf.debugging.assert_equal(sp_ids.indices, sp_weights.indices, message=message),
+    ]

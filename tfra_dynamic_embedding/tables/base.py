@@ -1,0 +1,87 @@
+"""The key-value table interface every backend implements, and how a Variable asks for tables.
+
+A `KVTable` is one shard of a `de.Variable`: a hash table from keys to rows of `dim` values, living
+on one device as a TensorFlow resource. All methods take 1-D keys and `[N, dim]` rows and return
+tensors or ops, so they work in eager mode, inside `tf.function` and in `tf.compat.v1` graphs.
+Tables know nothing of training, partitioning or checkpoint layout: `de.Variable` does that.
+
+Example (any backend):
+    table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=4, name="t", device="/CPU:0")
+    table.insert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
+    rows, exists = table.lookup_with_exists(tf.constant([1, 7], tf.int64), tf.zeros([2, 4]))
+"""
+
+import abc
+
+import tensorflow as tf
+
+
+class _AbstractResourceMeta(type(tf.saved_model.experimental.TrackableResource), abc.ABCMeta):
+    """TrackableResource's metaclass plus ABCMeta, so missing methods fail at construction."""
+
+
+class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_AbstractResourceMeta):
+    """One shard table. Subclasses create the resource in `_create_resource`.
+
+    Checkpointing is the Variable's job (it re-partitions on restore), so a KVTable must not
+    save itself: it has no `_serialize_to_tensors`.
+    """
+
+    def __init__(self, key_dtype, value_dtype, dim, name, device=""):
+        super().__init__(device=device)
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.value_dtype = tf.as_dtype(value_dtype)
+        self.dim = int(dim)
+        self.name = name
+        self.device = device
+
+    @abc.abstractmethod
+    def lookup(self, keys, default_rows):
+        """Rows for `keys`; a missing key i gets `default_rows[i]`. Never inserts."""
+
+    @abc.abstractmethod
+    def lookup_with_exists(self, keys, default_rows):
+        """(rows, exists): like `lookup` plus a bool mask of the keys present. Never inserts."""
+
+    @abc.abstractmethod
+    def find_or_insert(self, keys, make_rows):
+        """(rows, exists): missing keys are inserted with `make_rows(n)` for exactly n missing keys.
+
+        `make_rows(n)` returns an `[n, dim]` tensor of fresh initial rows.
+        """
+
+    @abc.abstractmethod
+    def insert(self, keys, values):
+        """Upsert: set the rows of `keys` to `values`."""
+
+    @abc.abstractmethod
+    def accum(self, keys, deltas):
+        """Add `deltas` to the rows of `keys`; a missing key is inserted with its delta."""
+
+    @abc.abstractmethod
+    def remove(self, keys):
+        """Delete `keys` (missing keys are ignored)."""
+
+    @abc.abstractmethod
+    def clear(self):
+        """Delete every key."""
+
+    @abc.abstractmethod
+    def size(self):
+        """Number of keys, an int64 scalar."""
+
+    @abc.abstractmethod
+    def export(self):
+        """(keys, values) of the whole shard, `[n]` and `[n, dim]`."""
+
+    @abc.abstractmethod
+    def import_(self, keys, values):
+        """Replace the whole content of the shard with `keys`/`values`."""
+
+
+class KVCreator(metaclass=abc.ABCMeta):
+    """Makes the shard tables of a Variable; `de.Variable(kv_creator=...)` selects the backend."""
+
+    @abc.abstractmethod
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        """Return a new `KVTable` whose resource lives on `device`."""

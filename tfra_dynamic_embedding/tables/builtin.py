@@ -1,0 +1,136 @@
+"""The built-in backend: shard tables on TensorFlow's own `MutableHashTableOfTensors` kernels.
+
+Every op here is a stock TF op, so a model exported with this backend is servable by stock
+TensorFlow without this package. It is the fallback when the native op library is not built.
+
+Example:
+    table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=2, name="t")
+    table.insert(tf.constant([3], tf.int64), [[1.0, 2.0]])
+    table.lookup(tf.constant([3, 4], tf.int64), tf.zeros([2, 2]))  # [[1, 2], [0, 0]]
+"""
+
+import itertools
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding.tables import base
+
+# Bit-pattern integer types used to compare float rows exactly (NaN-safe) when detecting presence.
+_BITS = {
+    tf.float16: tf.int16,
+    tf.bfloat16: tf.int16,
+    tf.float32: tf.int32,
+    tf.float64: tf.int64,
+}
+_table_ids = itertools.count()
+
+
+class BuiltinKVTable(base.KVTable):
+    """A shard table on `tf.raw_ops.MutableHashTableOfTensorsV2` (see `KVTable` for the methods)."""
+
+    def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
+        super().__init__(key_dtype, value_dtype, dim, name, device)
+        # In eager mode an unnamed table gets a unique shared name (else two tables on one device
+        # with the same name would share storage) and is destroyed with this object. A table the
+        # user shares by name is never destroyed by us.
+        self._owns_resource = shared_name is None and tf.executing_eagerly()
+        if self._owns_resource:
+            shared_name = "%s_%d" % (_op_name(name), next(_table_ids))
+        self._shared_name = shared_name
+        self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
+
+    def _create_resource(self):
+        return tf.raw_ops.MutableHashTableOfTensorsV2(
+            key_dtype=self.key_dtype,
+            value_dtype=self.value_dtype,
+            value_shape=[self.dim],
+            shared_name=self._shared_name or "",
+            # Graph mode without a shared name: share by node name, so every worker of a
+            # PS cluster that builds the same graph addresses the same table.
+            use_node_name_sharing=self._shared_name is None,
+            name=_op_name(self.name),
+        )
+
+    def _destroy_resource(self):
+        if self._owns_resource:
+            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    def lookup(self, keys, default_rows):
+        with tf.device(self.device):
+            return tf.raw_ops.LookupTableFindV2(
+                table_handle=self.resource_handle, keys=keys, default_value=default_rows)
+
+    def lookup_with_exists(self, keys, default_rows):
+        # The stock kernel has no presence output. Look up twice with defaults that differ in every
+        # bit: a present key returns its stored row both times, a missing key returns the two
+        # (different) defaults. Comparing bit patterns makes NaN rows count as present.
+        with tf.device(self.device):
+            bits = _BITS[self.value_dtype]
+            rows = self.lookup(keys, default_rows)
+            flipped = tf.bitcast(tf.bitwise.invert(tf.bitcast(default_rows[:, :1], bits)),
+                                 self.value_dtype)
+            probe = self.lookup(keys, tf.concat([flipped, default_rows[:, 1:]], axis=1))
+            exists = tf.equal(tf.bitcast(rows[:, 0], bits), tf.bitcast(probe[:, 0], bits))
+            return rows, exists
+
+    def find_or_insert(self, keys, make_rows):
+        with tf.device(self.device):
+            unique_keys, index = tf.unique(keys)
+            zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
+            rows, exists = self.lookup_with_exists(unique_keys, zeros)
+            missing = tf.where(tf.logical_not(exists))
+            new_rows = tf.convert_to_tensor(make_rows(tf.shape(missing)[0]), self.value_dtype)
+            with tf.control_dependencies([self.insert(tf.gather_nd(unique_keys, missing), new_rows)]):
+                rows = tf.tensor_scatter_nd_update(rows, missing, new_rows)
+            return tf.gather(rows, index), tf.gather(exists, index)
+
+    def insert(self, keys, values):
+        with tf.device(self.device):
+            return tf.raw_ops.LookupTableInsertV2(
+                table_handle=self.resource_handle, keys=keys, values=values)
+
+    def accum(self, keys, deltas):
+        with tf.device(self.device):
+            unique_keys, index = tf.unique(keys)
+            summed = tf.math.unsorted_segment_sum(deltas, index, tf.size(unique_keys))
+            current = self.lookup(unique_keys, tf.zeros_like(summed))
+            return self.insert(unique_keys, current + summed)
+
+    def remove(self, keys):
+        with tf.device(self.device):
+            return tf.raw_ops.LookupTableRemoveV2(table_handle=self.resource_handle, keys=keys)
+
+    def clear(self):
+        return self.import_(tf.zeros([0], self.key_dtype),
+                            tf.zeros([0, self.dim], self.value_dtype))
+
+    def size(self):
+        with tf.device(self.device):
+            return tf.raw_ops.LookupTableSizeV2(table_handle=self.resource_handle)
+
+    def export(self):
+        with tf.device(self.device):
+            keys, values = tf.raw_ops.LookupTableExportV2(
+                table_handle=self.resource_handle, Tkeys=self.key_dtype, Tvalues=self.value_dtype)
+            values.set_shape([None, self.dim])
+            return keys, values
+
+    def import_(self, keys, values):
+        with tf.device(self.device):
+            # The stock import kernel replaces the whole content of the table.
+            return tf.raw_ops.LookupTableImportV2(
+                table_handle=self.resource_handle, keys=keys, values=values)
+
+
+class BuiltinKVCreator(base.KVCreator):
+    """Creates `BuiltinKVTable` shards: `de.Variable(..., kv_creator=de.BuiltinKVCreator())`."""
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        del init_size  # The stock table grows by itself; there is nothing to pre-size.
+        return BuiltinKVTable(key_dtype, value_dtype, dim, name, device, shared_name)
+
+
+def _op_name(name):
+    """A valid TF op name from a variable name (which may hold scope slashes)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return cleaned.lstrip("._-") or "table"

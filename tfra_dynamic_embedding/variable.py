@@ -1,0 +1,494 @@
+"""`de.Variable`: an embedding table that grows, sharded over devices as one hash table per device.
+
+Keys are split over the shard tables by `partitioner(keys, shard_num)` with `tf.dynamic_partition`
+and the results are joined back with `tf.dynamic_stitch`. Rows of missing keys come from the
+initializer, one draw per key; `lookup` never inserts.
+
+Example:
+    w = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4,
+                    devices=["/CPU:0", "/CPU:1"], initializer=tf.random_normal_initializer())
+    w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
+    rows, exists = w.lookup(tf.constant([[1, 5]], tf.int64), return_exists=True)  # [1, 2, 4], [1, 2]
+"""
+
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.eager import context  # the eager device scope has no public getter
+
+from tfra_dynamic_embedding import checkpoint
+from tfra_dynamic_embedding import initializers
+from tfra_dynamic_embedding import tables as tables_lib
+
+KEY_DTYPES = (tf.int32, tf.int64, tf.string)
+VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+class DTypeError(TypeError, ValueError):
+    """A tensor of the wrong dtype was passed (both a TypeError and a ValueError, like TF's)."""
+
+
+def default_partition_fn(keys, shard_num):
+    """Shard id of every key: `keys mod shard_num` (never negative) or a stable string hash.
+
+    Example: default_partition_fn(tf.constant([-1, 5], tf.int64), 4) -> [3, 1] (int32).
+    """
+    if keys.dtype == tf.string:
+        return tf.cast(tf.strings.to_hash_bucket_fast(keys, shard_num), tf.int32)
+    return tf.cast(tf.math.floormod(keys, tf.cast(shard_num, keys.dtype)), tf.int32)
+
+
+class Variable(tf.__internal__.tracking.AutoTrackable):
+    """A dynamic embedding table: `key -> [dim]` rows in one hash table per device.
+
+    Args:
+      key_dtype: tf.int32, tf.int64 or tf.string.
+      value_dtype: tf.float16, tf.bfloat16, tf.float32 or tf.float64.
+      dim: row length, > 0.
+      devices: a device string or list of them, one shard table per entry (default: the current
+        device).
+      partitioner: `fn(keys, shard_num) -> int32 shard ids` in [0, shard_num).
+      shared_name: tables with the same shared name on one device share storage.
+      name: the variable's name (also its checkpoint name in graph mode).
+      initializer: None (zeros), a number, a `[dim]` array, a TF/Keras initializer or its name.
+      trainable: whether optimizers may train it.
+      checkpoint: whether checkpoints save it.
+      init_size: expected number of keys (a sizing hint for backends that pre-allocate).
+      kv_creator: a `KVCreator` choosing the backend (default: native if built, else built-in).
+    """
+
+    def __init__(self,
+                 key_dtype=tf.int64,
+                 value_dtype=tf.float32,
+                 dim=1,
+                 devices=None,
+                 partitioner=default_partition_fn,
+                 shared_name=None,
+                 name="DynamicEmbedding_Variable",
+                 initializer=None,
+                 trainable=True,
+                 checkpoint=True,  # pylint: disable=redefined-outer-name
+                 init_size=0,
+                 kv_creator=None):
+        self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
+        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES, "value_dtype")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int; got {dim!r}")
+        if not callable(partitioner):
+            raise ValueError(f"partitioner must be callable; got {partitioner!r}")
+        if not isinstance(init_size, int) or init_size < 0:
+            raise ValueError(f"init_size must be a non-negative int; got {init_size!r}")
+        self._dim = dim
+        self._name = name
+        self._devices = _device_list(devices)
+        self._partitioner = partitioner
+        self._initializer = initializer
+        self._make_rows = initializers.rows_maker(initializer, dim, self._value_dtype)
+        self._trainable = trainable
+        self._checkpoint = checkpoint
+        self._init_size = init_size
+        self._kv_creator = kv_creator or tables_lib.default_kv_creator()
+        if not isinstance(self._kv_creator, tables_lib.KVCreator):
+            raise ValueError(f"kv_creator must be a de.KVCreator; got {kv_creator!r}")
+
+        # Tables are created outside any tf.function being traced, like tf.Variable's storage.
+        with tf.init_scope():
+            with tf.name_scope(_scope_name(name)) as scope:
+                # In graph mode the scope is made unique (name, name_1, ...): that is the
+                # checkpoint name a tf.compat.v1.train.Saver uses.
+                self._unique_name = scope.rstrip("/") if scope else name
+                shard_num = len(self._devices)
+                self._tables = [
+                    self._kv_creator.create(
+                        self._key_dtype, self._value_dtype, dim,
+                        name=f"{name}_mht_{i + 1}of{shard_num}",
+                        device=device,
+                        shared_name=(f"{shared_name}_mht_{i + 1}of{shard_num}"
+                                     if shared_name else None),
+                        init_size=init_size // shard_num)
+                    for i, device in enumerate(self._devices)
+                ]
+            if checkpoint and not tf.executing_eagerly():
+                checkpoint.register_graph_saveable(self, self._unique_name)
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def key_dtype(self):
+        return self._key_dtype
+
+    @property
+    def value_dtype(self):
+        return self._value_dtype
+
+    @property
+    def dim(self):
+        return self._dim
+
+    @property
+    def devices(self):
+        return list(self._devices)
+
+    @property
+    def shard_num(self):
+        return len(self._tables)
+
+    @property
+    def partition_fn(self):
+        return self._partitioner
+
+    @property
+    def initializer(self):
+        return self._initializer
+
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @property
+    def checkpoint(self):
+        return self._checkpoint
+
+    @property
+    def init_size(self):
+        return self._init_size
+
+    @property
+    def kv_creator(self):
+        return self._kv_creator
+
+    @property
+    def tables(self):
+        """The shard tables (read-only), one per device."""
+        return tuple(self._tables)
+
+    # -- data plane -------------------------------------------------------------------------
+    def lookup(self, keys, return_exists=False, name=None):
+        """Rows for `keys` (any shape) -> `keys.shape + [dim]`; missing keys get initializer rows.
+
+        Never inserts. With `return_exists=True` also returns a bool tensor shaped like `keys`.
+        """
+        keys = self._keys_tensor(keys)
+        with tf.name_scope(name or _scope_name(self._name + "_lookup")):
+            flat = tf.reshape(keys, [-1])
+
+            def shard_lookup(table, shard_keys):
+                defaults = self._make_rows(tf.size(shard_keys))
+                if return_exists:
+                    return table.lookup_with_exists(shard_keys, defaults)
+                return table.lookup(shard_keys, defaults), None
+
+            rows, exists = self._map_shards(flat, shard_lookup)
+            rows = self._unflatten(rows, keys)
+            if not return_exists:
+                return rows
+            exists = tf.reshape(exists, tf.shape(keys))
+            exists.set_shape(keys.shape)
+            return rows, exists
+
+    def find_or_insert(self, keys, name=None):
+        """Rows for `keys`, inserting initializer rows for missing keys; returns (rows, exists).
+
+        Only the missing keys draw from the initializer. Used by optimizers to create rows.
+        """
+        keys = self._keys_tensor(keys)
+        with tf.name_scope(name or _scope_name(self._name + "_find_or_insert")):
+            rows, exists = self._map_shards(
+                tf.reshape(keys, [-1]),
+                lambda table, shard_keys: table.find_or_insert(shard_keys, self._make_rows))
+            exists = tf.reshape(exists, tf.shape(keys))
+            exists.set_shape(keys.shape)
+            return self._unflatten(rows, keys), exists
+
+    def upsert(self, keys, values, name=None):
+        """Insert or overwrite the rows of `keys`; `values` is shaped `keys.shape + [dim]`."""
+        return self._write(keys, values, "values", lambda t, k, v: t.insert(k, v),
+                           name or self._name + "_upsert")
+
+    def accum(self, keys, deltas, name=None):
+        """Add `deltas` (shaped `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0."""
+        return self._write(keys, deltas, "deltas", lambda t, k, v: t.accum(k, v),
+                           name or self._name + "_accum")
+
+    def remove(self, keys, name=None):
+        """Delete `keys` from the table (missing keys are ignored)."""
+        keys = self._keys_tensor(keys)
+        with tf.name_scope(name or _scope_name(self._name + "_remove")):
+            flat = tf.reshape(keys, [-1])
+            if self.shard_num == 1:
+                return self._tables[0].remove(flat)
+            parts, _ = self._partition(flat)
+            return tf.group(*[t.remove(p) for t, p in zip(self._tables, parts)])
+
+    def clear(self, name=None):
+        """Delete every key of every shard."""
+        with tf.name_scope(name or _scope_name(self._name + "_clear")):
+            return tf.group(*[t.clear() for t in self._tables])
+
+    def size(self, index=None, name=None):
+        """Number of keys (int64): of shard `index`, or of all shards when index is None."""
+        with tf.name_scope(name or _scope_name(self._name + "_size")):
+            if index is not None:
+                if not 0 <= index < self.shard_num:
+                    raise ValueError(
+                        f"index must be in [0, {self.shard_num}) for {self._name}; got {index!r}")
+                return self._tables[index].size()
+            return tf.add_n([t.size() for t in self._tables])
+
+    def export(self, name=None):
+        """(keys, values) of all shards: `[n]` and `[n, dim]`, in shard order."""
+        with tf.name_scope(name or _scope_name(self._name + "_export")):
+            exported = [t.export() for t in self._tables]
+            if len(exported) == 1:
+                return exported[0]
+            return (tf.concat([k for k, _ in exported], 0), tf.concat([v for _, v in exported], 0))
+
+    def import_(self, keys, values, name=None):
+        """Replace the whole content with `keys`/`values`, re-partitioned over the current shards."""
+        keys = self._keys_tensor(keys)
+        values = self._values_tensor(values, keys, "values")
+        with tf.name_scope(name or _scope_name(self._name + "_import")):
+            flat_keys = tf.reshape(keys, [-1])
+            flat_values = tf.reshape(values, [-1, self._dim])
+            if self.shard_num == 1:
+                return self._tables[0].import_(flat_keys, flat_values)
+            parts, positions = self._partition(flat_keys)
+            return tf.group(*[
+                t.import_(p, tf.gather(flat_values, pos))
+                for t, p, pos in zip(self._tables, parts, positions)])
+
+    # -- checkpointing (TF2 object-based; graph-mode Saver support lives in checkpoint.py) ----
+    def _serialize_to_tensors(self):
+        if not self._checkpoint:
+            return {}
+        keys, values = self.export()
+        return {checkpoint.KEYS: keys, checkpoint.VALUES: values}
+
+    def _restore_from_tensors(self, restored_tensors):
+        if not self._checkpoint:
+            return tf.no_op()
+        return self.import_(restored_tensors[checkpoint.KEYS], restored_tensors[checkpoint.VALUES])
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _keys_tensor(self, keys):
+        return typed_tensor(keys, self._key_dtype, "keys")
+
+    def _values_tensor(self, values, keys, arg):
+        values = typed_tensor(values, self._value_dtype, arg)
+        expected = keys.shape.concatenate([self._dim])
+        if values.shape.rank is not None and values.shape[-1] is not None \
+                and values.shape[-1] != self._dim:
+            raise ValueError(
+                f"{arg} must have last dimension dim={self._dim} for {self._name}; "
+                f"got shape {values.shape}")
+        if not values.shape.is_compatible_with(expected):
+            raise ValueError(
+                f"{arg} must have shape keys.shape + [dim] = {expected}; got {values.shape}")
+        return values
+
+    def _write(self, keys, values, arg, write, name):
+        keys = self._keys_tensor(keys)
+        values = self._values_tensor(values, keys, arg)
+        with tf.name_scope(_scope_name(name)):
+            # Checked before any shard is written, so a bad call leaves the table unchanged.
+            checks = [tf.debugging.assert_equal(
+                tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
+                message=f"{arg} must have shape keys.shape + [{self._dim}] for {self._name}")]
+            with tf.control_dependencies(checks):
+                flat_keys = tf.reshape(keys, [-1])
+                flat_values = tf.reshape(values, [-1, self._dim])
+            if self.shard_num == 1:
+                return write(self._tables[0], flat_keys, flat_values)
+            parts, positions = self._partition(flat_keys)
+            return tf.group(*[
+                write(t, p, tf.gather(flat_values, pos))
+                for t, p, pos in zip(self._tables, parts, positions)])
+
+    def _partition(self, flat_keys):
+        """Splits 1-D keys over shards: (keys per shard, their positions in `flat_keys`)."""
+        shard_num = self.shard_num
+        ids = self._partitioner(flat_keys, shard_num)
+        if not isinstance(ids, tf.Tensor) and not hasattr(ids, "dtype"):
+            ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:
+            raise ValueError(f"partitioner of {self._name} must return integer shard ids; "
+                             f"got dtype {ids.dtype.name}")
+        ids = tf.cast(ids, tf.int32)
+        if self._partitioner is not default_partition_fn:
+            message = (f"partitioner {getattr(self._partitioner, '__name__', self._partitioner)} "
+                       f"of {self._name} returned shard ids outside [0, {shard_num})")
+            with tf.control_dependencies([
+                    tf.debugging.assert_non_negative(ids, message=message),
+                    tf.debugging.assert_less(ids, shard_num, message=message),
+                    tf.debugging.assert_equal(tf.size(ids), tf.size(flat_keys), message=message)]):
+                ids = tf.identity(ids)
+        parts = tf.dynamic_partition(flat_keys, ids, shard_num)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
+        return parts, positions
+
+    def _map_shards(self, flat_keys, fn):
+        """Runs `fn(table, shard_keys) -> (rows, exists|None)` per shard and stitches results."""
+        if self.shard_num == 1:
+            return fn(self._tables[0], flat_keys)
+        parts, positions = self._partition(flat_keys)
+        results = []
+        for table, part in zip(self._tables, parts):
+            with tf.device(table.device):
+                results.append(fn(table, part))
+        rows = tf.dynamic_stitch(positions, [r for r, _ in results])
+        exists = None
+        if results[0][1] is not None:
+            exists = tf.dynamic_stitch(positions, [e for _, e in results])
+        return rows, exists
+
+    def _unflatten(self, rows, keys):
+        rows = tf.reshape(rows, tf.concat([tf.shape(keys), [self._dim]], 0))
+        rows.set_shape(keys.shape.concatenate([self._dim]))
+        return rows
+
+    def __repr__(self):
+        return (f"<de.Variable '{self._name}' key_dtype={self._key_dtype.name} "
+                f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>")
+
+
+# -- placement hook: placement/apply.py pushes resolvers; variable never imports placement -----
+_placement = threading.local()
+
+
+@contextlib.contextmanager
+def placement_scope(resolver):
+    """Within the scope `get_variable(name)` asks `resolver(full_name)` for its placement.
+
+    `resolver` returns None (no opinion) or `(devices, partitioner_or_None)`; the innermost
+    scope with an opinion wins.
+    """
+    stack = _placement.__dict__.setdefault("stack", [])
+    stack.append(resolver)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _resolve_placement(full_name):
+    for resolver in reversed(_placement.__dict__.get("stack", [])):
+        placed = resolver(full_name)
+        if placed is not None:
+            return placed
+    return None
+
+
+# -- get_variable: tf.compat.v1.variable_scope reuse semantics ------------------------------
+# Graph mode: one registry per graph. Eager mode (where TF's scope reuse is always AUTO_REUSE):
+# a process-wide registry holding variables weakly, so a dropped variable's name is free again.
+_graph_registries = weakref.WeakKeyDictionary()
+_eager_registry = weakref.WeakValueDictionary()
+
+
+def get_variable(name,
+                 key_dtype=tf.int64,
+                 value_dtype=tf.float32,
+                 dim=1,
+                 devices=None,
+                 partitioner=default_partition_fn,
+                 shared_name="get_variable",
+                 initializer=None,
+                 trainable=True,
+                 checkpoint=True,  # pylint: disable=redefined-outer-name
+                 init_size=0,
+                 kv_creator=None):
+    """Gets an existing `de.Variable` or creates a new one, honouring the variable scope.
+
+    Under `tf.compat.v1.variable_scope(..., reuse=True)` the variable must exist; with
+    `reuse=tf.compat.v1.AUTO_REUSE` it is created or returned; otherwise creating an existing
+    name raises ValueError. Inside a placement scope (placement/apply.py) the plan chooses
+    `devices` and, for row-sliced tables, the partitioner.
+
+    Example:
+        with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
+            w = de.get_variable("user", dim=8)   # full name "ctr/user"
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name else name
+    if tf.executing_eagerly():
+        registry = _eager_registry
+    else:
+        registry = _graph_registries.setdefault(tf.compat.v1.get_default_graph(), {})
+    existing = registry.get(full_name)
+    reuse = scope.reuse
+    if existing is not None:
+        if reuse is False or reuse is None:
+            raise ValueError(
+                f"de.Variable {full_name} already exists, disallowed. Did you mean to set "
+                f"reuse=True or reuse=tf.compat.v1.AUTO_REUSE in the variable scope?")
+        return existing
+    if reuse is True:
+        raise ValueError(
+            f"de.Variable {full_name} does not exist, or was not created with "
+            f"de.get_variable(); reuse=True needs an existing variable")
+    placed = _resolve_placement(full_name)
+    if placed is not None:
+        devices = placed[0]
+        partitioner = placed[1] or partitioner
+    variable = Variable(
+        key_dtype=key_dtype, value_dtype=value_dtype, dim=dim, devices=devices,
+        partitioner=partitioner, shared_name=f"{shared_name}/{full_name}" if shared_name else None,
+        name=full_name, initializer=initializer, trainable=trainable, checkpoint=checkpoint,
+        init_size=init_size, kv_creator=kv_creator)
+    registry[full_name] = variable
+    return variable
+
+
+# -- small helpers ----------------------------------------------------------------------------
+def _checked_dtype(dtype, allowed, arg):
+    try:
+        dtype = tf.as_dtype(dtype)
+    except TypeError as error:
+        raise DTypeError(f"{arg} must be a TensorFlow dtype; got {dtype!r}") from error
+    if dtype not in allowed:
+        raise DTypeError(f"{arg} must be one of {[d.name for d in allowed]}; got {dtype.name}")
+    return dtype
+
+
+def typed_tensor(value, dtype, arg):
+    """`value` as a tensor of `dtype`; a tensor of another dtype is an error naming `arg`."""
+    if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+        raise DTypeError(f"{arg} must be a dense tensor; got {type(value).__name__}")
+    if hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
+        got = tf.as_dtype(value.dtype)
+        if got != dtype:
+            raise DTypeError(f"{arg} must have dtype {dtype.name}; got {got.name}")
+    try:
+        return tf.convert_to_tensor(value, dtype=dtype)
+    except (TypeError, ValueError) as error:
+        raise DTypeError(f"{arg} must be convertible to a {dtype.name} tensor: {error}") from error
+
+
+def _device_list(devices):
+    if devices is None:
+        return [_current_device()]
+    if isinstance(devices, (str, tf.DeviceSpec)):
+        devices = [devices]
+    devices = [d.to_string() if isinstance(d, tf.DeviceSpec) else d for d in devices]
+    if not devices or not all(isinstance(d, str) for d in devices):
+        raise ValueError(f"devices must be a device string or a non-empty list of them; "
+                         f"got {devices!r}")
+    return devices
+
+
+def _current_device():
+    """The device of the enclosing `tf.device` scope ('' when there is none)."""
+    if tf.executing_eagerly():
+        return context.context().device_name or ""
+    return tf.no_op(name="device_probe").device  # a throwaway op picks up the device scope
+
+
+def _scope_name(name):
+    """A valid name scope from a variable name (scope slashes become underscores)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return cleaned.lstrip("._-") or "de"
