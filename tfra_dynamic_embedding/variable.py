@@ -12,13 +12,14 @@ Example:
 """
 
 import contextlib
+import copy
 import threading
 import weakref
 
 import tensorflow as tf
 from tensorflow.python.eager import context  # the eager device scope has no public getter
 
-from tfra_dynamic_embedding import checkpoint
+from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
 
@@ -69,7 +70,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                  name="DynamicEmbedding_Variable",
                  initializer=None,
                  trainable=True,
-                 checkpoint=True,  # pylint: disable=redefined-outer-name
+                 checkpoint=True,
                  init_size=0,
                  kv_creator=None):
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
@@ -111,7 +112,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                     for i, device in enumerate(self._devices)
                 ]
             if checkpoint and not tf.executing_eagerly():
-                checkpoint.register_graph_saveable(self, self._unique_name)
+                checkpoint_lib.register_graph_saveable(self, self._unique_name)
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -267,12 +268,25 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if not self._checkpoint:
             return {}
         keys, values = self.export()
-        return {checkpoint.KEYS: keys, checkpoint.VALUES: values}
+        return {checkpoint_lib.KEYS: keys, checkpoint_lib.VALUES: values}
 
     def _restore_from_tensors(self, restored_tensors):
         if not self._checkpoint:
             return tf.no_op()
-        return self.import_(restored_tensors[checkpoint.KEYS], restored_tensors[checkpoint.VALUES])
+        return self.import_(restored_tensors[checkpoint_lib.KEYS],
+                            restored_tensors[checkpoint_lib.VALUES])
+
+    # -- SavedModel: the export graph holds copies of the shard tables; point a copy at them -----
+    def _deserialization_dependencies(self, children):
+        del children  # The shard tables must exist before this variable (export and load).
+        return {f"table_{i}": t for i, t in enumerate(self._tables)}
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        del tensor_map, options, kwargs
+        exported = copy.copy(self)
+        exported._tables = [object_map[t] for t in self._tables]  # pylint: disable=protected-access
+        object_map[self] = exported
+        return []
 
     # -- helpers ----------------------------------------------------------------------------
     def _keys_tensor(self, keys):
@@ -399,7 +413,7 @@ def get_variable(name,
                  shared_name="get_variable",
                  initializer=None,
                  trainable=True,
-                 checkpoint=True,  # pylint: disable=redefined-outer-name
+                 checkpoint=True,
                  init_size=0,
                  kv_creator=None):
     """Gets an existing `de.Variable` or creates a new one, honouring the variable scope.
@@ -415,12 +429,14 @@ def get_variable(name,
     """
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name else name
+    reuse = scope.reuse
     if tf.executing_eagerly():
         registry = _eager_registry
+        if reuse is not True:  # TF's own eager scopes always AUTO_REUSE
+            reuse = tf.compat.v1.AUTO_REUSE
     else:
         registry = _graph_registries.setdefault(tf.compat.v1.get_default_graph(), {})
     existing = registry.get(full_name)
-    reuse = scope.reuse
     if existing is not None:
         if reuse is False or reuse is None:
             raise ValueError(

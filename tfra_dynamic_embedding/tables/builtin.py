@@ -16,12 +16,9 @@ import tensorflow as tf
 from tfra_dynamic_embedding.tables import base
 
 # Bit-pattern integer types used to compare float rows exactly (NaN-safe) when detecting presence.
-_BITS = {
-    tf.float16: tf.int16,
-    tf.bfloat16: tf.int16,
-    tf.float32: tf.int32,
-    tf.float64: tf.int64,
-}
+_BITS = {tf.float32: tf.int32, tf.float64: tf.int64}
+# The stock kernels store no 16-bit floats: those rows are kept as float32 (exact, 2x the bytes).
+_STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32}
 _table_ids = itertools.count()
 
 
@@ -30,6 +27,7 @@ class BuiltinKVTable(base.KVTable):
 
     def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
         super().__init__(key_dtype, value_dtype, dim, name, device)
+        self._storage_dtype = _STORAGE.get(self.value_dtype, self.value_dtype)
         # In eager mode an unnamed table gets a unique shared name (else two tables on one device
         # with the same name would share storage) and is destroyed with this object. A table the
         # user shares by name is never destroyed by us.
@@ -42,7 +40,7 @@ class BuiltinKVTable(base.KVTable):
     def _create_resource(self):
         return tf.raw_ops.MutableHashTableOfTensorsV2(
             key_dtype=self.key_dtype,
-            value_dtype=self.value_dtype,
+            value_dtype=self._storage_dtype,
             value_shape=[self.dim],
             shared_name=self._shared_name or "",
             # Graph mode without a shared name: share by node name, so every worker of a
@@ -57,21 +55,26 @@ class BuiltinKVTable(base.KVTable):
 
     def lookup(self, keys, default_rows):
         with tf.device(self.device):
-            return tf.raw_ops.LookupTableFindV2(
-                table_handle=self.resource_handle, keys=keys, default_value=default_rows)
+            return tf.cast(self._find(keys, tf.cast(default_rows, self._storage_dtype)),
+                           self.value_dtype)
 
     def lookup_with_exists(self, keys, default_rows):
-        # The stock kernel has no presence output. Look up twice with defaults that differ in every
-        # bit: a present key returns its stored row both times, a missing key returns the two
-        # (different) defaults. Comparing bit patterns makes NaN rows count as present.
+        # The stock kernel has no presence output. Look up twice with defaults that differ in the
+        # first column's every bit: a present key returns its stored row both times, a missing key
+        # the two different defaults. Comparing bit patterns makes NaN rows count as present.
         with tf.device(self.device):
-            bits = _BITS[self.value_dtype]
-            rows = self.lookup(keys, default_rows)
+            bits = _BITS[self._storage_dtype]
+            default_rows = tf.cast(default_rows, self._storage_dtype)
+            rows = self._find(keys, default_rows)
             flipped = tf.bitcast(tf.bitwise.invert(tf.bitcast(default_rows[:, :1], bits)),
-                                 self.value_dtype)
-            probe = self.lookup(keys, tf.concat([flipped, default_rows[:, 1:]], axis=1))
+                                 self._storage_dtype)
+            probe = self._find(keys, tf.concat([flipped, default_rows[:, 1:]], axis=1))
             exists = tf.equal(tf.bitcast(rows[:, 0], bits), tf.bitcast(probe[:, 0], bits))
-            return rows, exists
+            return tf.cast(rows, self.value_dtype), exists
+
+    def _find(self, keys, default_rows):
+        return tf.raw_ops.LookupTableFindV2(
+            table_handle=self.resource_handle, keys=keys, default_value=default_rows)
 
     def find_or_insert(self, keys, make_rows):
         with tf.device(self.device):
@@ -87,13 +90,16 @@ class BuiltinKVTable(base.KVTable):
     def insert(self, keys, values):
         with tf.device(self.device):
             return tf.raw_ops.LookupTableInsertV2(
-                table_handle=self.resource_handle, keys=keys, values=values)
+                table_handle=self.resource_handle, keys=keys,
+                values=tf.cast(values, self._storage_dtype))
 
     def accum(self, keys, deltas):
         with tf.device(self.device):
             unique_keys, index = tf.unique(keys)
             summed = tf.math.unsorted_segment_sum(deltas, index, tf.size(unique_keys))
-            current = self.lookup(unique_keys, tf.zeros_like(summed))
+            # Summed in storage precision, so 16-bit rows round once, not once per delta.
+            summed = tf.cast(summed, self._storage_dtype)
+            current = self._find(unique_keys, tf.zeros_like(summed))
             return self.insert(unique_keys, current + summed)
 
     def remove(self, keys):
@@ -102,7 +108,7 @@ class BuiltinKVTable(base.KVTable):
 
     def clear(self):
         return self.import_(tf.zeros([0], self.key_dtype),
-                            tf.zeros([0, self.dim], self.value_dtype))
+                            tf.zeros([0, self.dim], self._storage_dtype))
 
     def size(self):
         with tf.device(self.device):
@@ -111,15 +117,17 @@ class BuiltinKVTable(base.KVTable):
     def export(self):
         with tf.device(self.device):
             keys, values = tf.raw_ops.LookupTableExportV2(
-                table_handle=self.resource_handle, Tkeys=self.key_dtype, Tvalues=self.value_dtype)
+                table_handle=self.resource_handle, Tkeys=self.key_dtype,
+                Tvalues=self._storage_dtype)
             values.set_shape([None, self.dim])
-            return keys, values
+            return keys, tf.cast(values, self.value_dtype)
 
     def import_(self, keys, values):
         with tf.device(self.device):
             # The stock import kernel replaces the whole content of the table.
             return tf.raw_ops.LookupTableImportV2(
-                table_handle=self.resource_handle, keys=keys, values=values)
+                table_handle=self.resource_handle, keys=keys,
+                values=tf.cast(values, self._storage_dtype))
 
 
 class BuiltinKVCreator(base.KVCreator):

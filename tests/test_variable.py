@@ -1,0 +1,258 @@
+"""de.Variable: construction, the data plane on every dtype and backend, sharding, bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.conftest import CPUS
+
+VALUE_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
+
+
+def _keys(key_dtype, values):
+    if key_dtype == tf.string:
+        return tf.constant([f"k{v}" for v in np.ravel(values)], tf.string, shape=np.shape(values))
+    return tf.constant(values, key_dtype)
+
+
+def _np(t):
+    return tf.cast(t, tf.float64).numpy() if t.dtype == tf.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64, tf.string])
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
+@pytest.mark.parametrize("devices", [None, CPUS])
+def test_upsert_lookup_every_dtype(kv_creator, key_dtype, value_dtype, devices):
+    w = de.Variable(key_dtype=key_dtype, value_dtype=value_dtype, dim=3, devices=devices,
+                    initializer=-1.0, kv_creator=kv_creator)
+    ids = np.arange(10)
+    rows = np.arange(30, dtype=np.float64).reshape(10, 3) / 4  # exact in every float dtype
+    w.upsert(_keys(key_dtype, ids), tf.constant(rows, value_dtype))
+    assert int(w.size()) == 10
+    query = np.array([[3, 11], [0, 9]])
+    got, exists = w.lookup(_keys(key_dtype, query), return_exists=True)
+    assert got.shape == (2, 2, 3) and got.dtype == value_dtype
+    expected = np.stack([rows[3], np.full(3, -1.0), rows[0], rows[9]]).reshape(2, 2, 3)
+    np.testing.assert_array_equal(_np(got), expected)
+    np.testing.assert_array_equal(exists.numpy(), [[True, False], [True, True]])
+    assert int(w.size()) == 10  # lookup never inserts
+    keys, values = w.export()
+    order = np.argsort(keys.numpy())
+    exported_keys = keys.numpy()[order]
+    np.testing.assert_array_equal(exported_keys, _keys(key_dtype, ids).numpy()[np.argsort(
+        _keys(key_dtype, ids).numpy())])
+    np.testing.assert_array_equal(np.sort(_np(values).sum(axis=1)), np.sort(rows.sum(axis=1)))
+
+
+def test_sharded_tables_live_on_their_devices(kv_creator):
+    w = de.Variable(dim=2, devices=CPUS, kv_creator=kv_creator)
+    assert w.shard_num == 4 and w.devices == CPUS
+    for table, device in zip(w.tables, CPUS):
+        assert table.resource_handle.device.endswith(device.replace("/CPU", "device:CPU"))
+    keys = tf.constant(np.arange(-20, 20), tf.int64)
+    w.upsert(keys, tf.ones([40, 2]))
+    shard_sizes = [int(w.size(i)) for i in range(4)]
+    assert shard_sizes == [10, 10, 10, 10]  # keys mod 4, negatives included
+    assert int(w.size()) == 40
+    shard_keys = w.tables[3].export()[0].numpy()
+    assert sorted(shard_keys) == [k for k in range(-20, 20) if k % 4 == 3]
+
+
+def test_default_partition_fn():
+    ids = de.default_partition_fn(tf.constant([-1, -4, 5, 7], tf.int64), 4)
+    assert ids.dtype == tf.int32
+    np.testing.assert_array_equal(ids.numpy(), [3, 0, 1, 3])
+    strings = tf.constant(["a", "b", "user_123"])
+    np.testing.assert_array_equal(de.default_partition_fn(strings, 3).numpy(),
+                                  tf.strings.to_hash_bucket_fast(strings, 3).numpy())
+
+
+def test_initializers_draw_per_missing_key_and_do_not_insert(kv_creator):
+    w = de.Variable(dim=4, initializer=tf.random_normal_initializer(0.0, 1.0), devices=CPUS[:2],
+                    kv_creator=kv_creator)
+    rows = w.lookup(tf.constant([1, 2, 3, 4], tf.int64)).numpy()
+    assert len({tuple(r) for r in rows}) == 4  # every missing key gets its own draw
+    again = w.lookup(tf.constant([1, 2, 3, 4], tf.int64)).numpy()
+    assert not np.array_equal(rows, again)  # not stored: a fresh draw each time
+    assert int(w.size()) == 0
+
+    array_init = de.Variable(dim=3, initializer=np.array([1.0, 2.0, 3.0]), kv_creator=kv_creator)
+    np.testing.assert_array_equal(array_init.lookup(tf.constant([9, 8], tf.int64)).numpy(),
+                                  [[1, 2, 3], [1, 2, 3]])
+    zeros = de.Variable(dim=2, kv_creator=kv_creator)
+    np.testing.assert_array_equal(zeros.lookup(tf.constant([5], tf.int64)).numpy(), [[0, 0]])
+    keras_init = de.Variable(dim=2, initializer=tf.keras.initializers.RandomUniform(5.0, 6.0),
+                             kv_creator=kv_creator)
+    first = keras_init.lookup(tf.constant([1, 2], tf.int64)).numpy()
+    second = keras_init.lookup(tf.constant([3, 4], tf.int64)).numpy()
+    assert ((first >= 5) & (first < 6)).all() and not np.array_equal(first, second)
+
+
+def test_find_or_insert_creates_only_missing_rows(kv_creator):
+    w = de.Variable(dim=2, initializer=tf.random_uniform_initializer(1.0, 2.0), devices=CPUS,
+                    kv_creator=kv_creator)
+    w.upsert(tf.constant([1], tf.int64), tf.constant([[7.0, 7.0]]))
+    rows, exists = w.find_or_insert(tf.constant([1, 2, 2, 3], tf.int64))
+    np.testing.assert_array_equal(exists.numpy(), [True, False, False, False])
+    rows = rows.numpy()
+    np.testing.assert_array_equal(rows[0], [7, 7])
+    np.testing.assert_array_equal(rows[1], rows[2])  # one key, one row
+    assert int(w.size()) == 3
+    np.testing.assert_array_equal(w.lookup(tf.constant([2, 3], tf.int64)).numpy(), rows[2:])
+
+
+def test_remove_clear_size(kv_creator):
+    w = de.Variable(dim=1, devices=CPUS[:3], kv_creator=kv_creator)
+    w.upsert(tf.constant(np.arange(12), tf.int64), tf.ones([12, 1]))
+    w.remove(tf.constant([[0, 1], [2, 100]], tf.int64))
+    assert int(w.size()) == 9
+    _, exists = w.lookup(tf.constant([0, 3], tf.int64), return_exists=True)
+    np.testing.assert_array_equal(exists.numpy(), [False, True])
+    w.clear()
+    assert int(w.size()) == 0 and [int(w.size(i)) for i in range(3)] == [0, 0, 0]
+
+
+def test_accum_adds_deltas(kv_creator):
+    w = de.Variable(dim=2, devices=CPUS[:2], kv_creator=kv_creator)
+    w.upsert(tf.constant([1], tf.int64), tf.constant([[1.0, 1.0]]))
+    w.accum(tf.constant([1, 2, 2], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0], [1.0, 1.0]]))
+    np.testing.assert_array_equal(w.lookup(tf.constant([1, 2], tf.int64)).numpy(),
+                                  [[2, 3], [4, 5]])
+
+
+def test_scalar_and_empty_keys(kv_creator):
+    w = de.Variable(dim=2, initializer=3.0, devices=CPUS[:2], kv_creator=kv_creator)
+    assert w.lookup(tf.constant(5, tf.int64)).shape == (2,)
+    empty = w.lookup(tf.zeros([0, 4], tf.int64))
+    assert empty.shape == (0, 4, 2)
+    w.upsert(tf.zeros([0], tf.int64), tf.zeros([0, 2]))
+    assert int(w.size()) == 0
+
+
+def test_tf_function_does_not_retrace_per_batch_size(kv_creator):
+    w = de.Variable(dim=2, initializer=1.0, devices=CPUS[:2], kv_creator=kv_creator)
+
+    # TF itself retraces a plain tf.function per new input shape; with shape relaxation our ops
+    # must not add traces of their own (no Python values captured per batch size).
+    @tf.function(reduce_retracing=True)
+    def step(keys):
+        w.upsert(keys, tf.ones([tf.size(keys), 2]) * tf.cast(tf.size(keys), tf.float32))
+        return w.lookup(keys)
+
+    for n in [3, 5, 7, 9, 11, 13]:
+        out = step(tf.range(n, dtype=tf.int64))
+        np.testing.assert_array_equal(out.numpy(), np.full([n, 2], n))
+    assert step.experimental_get_tracing_count() <= 2
+    assert int(w.size()) == 13
+
+
+def test_graph_mode_session():
+    with tf.Graph().as_default():
+        w = de.Variable(dim=2, devices=["/CPU:0", "/CPU:1"], initializer=0.5)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        upsert = w.upsert(keys, tf.ones([tf.size(keys), 2]))
+        rows, exists = w.lookup(keys, return_exists=True)
+        with tf.compat.v1.Session() as sess:
+            sess.run(upsert, {keys: [1, 2, 3]})
+            got, ok = sess.run([rows, exists], {keys: [3, 4]})
+            np.testing.assert_array_equal(got, [[1, 1], [0.5, 0.5]])
+            np.testing.assert_array_equal(ok, [True, False])
+            assert sess.run(w.size()) == 3
+
+
+# -- bad input --------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(dim=0), "dim"),
+    (dict(dim=-3), "dim"),
+    (dict(dim=2.5), "dim"),
+    (dict(key_dtype=tf.float32), "key_dtype"),
+    (dict(value_dtype=tf.int32), "value_dtype"),
+    (dict(initializer=np.zeros(5), dim=3), "initializer"),
+    (dict(partitioner="mod"), "partitioner"),
+])
+def test_bad_construction_names_the_argument(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        de.Variable(**kwargs)
+
+
+def test_wrong_key_dtype_is_rejected(kv_creator):
+    w = de.Variable(key_dtype=tf.int64, dim=2, kv_creator=kv_creator)
+    with pytest.raises(TypeError, match="keys must have dtype int64; got int32"):
+        w.lookup(tf.constant([1], tf.int32))
+    with pytest.raises(ValueError, match="keys"):
+        w.upsert(tf.constant(["a"]), tf.ones([1, 2]))
+    with pytest.raises(TypeError, match="values must have dtype float32; got float64"):
+        w.upsert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float64))
+
+
+def test_bad_values_leave_table_unchanged(kv_creator):
+    w = de.Variable(dim=3, devices=CPUS[:2], kv_creator=kv_creator)
+    w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 3]))
+    with pytest.raises(ValueError, match="dim=3"):
+        w.upsert(tf.constant([1, 5], tf.int64), tf.zeros([2, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec(None, tf.float32)])
+    def upsert(keys, values):
+        w.upsert(keys, values)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="values must have shape"):
+        upsert(tf.constant([1, 5], tf.int64), tf.zeros([3, 3]))
+    keys, values = w.export()
+    assert sorted(keys.numpy()) == [1, 2] and values.numpy().sum() == 6
+
+
+def test_partitioner_out_of_range_leaves_table_unchanged(kv_creator):
+    def bad_partitioner(keys, shard_num):
+        return tf.cast(keys, tf.int32)  # key 7 -> shard 7 of 2
+
+    w = de.Variable(dim=1, devices=CPUS[:2], partitioner=bad_partitioner, kv_creator=kv_creator)
+    w.upsert(tf.constant([0, 1], tf.int64), tf.ones([2, 1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bad_partitioner.*outside \\[0, 2\\)"):
+        w.upsert(tf.constant([0, 7], tf.int64), tf.zeros([2, 1]))
+    np.testing.assert_array_equal(w.lookup(tf.constant([0, 1], tf.int64)).numpy(), [[1], [1]])
+    assert int(w.size()) == 2
+
+
+def test_size_index_out_of_range():
+    w = de.Variable(dim=1, devices=CPUS[:2])
+    with pytest.raises(ValueError, match="index"):
+        w.size(5)
+
+
+# -- get_variable --------------------------------------------------------------------------
+def test_get_variable_reuse_semantics_in_graph_mode():
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("ctr"):
+            a = de.get_variable("user", dim=4)
+            assert a.name == "ctr/user"
+            with pytest.raises(ValueError, match="ctr/user"):
+                de.get_variable("user", dim=4)
+        with tf.compat.v1.variable_scope("ctr", reuse=True):
+            assert de.get_variable("user", dim=4) is a
+            with pytest.raises(ValueError, match="ctr/item"):
+                de.get_variable("item", dim=4)
+        with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
+            assert de.get_variable("user", dim=4) is a
+            b = de.get_variable("item", dim=4)
+            assert b is not a and de.get_variable("item") is b
+    with tf.Graph().as_default():  # a new graph has its own variables
+        with tf.compat.v1.variable_scope("ctr"):
+            assert de.get_variable("user", dim=4) is not a
+
+
+def test_get_variable_eager_returns_live_variable():
+    a = de.get_variable("eager_reuse_probe", dim=2)
+    assert de.get_variable("eager_reuse_probe", dim=2) is a
+
+
+def test_placement_scope_chooses_devices():
+    from tfra_dynamic_embedding import variable as variable_lib
+
+    def resolver(full_name):
+        return (CPUS[1:3], None) if full_name == "placed" else None
+
+    with variable_lib.placement_scope(resolver):
+        placed = de.get_variable("placed", dim=2)
+        other = de.get_variable("not_placed", dim=2, devices=[CPUS[3]])
+    assert placed.devices == CPUS[1:3] and other.devices == [CPUS[3]]
