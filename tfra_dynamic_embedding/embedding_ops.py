@@ -12,66 +12,74 @@ Example:
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
 COMBINERS = ("mean", "sqrtn", "sum")
 
 
 def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
-                     max_norm=None):
+                     max_norm=None, return_trainable=False):
     """Like `tf.nn.embedding_lookup`: rows of `params` for `ids` -> `ids.shape + [dim]`.
 
     `partition_strategy` and `validate_indices` are accepted for signature compatibility and
     ignored (the variable's partitioner decides). Missing ids get initializer rows, not inserted.
+    With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy, validate_indices
     params = _check_params(params, "params")
     ids = variable_lib.typed_tensor(ids, params.key_dtype, "ids")
-    with tf.name_scope(name or "embedding_lookup"):
+    name = name or "embedding_lookup"
+    with tf.name_scope(variable_lib.scope_name(name)):
         flat = tf.reshape(ids, [-1])
         unique_ids, index = tf.unique(flat)
-        rows = params.lookup(unique_ids)
+        rows, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
         embeddings = tf.gather(rows, index)
         if max_norm is not None:
             embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])
         embeddings = tf.reshape(embeddings, tf.concat([tf.shape(ids), [params.dim]], 0))
         embeddings.set_shape(ids.shape.concatenate([params.dim]))
-        return embeddings
+        return (embeddings, wrapper) if return_trainable else embeddings
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name=None,
-                            combiner="mean", max_norm=None):
+                            combiner="mean", max_norm=None, return_trainable=False):
     """Like `tf.nn.embedding_lookup_sparse`: combines the rows of each row of `sp_ids`.
 
     `sp_ids` is a 2-D SparseTensor of keys; `sp_weights` None or a SparseTensor with the same
     indices; `combiner` one of "mean", "sqrtn", "sum" (None means "mean").
+    With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy
     params = _check_params(params, "params")
     combiner = _check_combiner(combiner)
     sp_ids = _check_sparse(sp_ids, params.key_dtype, "sp_ids")
-    with tf.name_scope(name or "embedding_lookup_sparse"):
+    name = name or "embedding_lookup_sparse"
+    with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sp_ids, sp_weights)
         with tf.control_dependencies(checks):
-            rows, position_ids = _unique_rows(params, sp_ids)
-        return tf.nn.embedding_lookup_sparse(rows, position_ids, sp_weights, combiner=combiner,
-                                             max_norm=max_norm)
+            rows, position_ids, wrapper = _unique_rows(params, sp_ids, name, return_trainable)
+        embeddings = tf.nn.embedding_lookup_sparse(rows, position_ids, sp_weights,
+                                                   combiner=combiner, max_norm=max_norm)
+        return (embeddings, wrapper) if return_trainable else embeddings
 
 
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
                                  combiner="mean", default_id=None, name=None,
-                                 partition_strategy="div", max_norm=None):
+                                 partition_strategy="div", max_norm=None, return_trainable=False):
     """Like `tf.nn.safe_embedding_lookup_sparse`, for a `de.Variable`.
 
     Ids < 0 (integer keys) and, unless combiner is "sum", weights <= 0 are pruned; a row with no
     ids left gets the row of key `default_id`, or zeros when it is None. `sparse_ids` may be N-D
     (`[d_0, ..., d_n]`); the result is `[d_0, ..., d_{n-1}, dim]`.
+    With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy
     params = _check_params(embedding_weights, "embedding_weights")
     combiner = _check_combiner(combiner)
     sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
-    with tf.name_scope(name or "safe_embedding_lookup_sparse"):
+    name = name or "safe_embedding_lookup_sparse"
+    with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sparse_ids, sparse_weights, arg="sparse_weights",
                                 ids_arg="sparse_ids")
         with tf.control_dependencies(checks):
@@ -84,7 +92,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
             sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights,
                                                  sparse_weights.values > 0)
         if default_id is None:
-            rows, position_ids = _unique_rows(params, sparse_ids)
+            rows, position_ids, wrapper = _unique_rows(params, sparse_ids, name, return_trainable)
             # tf.nn fills empty rows with position 0 and then zeroes them: make sure a row 0
             # exists even when the batch has no ids at all.
             rows = tf.concat([rows, tf.zeros([1, params.dim], rows.dtype)], 0)
@@ -92,24 +100,39 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         else:
             default_key = variable_lib.typed_tensor(default_id, params.key_dtype, "default_id")
             # The default key goes first, so unique() gives it position 0.
-            rows, position_ids = _unique_rows(params, sparse_ids, leading_key=default_key)
+            rows, position_ids, wrapper = _unique_rows(
+                params, sparse_ids, name, return_trainable, leading_key=default_key)
             default_position = 0
-        return tf.nn.safe_embedding_lookup_sparse(
+        embeddings = tf.nn.safe_embedding_lookup_sparse(
             rows, position_ids, sparse_weights, combiner=combiner, default_id=default_position,
             max_norm=max_norm)
+        return (embeddings, wrapper) if return_trainable else embeddings
 
 
-def _unique_rows(params, sp_ids, leading_key=None):
-    """Rows of the unique ids of `sp_ids`, and `sp_ids` with values re-mapped to row positions."""
+def _batch_rows(params, unique_ids, name, return_trainable):
+    """(rows of `unique_ids`, their TrainableWrapper or None when no gradient is wanted).
+
+    When training, the rows are read from the lookup's wrapper after it is loaded, so gradients
+    w.r.t. them reach the wrapper (see trainable.needs_wrapper).
+    """
+    if not trainable_lib.needs_wrapper(params, return_trainable):
+        return params.lookup(unique_ids), None
+    wrapper = trainable_lib.wrapper_for(params, f"{params.name}/{name}/TrainableWrapper")
+    with tf.control_dependencies([wrapper.prefetch(unique_ids)]):
+        return wrapper.read_value(), wrapper
+
+
+def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
+    """Rows of the unique ids of `sp_ids`, `sp_ids` re-mapped to row positions, the wrapper."""
     keys = sp_ids.values
     if leading_key is not None:
         keys = tf.concat([tf.reshape(leading_key, [1]), keys], 0)
     unique_ids, index = tf.unique(keys)
     if leading_key is not None:
         index = index[1:]
-    rows = params.lookup(unique_ids)
+    rows, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
-    return rows, positions
+    return rows, positions, wrapper
 
 
 def _retain(sp_ids, sp_weights, keep):

@@ -90,13 +90,16 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         self._trainable = trainable
         self._checkpoint = checkpoint
         self._init_size = init_size
+        # Lookup-site name -> TrainableWrapper (trainable.py). Not a checkpoint dependency: the
+        # wrappers hold a per-step copy of rows, and the tables are what is saved.
+        object.__setattr__(self, "_trainable_store", {})
         self._kv_creator = kv_creator or tables_lib.default_kv_creator()
         if not isinstance(self._kv_creator, tables_lib.KVCreator):
             raise ValueError(f"kv_creator must be a de.KVCreator; got {kv_creator!r}")
 
         # Tables are created outside any tf.function being traced, like tf.Variable's storage.
         with tf.init_scope():
-            with tf.name_scope(_scope_name(name)) as scope:
+            with tf.name_scope(scope_name(name)) as scope:
                 # In graph mode the scope is made unique (name, name_1, ...): that is the
                 # checkpoint name a tf.compat.v1.train.Saver uses.
                 self._unique_name = scope.rstrip("/") if scope else name
@@ -175,7 +178,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         Never inserts. With `return_exists=True` also returns a bool tensor shaped like `keys`.
         """
         keys = self._keys_tensor(keys)
-        with tf.name_scope(name or _scope_name(self._name + "_lookup")):
+        with tf.name_scope(name or scope_name(self._name + "_lookup")):
             flat = tf.reshape(keys, [-1])
 
             def shard_lookup(table, shard_keys):
@@ -198,7 +201,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         Only the missing keys draw from the initializer. Used by optimizers to create rows.
         """
         keys = self._keys_tensor(keys)
-        with tf.name_scope(name or _scope_name(self._name + "_find_or_insert")):
+        with tf.name_scope(name or scope_name(self._name + "_find_or_insert")):
             rows, exists = self._map_shards(
                 tf.reshape(keys, [-1]),
                 lambda table, shard_keys: table.find_or_insert(shard_keys, self._make_rows))
@@ -219,7 +222,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def remove(self, keys, name=None):
         """Delete `keys` from the table (missing keys are ignored)."""
         keys = self._keys_tensor(keys)
-        with tf.name_scope(name or _scope_name(self._name + "_remove")):
+        with tf.name_scope(name or scope_name(self._name + "_remove")):
             flat = tf.reshape(keys, [-1])
             if self.shard_num == 1:
                 return self._tables[0].remove(flat)
@@ -228,12 +231,12 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     def clear(self, name=None):
         """Delete every key of every shard."""
-        with tf.name_scope(name or _scope_name(self._name + "_clear")):
+        with tf.name_scope(name or scope_name(self._name + "_clear")):
             return tf.group(*[t.clear() for t in self._tables])
 
     def size(self, index=None, name=None):
         """Number of keys (int64): of shard `index`, or of all shards when index is None."""
-        with tf.name_scope(name or _scope_name(self._name + "_size")):
+        with tf.name_scope(name or scope_name(self._name + "_size")):
             if index is not None:
                 if not 0 <= index < self.shard_num:
                     raise ValueError(
@@ -243,7 +246,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     def export(self, name=None):
         """(keys, values) of all shards: `[n]` and `[n, dim]`, in shard order."""
-        with tf.name_scope(name or _scope_name(self._name + "_export")):
+        with tf.name_scope(name or scope_name(self._name + "_export")):
             exported = [t.export() for t in self._tables]
             if len(exported) == 1:
                 return exported[0]
@@ -253,7 +256,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         """Replace the whole content with `keys`/`values`, re-partitioned over the current shards."""
         keys = self._keys_tensor(keys)
         values = self._values_tensor(values, keys, "values")
-        with tf.name_scope(name or _scope_name(self._name + "_import")):
+        with tf.name_scope(name or scope_name(self._name + "_import")):
             flat_keys = tf.reshape(keys, [-1])
             flat_values = tf.reshape(values, [-1, self._dim])
             if self.shard_num == 1:
@@ -308,7 +311,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def _write(self, keys, values, arg, write, name):
         keys = self._keys_tensor(keys)
         values = self._values_tensor(values, keys, arg)
-        with tf.name_scope(_scope_name(name)):
+        with tf.name_scope(scope_name(name)):
             # Checked before any shard is written, so a bad call leaves the table unchanged.
             checks = [tf.debugging.assert_equal(
                 tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
@@ -504,7 +507,7 @@ def _current_device():
     return tf.no_op(name="device_probe").device  # a throwaway op picks up the device scope
 
 
-def _scope_name(name):
+def scope_name(name):
     """A valid name scope from a variable name (scope slashes become underscores)."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     return cleaned.lstrip("._-") or "de"

@@ -1,0 +1,93 @@
+"""`TrainableWrapper`: the rows a batch looks up, as a variable any TensorFlow optimizer can train.
+
+A `de.Variable` is a hash table, which optimizers cannot train. Each lookup site of a trainable
+`de.Variable` owns a `TrainableWrapper`, a ResourceVariable of shape `[None, dim]`: every lookup
+(every `Session.run` in graph mode, every call in eager mode / `tf.function`) assigns it the rows
+of the batch's unique ids, and the embeddings are gathered from it. Gradients w.r.t. it are
+IndexedSlices over those rows; `de.DynamicEmbeddingOptimizer` trains it and writes the rows back.
+
+Example:
+    emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
+    grads = tape.gradient(loss, [wrapper])          # IndexedSlices over wrapper rows
+"""
+
+import tensorflow as tf
+from tensorflow.python.eager import record  # "is a GradientTape recording?" has no public API
+from tensorflow.python.ops import resource_variable_ops  # ResourceVariable is not public API
+
+
+class TrainableWrapper(resource_variable_ops.ResourceVariable):
+    """The prefetched rows of `params` for the unique ids of one lookup (see module docstring).
+
+    Attributes:
+      params: the `de.Variable` the rows come from and are written back to.
+      ids: a variable holding the unique ids of the rows currently held.
+    """
+
+    def __init__(self, params, name, trainable=True):
+        self.params = params
+        with tf.init_scope():
+            # Not in GLOBAL_VARIABLES: the content is transient (re-read every step), so Savers
+            # and initializers leave it alone; TRAINABLE_VARIABLES lets v1 `minimize` find it.
+            super().__init__(
+                initial_value=tf.zeros([0, params.dim], params.value_dtype),
+                shape=tf.TensorShape([None, params.dim]),
+                trainable=trainable,
+                name=name,
+                collections=[],
+                validate_shape=False)
+            self.ids = tf.Variable(
+                tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
+                name=name + "_ids", validate_shape=False, collections=[])
+
+    def prefetch(self, unique_ids):
+        """Loads the rows of `unique_ids` (initializer rows for missing ids, not inserted).
+
+        Returns an op (graph mode) that later reads of this wrapper must depend on.
+        """
+        rows = self.params.lookup(unique_ids)
+        return tf.group(self.ids.assign(unique_ids, read_value=False),
+                        self.assign(rows, read_value=False))
+
+    def write_back(self):
+        """Stores the rows held (e.g. after an optimizer update) into `params`."""
+        return self.params.upsert(self.ids.read_value(), self.read_value())
+
+    # The held rows are a per-step cache of the table, which is what checkpoints save.
+    def _serialize_to_tensors(self):
+        return {}
+
+    def _restore_from_tensors(self, restored_tensors):
+        del restored_tensors
+        return tf.no_op()
+
+
+def needs_wrapper(params, return_trainable=False):
+    """Whether a lookup of `params` should go through a TrainableWrapper.
+
+    Yes for trainable params when the caller asks for it, in tf.compat.v1 graphs (gradients are
+    taken after the graph is built) and under a recording GradientTape (eager, tf.function,
+    Keras `fit`). Plain inference (`predict`, serving signatures) reads the tables directly, so
+    an exported SavedModel holds no wrapper.
+    """
+    if not params.trainable:
+        return False
+    return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
+            or record.could_possibly_record())
+
+
+def wrapper_for(params, name):
+    """The TrainableWrapper of `params` for the lookup called `name`, created on first use.
+
+    In eager mode and inside `tf.function` a lookup site is known by its name, so every step
+    reuses one wrapper; a tf.compat.v1 graph builds each lookup once, so each gets its own.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    store = params._trainable_store  # pylint: disable=protected-access
+    if not tf.executing_eagerly() and not graph.building_function:
+        name = graph.unique_name(name, mark_as_used=False)
+    wrapper = store.get(name)
+    if wrapper is None:
+        wrapper = TrainableWrapper(params, name=name, trainable=params.trainable)
+        store[name] = wrapper
+    return wrapper
