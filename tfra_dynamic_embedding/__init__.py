@@ -12,7 +12,9 @@ from tfra_dynamic_embedding.embedding_ops import (
     embedding_lookup_sparse,
     safe_embedding_lookup_sparse,
 )
+from tfra_dynamic_embedding.optimizer import DynamicEmbeddingOptimizer
 from tfra_dynamic_embedding.tables import BuiltinKVCreator, KVCreator, KVTable
+from tfra_dynamic_embedding.trainable import TrainableWrapper
 from tfra_dynamic_embedding.variable import (
     Variable,
     default_partition_fn,
@@ -23,8 +25,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuiltinKVCreator",
+    "DynamicEmbeddingOptimizer",
     "KVCreator",
     "KVTable",
+    "TrainableWrapper",
     "Variable",
     "default_partition_fn",
     "embedding_lookup",

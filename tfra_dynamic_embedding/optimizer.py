@@ -1,0 +1,341 @@
+"""`DynamicEmbeddingOptimizer(opt)`: lets any TensorFlow optimizer train `de.Variable`s.
+
+The optimizer keeps its class, hyper-parameters and update math; `DynamicEmbeddingOptimizer`
+re-classes it to a subclass that, for each `TrainableWrapper` among the variables:
+
+1. creates the optimizer's slots for it as `de.Variable`s (same dim, devices, partitioner and
+   backend as the embedding, named `<embedding>/<optimizer>/<slot>`), plus per-lookup slot
+   buffers that hold the slot rows of the batch's ids;
+2. before the update, loads the slot rows of the batch's ids into the buffers (new ids start at
+   the slot's initial value: zeros, Adagrad's `initial_accumulator_value`, RMSProp's ones, ...);
+3. runs the optimizer's own update on the wrapper and buffers, like on any dense variable;
+4. writes the trained rows and every slot's rows back to their tables. Only this creates rows.
+
+Updates are lazy: rows and slot rows of ids not in the batch are untouched, so optimizers whose
+sparse update is row-local (SGD, Momentum, Adagrad, RMSProp, Ftrl, ...) match a dense embedding
+exactly, and Adam-like optimizers match their lazy variant (bias correction uses the optimizer's
+global step). Repeated ids in a batch have their gradients summed, as the dense path does.
+
+Supported families: `tf.compat.v1.train` optimizers (graph and eager), Keras 3 optimizers (the
+default `tf.keras`) and tf_keras optimizers, legacy and new.
+
+Example:
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3))
+    with tf.GradientTape() as tape:
+        emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
+        loss = tf.reduce_sum(emb ** 2)
+    opt.apply_gradients(zip(tape.gradient(loss, [wrapper]), [wrapper]))
+"""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tfra_dynamic_embedding import trainable as trainable_lib
+from tfra_dynamic_embedding import variable as variable_lib
+
+
+def DynamicEmbeddingOptimizer(self):  # pylint: disable=invalid-name  (TFRA's public name)
+    """Returns `self`, re-classed so that it also trains `de.Variable`s (see module docstring)."""
+    if isinstance(self, _DynamicEmbeddingMixin):
+        return self
+    mixin = _mixin_for(self)
+    base = type(self)
+    # Same name and module as the optimizer's class, so configs and logs read as before.
+    self.__class__ = type(base.__name__, (mixin, base),
+                          {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
+    object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
+    return self
+
+
+class _DynamicEmbeddingMixin:
+    """What every family shares: slot tables, slot buffers, prefetch and write-back."""
+
+    def _de_slot_buffer(self, wrapper, slot_name, initializer):
+        """The buffer holding `slot_name` rows of `wrapper`'s ids, creating its table if new."""
+        params = wrapper.params
+        key = (id(params), slot_name)
+        table = self._de_slot_tables.get(key)
+        if table is None:
+            fill = _fill_value(initializer, params.value_dtype, params.dim)
+            name = f"{params.name}/{_optimizer_name(self)}/{slot_name}"
+            table = variable_lib.Variable(
+                key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
+                devices=params.devices, partitioner=params.partition_fn, name=name,
+                initializer=fill, trainable=False, checkpoint=params.checkpoint,
+                kv_creator=params.kv_creator)
+            self._de_slot_tables[key] = table
+            # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
+            self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
+        buffer = trainable_lib.TrainableWrapper(
+            table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False)
+        self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
+        return buffer
+
+    def _de_apply(self, grads_and_vars, create_slots, apply):
+        """Runs `apply(grads_and_vars)` between prefetching slot rows and writing rows back."""
+        grads_and_vars = list(grads_and_vars)
+        wrappers = [v for g, v in grads_and_vars
+                    if g is not None and isinstance(v, trainable_lib.TrainableWrapper)]
+        if not wrappers:
+            return apply(grads_and_vars)
+        create_slots([v for g, v in grads_and_vars if g is not None])
+        prefetch = [buffer.prefetch(w.ids.read_value())
+                    for w in wrappers for buffer in self._de_buffers.get(w.ref(), [])]
+        grads_and_vars = [
+            (self._de_gradient(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
+            for g, v in grads_and_vars]
+        with tf.control_dependencies(prefetch):
+            result = apply(grads_and_vars)
+        after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
+        with tf.control_dependencies(after):
+            writes = [w.write_back() for w in wrappers]
+            writes += [b.write_back() for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
+        if tf.compat.v1.executing_eagerly_outside_functions():
+            return result  # eager runs in order; tf.function orders and runs stateful ops itself
+        # A tf.compat.v1 graph: the returned op must also run the write-back.
+        with tf.control_dependencies([op for op in writes if op is not None]):
+            return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
+
+    def _de_gradient(self, grad, wrapper):
+        """The wrapper's gradient as the family wants it (default: as given)."""
+        del wrapper
+        return grad
+
+    def get_slot_variables(self, params):
+        """The slot `de.Variable`s this optimizer created for embedding `params`."""
+        return [t for (pid, _), t in self._de_slot_tables.items() if pid == id(params)]
+
+
+class _V1Mixin(_DynamicEmbeddingMixin):
+    """tf.compat.v1.train optimizers: slots come from `_zeros_slot` / `_get_or_make_slot*`."""
+
+    def _zeros_slot(self, var, slot_name, op_name):
+        if _wrapper_of(var) is not None:
+            return self._de_v1_slot(var, slot_name, 0.0)
+        return super()._zeros_slot(var, slot_name, op_name)
+
+    def _get_or_make_slot(self, var, val, slot_name, op_name):
+        if _wrapper_of(var) is not None:
+            return self._de_v1_slot(var, slot_name, val)
+        return super()._get_or_make_slot(var, val, slot_name, op_name)
+
+    def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name,
+                                           op_name):
+        if _wrapper_of(var) is not None:
+            return self._de_v1_slot(var, slot_name, initializer)
+        return super()._get_or_make_slot_with_initializer(var, initializer, shape, dtype,
+                                                          slot_name, op_name)
+
+    def _de_v1_slot(self, var, slot_name, initializer):
+        wrapper = _wrapper_of(var)
+        named_slots = self._slot_dict(slot_name)
+        key = _v1_var_key(wrapper)
+        if key not in named_slots:
+            named_slots[key] = self._de_slot_buffer(wrapper, slot_name, initializer)
+        return named_slots[key]
+
+    def _create_slots(self, var_list):
+        # Some optimizers size slots statically (ProximalAdagrad: tf.constant(c, shape=...)).
+        return super()._create_slots(_static_views(var_list))
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
+        def create_slots(var_list):
+            with tf.init_scope():
+                self._create_slots(var_list)
+
+        def apply(pairs):
+            return super(_V1Mixin, self).apply_gradients(pairs, global_step, name, **kwargs)
+
+        return self._de_apply(grads_and_vars, create_slots, apply)
+
+
+class _Keras3Mixin(_DynamicEmbeddingMixin):
+    """Keras 3 optimizers: slots come from `add_variable_from_reference`."""
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        if isinstance(reference_variable, trainable_lib.TrainableWrapper):
+            return self._de_slot_buffer(reference_variable, name or "var", initializer)
+        return super().add_variable_from_reference(reference_variable, name=name,
+                                                   initializer=initializer)
+
+    def apply_gradients(self, grads_and_vars):
+        def create_slots(var_list):
+            if not self.built:
+                self.build(var_list)
+
+        return self._de_apply(grads_and_vars, create_slots, super().apply_gradients)
+
+    def _de_gradient(self, grad, wrapper):
+        # Keras 3 does not combine repeated IndexedSlices indices; the wrapper holds unique rows,
+        # so the summed dense [rows, dim] gradient is exactly the dense path's update.
+        return _summed_rows(grad, wrapper)
+
+
+class _LegacyKerasMixin(_DynamicEmbeddingMixin):
+    """tf_keras legacy (OptimizerV2) optimizers: slots come from `add_slot`."""
+
+    def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+        if isinstance(var, trainable_lib.TrainableWrapper):
+            slots = self._slots.setdefault(_legacy_keras_var_key(var), {})
+            if slot_name not in slots:
+                slots[slot_name] = self._de_slot_buffer(var, slot_name, initializer)
+            return slots[slot_name]
+        return super().add_slot(var, slot_name, initializer=initializer, shape=shape)
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+        def apply(pairs):
+            return super(_LegacyKerasMixin, self).apply_gradients(pairs, name=name, **kwargs)
+
+        return self._de_apply(grads_and_vars, self._create_all_weights, apply)
+
+
+class _NewTfKerasMixin(_DynamicEmbeddingMixin):
+    """tf_keras (non-legacy) optimizers: slots come from `add_variable_from_reference`."""
+
+    def add_variable_from_reference(self, model_variable, variable_name, shape=None,
+                                    initial_value=None):
+        if isinstance(model_variable, _StaticShapeView):
+            return self._de_slot_buffer(model_variable.wrapper, variable_name,
+                                        0.0 if initial_value is None else initial_value)
+        return super().add_variable_from_reference(model_variable, variable_name, shape=shape,
+                                                   initial_value=initial_value)
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+        def create_slots(var_list):
+            if not getattr(self, "_built", False):
+                with tf.init_scope():
+                    self.build(_static_views(var_list))
+
+        def apply(pairs):
+            return super(_NewTfKerasMixin, self).apply_gradients(pairs, name=name, **kwargs)
+
+        return self._de_apply(grads_and_vars, create_slots, apply)
+
+    def _de_gradient(self, grad, wrapper):
+        # tf_keras scatters IndexedSlices without combining repeated indices: sum them first.
+        return _summed_rows(grad, wrapper)
+
+
+class _StaticShapeView:
+    """A wrapper seen with a one-row static shape.
+
+    Some optimizers size new slots from the variable's static shape (`tf.fill(var.shape, c)`,
+    `tf.constant(c, shape=var.get_shape())`), which a wrapper only knows per batch. They create
+    slots from this view; the slot hooks map it back to the wrapper and keep only the constant.
+    """
+
+    def __init__(self, wrapper):
+        self.wrapper = wrapper
+        self.shape = tf.TensorShape([1, wrapper.params.dim])
+
+    def get_shape(self):
+        return self.shape
+
+    def __getattr__(self, name):
+        return getattr(self.wrapper, name)
+
+
+def _static_views(var_list):
+    return [_StaticShapeView(v) if isinstance(v, trainable_lib.TrainableWrapper) else v
+            for v in var_list]
+
+
+def _wrapper_of(var):
+    """The TrainableWrapper behind `var` (itself or a static view of it), else None."""
+    if isinstance(var, _StaticShapeView):
+        return var.wrapper
+    return var if isinstance(var, trainable_lib.TrainableWrapper) else None
+
+
+def _mixin_for(optimizer):
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return _V1Mixin
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(optimizer, keras.optimizers.Optimizer):
+        return _Keras3Mixin
+    tf_keras = sys.modules.get("tf_keras")
+    if tf_keras is not None:
+        if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+            return _LegacyKerasMixin
+        if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+            return _NewTfKerasMixin
+    raise TypeError(
+        f"DynamicEmbeddingOptimizer needs a tf.compat.v1.train, Keras 3 or tf_keras optimizer; "
+        f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
+
+
+def _summed_rows(grad, wrapper):
+    """A gradient over wrapper rows as a dense `[rows, dim]` tensor, repeated rows summed."""
+    if isinstance(grad, tf.IndexedSlices):
+        rows = tf.shape(wrapper, out_type=grad.indices.dtype)[0]
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
+    return grad
+
+
+def _v1_var_key(var):
+    # The key tf.compat.v1.train.Optimizer files slots under (its private `_var_key`).
+    if hasattr(var, "op") and not tf.executing_eagerly():
+        return (var.op.graph, var.op.name)
+    return var._unique_id  # pylint: disable=protected-access
+
+
+def _legacy_keras_var_key(var):
+    return var._unique_id  # pylint: disable=protected-access  (tf_keras' slot key)
+
+
+def _optimizer_name(optimizer):
+    name = getattr(optimizer, "_name", None) or getattr(optimizer, "name", None)
+    return str(name or type(optimizer).__name__)
+
+
+_NAMED_FILLS = {"zeros": 0.0, "ones": 1.0}
+
+
+def _fill_value(initializer, dtype, dim):
+    """The constant an optimizer fills a new slot with; new keys' slot rows start from it.
+
+    Optimizers describe a slot's start as an initializer object or name, a zero-argument
+    callable, or a tensor shaped like the variable; all of them fill with one constant.
+    """
+    value = initializer
+    if isinstance(value, str):
+        value = _NAMED_FILLS[value] if value in _NAMED_FILLS else tf.keras.initializers.get(value)
+    if callable(value) and not isinstance(value, (tf.Tensor, tf.Variable)):
+        try:
+            value = value(shape=[1, dim], dtype=dtype)
+        except TypeError:
+            value = value()
+    static = _static_value(value)
+    if static is not None:
+        distinct = np.unique(np.asarray(static, dtype=np.float64))
+        if distinct.size == 1:
+            return float(distinct[0])
+    raise ValueError(
+        f"optimizer slot initializer {initializer!r} must fill the slot with one constant for "
+        f"dynamic embeddings (new keys' slot rows start from it)")
+
+
+def _static_value(value):
+    """A numpy value for a constant tensor, following Cast/Fill/OnesLike/ZerosLike in graphs."""
+    if isinstance(value, (int, float, np.ndarray, np.number)):
+        return np.asarray(value)
+    if hasattr(value, "numpy") and tf.executing_eagerly():
+        return value.numpy()
+    static = tf.get_static_value(value)
+    if static is not None:
+        return static
+    op = getattr(value, "op", None)
+    while op is not None and op.type in ("Cast", "Identity"):
+        op = op.inputs[0].op
+    if op is None:
+        return None
+    if op.type == "OnesLike":
+        return np.ones(1)
+    if op.type == "ZerosLike":
+        return np.zeros(1)
+    if op.type == "Fill":
+        return tf.get_static_value(op.inputs[1])
+    return None
