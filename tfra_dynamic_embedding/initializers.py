@@ -34,17 +34,17 @@ def rows_maker(initializer, dim, dtype):
     dtype = tf.as_dtype(dtype)
     if initializer is None:
         return lambda n: tf.zeros(tf.stack([n, dim]), dtype)
+    # Constants are made inside make_rows, in the graph that calls it: a tensor made here could
+    # belong to a tf.function trace and be out of scope in the next one.
     if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
-        value = tf.constant(initializer, dtype)
-        return lambda n: tf.fill(tf.stack([n, dim]), value)
+        return lambda n: tf.fill(tf.stack([n, dim]), tf.constant(initializer, dtype))
     if isinstance(initializer, (np.ndarray, list, tuple, tf.Tensor)):
         row = np.asarray(initializer)
         if row.shape != (dim,):
             raise ValueError(
                 f"initializer must have shape [dim] = [{dim}] when given as an array; "
                 f"got shape {list(row.shape)}")
-        row = tf.constant(row, dtype)
-        return lambda n: tf.tile(row[tf.newaxis, :], tf.stack([n, 1]))
+        return lambda n: tf.tile(tf.constant(row[np.newaxis, :], dtype), tf.stack([n, 1]))
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
         initializer = tf.keras.initializers.get(initializer)
     if not callable(initializer):

@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context  # eager evaluation inside graphs has no public API
 
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
@@ -82,7 +83,7 @@ class _DynamicEmbeddingMixin:
         if not wrappers:
             return apply(grads_and_vars)
         create_slots([v for g, v in grads_and_vars if g is not None])
-        prefetch = [buffer.prefetch(w.ids.read_value())
+        prefetch = [buffer.prefetch(w.batch_ids())
                     for w in wrappers for buffer in self._de_buffers.get(w.ref(), [])]
         grads_and_vars = [
             (self._de_gradient(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
@@ -304,10 +305,13 @@ def _fill_value(initializer, dtype, dim):
     if isinstance(value, str):
         value = _NAMED_FILLS[value] if value in _NAMED_FILLS else tf.keras.initializers.get(value)
     if callable(value) and not isinstance(value, (tf.Tensor, tf.Variable)):
-        try:
-            value = value(shape=[1, dim], dtype=dtype)
-        except TypeError:
-            value = value()
+        # Evaluated eagerly even while a graph or tf.function is being built: the initializer
+        # only makes constants, and an eager result is a plain number to read.
+        with context.eager_mode():
+            try:
+                value = value(shape=[1, dim], dtype=dtype)
+            except TypeError:
+                value = value()
     static = _static_value(value)
     if static is not None:
         distinct = np.unique(np.asarray(static, dtype=np.float64))

@@ -46,12 +46,23 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         Returns an op (graph mode) that later reads of this wrapper must depend on.
         """
         rows = self.params.lookup(unique_ids)
-        return tf.group(self.ids.assign(unique_ids, read_value=False),
-                        self.assign(rows, read_value=False))
+        loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
+                          self.assign(rows, read_value=False))
+        if loaded is not None:  # graph building: remember it for batch_ids()
+            self._loaded = loaded
+        return loaded
+
+    def batch_ids(self):
+        """The ids of the rows held, read after this step's lookup loaded them."""
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None and loaded.graph is tf.compat.v1.get_default_graph():
+            with tf.control_dependencies([loaded]):
+                return self.ids.read_value()
+        return self.ids.read_value()
 
     def write_back(self):
         """Stores the rows held (e.g. after an optimizer update) into `params`."""
-        return self.params.upsert(self.ids.read_value(), self.read_value())
+        return self.params.upsert(self.batch_ids(), self.read_value())
 
     # The held rows are a per-step cache of the table, which is what checkpoints save.
     def _serialize_to_tensors(self):

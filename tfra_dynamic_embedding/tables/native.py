@@ -1,0 +1,420 @@
+"""The native backend: shard tables on this package's C++ kernels (cc/ops).
+
+A native table keeps rows in contiguous per-shard slabs indexed by an open-addressing hash table
+with striped locks; batch ops run on TensorFlow's intra-op thread pool. Beyond the `KVTable`
+interface it offers per-key metadata (last-write stamp, saturating write count) for eviction,
+chunked export, streaming checksummed file save/load, and initializers computed in C++ for
+exactly the missing keys (`NativeInitializer`).
+
+The op library is `_tfra_de_ops.so` next to this file, or the file named by the environment
+variable `TFRA_DE_OPS_LIBRARY`. It is loaded on first use; when it is missing or fails to load,
+`is_available()` is False and creating a table raises `RuntimeError`.
+
+Example:
+    table = NativeKVCreator().create(tf.int64, tf.float32, dim=4, name="t")
+    init = native_initializer(tf.random_normal_initializer(0.0, 0.01), dim=4, dtype=tf.float32)
+    rows, exists = table.find_or_insert(tf.constant([1, 2], tf.int64), init)
+    table.save_to("/tmp/t.shard0")
+"""
+
+import itertools
+import os
+import random
+import threading
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfra_dynamic_embedding.tables import base
+
+LIBRARY_ENV = "TFRA_DE_OPS_LIBRARY"
+KEY_DTYPES = (tf.int32, tf.int64, tf.string)
+VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+_load_lock = threading.Lock()
+_library = None
+_load_error = None
+_load_tried = False
+_table_ids = itertools.count()
+
+
+def library_path():
+    """Path the op library is loaded from: `$TFRA_DE_OPS_LIBRARY`, else next to this module."""
+    return os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(__file__), "_tfra_de_ops.so")
+
+
+def _load():
+    global _library, _load_error, _load_tried
+    with _load_lock:
+        if not _load_tried:
+            _load_tried = True
+            path = library_path()
+            try:
+                _library = tf.load_op_library(path)
+            except Exception as error:  # pylint: disable=broad-except  (any failure: fall back)
+                _load_error = f"{path}: {error}"
+                logging.warning("tfra_dynamic_embedding native ops unavailable (%s); "
+                                "the built-in backend will be used.", _load_error)
+    return _library
+
+
+def is_available():
+    """Whether the native op library is loaded (loading it on first call)."""
+    return _load() is not None
+
+
+def load_error():
+    """Why the op library did not load, or None."""
+    _load()
+    return _load_error
+
+
+def _ops():
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native table backend is not available: {_load_error}. Build it "
+                           f"(e.g. `make ops`) or use BuiltinKVCreator.")
+    return lib
+
+
+# ----------------------------------------------------------------------------- initializers --
+
+_INIT_KINDS = ("constant", "uniform", "normal", "truncated_normal")
+
+
+class NativeInitializer:
+    """Initial rows the kernels draw for exactly the missing keys: `make_rows` for native tables.
+
+    kind: "constant" (a), "uniform" in [a, b), "normal" (mean a, stddev b) or
+    "truncated_normal" (mean a, stddev b, redrawn beyond two stddev, as TF's).
+    In C++ the initial row of a key is a pure function of (seed, key): a read-only lookup and a
+    later find_or_insert of the same key give the same row, whichever batch or shard. Called as
+    `make_rows(n)` (e.g. by another backend) it draws `[n, dim]` rows with TF ops instead.
+    """
+
+    def __init__(self, kind, a=0.0, b=0.0, seed=None, dim=None, dtype=tf.float32):
+        if kind not in _INIT_KINDS:
+            raise ValueError(f"kind must be one of {_INIT_KINDS}; got {kind!r}")
+        if kind in ("normal", "truncated_normal") and b < 0:
+            raise ValueError(f"stddev (b) must be >= 0 for a {kind} initializer; got {b}")
+        self.kind, self.a, self.b = kind, float(a), float(b)
+        # An unseeded initializer still needs one fixed seed so lookups and inserts agree.
+        self.seed = int(seed) if seed is not None else random.getrandbits(63)
+        self.dim = dim
+        self.dtype = tf.as_dtype(dtype)
+
+    def __call__(self, n):
+        if self.dim is None:
+            raise ValueError("NativeInitializer needs `dim` to draw rows with TF ops")
+        shape = tf.stack([tf.cast(n, tf.int32), self.dim])
+        if self.kind == "constant":
+            return tf.fill(shape, tf.constant(self.a, self.dtype))
+        if self.kind == "uniform":
+            rows = tf.random.uniform(shape, self.a, self.b, tf.float32)
+        elif self.kind == "normal":
+            rows = tf.random.normal(shape, self.a, self.b, tf.float32)
+        else:
+            rows = tf.random.truncated_normal(shape, self.a, self.b, tf.float32)
+        return tf.cast(rows, self.dtype)
+
+    def __repr__(self):
+        return f"NativeInitializer({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed})"
+
+
+_CONFIG_KINDS = {  # initializer class name -> (kind, config key of a, config key of b)
+    "RandomNormal": ("normal", "mean", "stddev"),
+    "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
+    "RandomUniform": ("uniform", "minval", "maxval"),
+}
+
+
+def native_initializer(initializer, dim, dtype=tf.float32):
+    """A `NativeInitializer` equivalent to `initializer`, or None if it has no C++ equivalent.
+
+    Understood: None / numbers (constant), zeros/ones/constant(scalar), random normal, truncated
+    normal and random uniform initializers of TF and Keras (objects or names such as "zeros").
+    """
+    if initializer is None:
+        return NativeInitializer("constant", 0.0, dim=dim, dtype=dtype)
+    if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
+        return NativeInitializer("constant", float(initializer), dim=dim, dtype=dtype)
+    if isinstance(initializer, NativeInitializer):
+        return initializer
+    if isinstance(initializer, str):
+        try:
+            initializer = tf.keras.initializers.get(initializer)
+        except (ValueError, TypeError):
+            return None
+    name = type(initializer).__name__
+    get_config = getattr(initializer, "get_config", None)
+    config = get_config() if callable(get_config) else {}
+    if name in ("Zeros", "zeros_initializer"):
+        return NativeInitializer("constant", 0.0, dim=dim, dtype=dtype)
+    if name in ("Ones", "ones_initializer"):
+        return NativeInitializer("constant", 1.0, dim=dim, dtype=dtype)
+    if name in ("Constant", "constant_initializer"):
+        value = np.asarray(config.get("value", 0.0))
+        if value.size != 1:
+            return None
+        return NativeInitializer("constant", float(value.reshape(())), dim=dim, dtype=dtype)
+    spec = _CONFIG_KINDS.get(name)
+    if spec is None or spec[1] not in config or spec[2] not in config:
+        return None
+    kind, key_a, key_b = spec
+    return NativeInitializer(kind, float(config[key_a]), float(config[key_b]),
+                             seed=config.get("seed"), dim=dim, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- tables --
+
+class NativeKVTable(base.KVTable):
+    """A shard table on the native kernels (see `KVTable` for the interface methods).
+
+    Extra methods: `lookup_or_init`, `export_with_meta`, `export_chunks`, `import_with_meta`,
+    `save_to`, `load_from`, `set_step`, `evict`.
+    """
+
+    def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None,
+                 init_size=0, num_shards=0):
+        key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+        if key_dtype not in KEY_DTYPES:
+            raise TypeError(f"key_dtype must be one of int32, int64, string; got {key_dtype.name}")
+        if value_dtype not in VALUE_DTYPES:
+            raise TypeError(f"value_dtype must be one of float16, bfloat16, float32, float64; "
+                            f"got {value_dtype.name}")
+        if int(dim) < 1:
+            raise ValueError(f"dim must be >= 1; got {dim}")
+        if int(init_size) < 0:
+            raise ValueError(f"init_size must be >= 0; got {init_size}")
+        if not 0 <= int(num_shards) <= 4096:
+            raise ValueError(f"num_shards must be in [0, 4096]; got {num_shards}")
+        super().__init__(key_dtype, value_dtype, dim, name, device)
+        self._gen = _ops()
+        self._init_size = int(init_size)
+        self._num_shards = int(num_shards)
+        # As the built-in backend: an unnamed eager table gets a unique shared name and is
+        # destroyed with this object; a table shared by name is never destroyed by us. In graph
+        # mode an unnamed table is shared by node name (the kernel uses it when shared_name="").
+        self._owns_resource = shared_name is None and tf.executing_eagerly()
+        if self._owns_resource:
+            shared_name = "%s_%d" % (_op_name(name), next(_table_ids))
+        self._shared_name = shared_name
+        self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
+
+    def _create_resource(self):
+        return self._gen.tfra_de_table(
+            key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.dim,
+            init_size=self._init_size, num_shards=self._num_shards,
+            shared_name=self._shared_name or "", name=_op_name(self.name))
+
+    def _destroy_resource(self):
+        if self._owns_resource:
+            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    # -- conversions ----------------------------------------------------------------------
+
+    def _keys(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self.key_dtype:
+            if keys.dtype.is_integer and self.key_dtype.is_integer:
+                keys = tf.cast(keys, self.key_dtype)
+            else:
+                raise TypeError(f"keys must be {self.key_dtype.name}; got {keys.dtype.name}")
+        return keys
+
+    def _rows(self, rows, name="values"):
+        rows = tf.convert_to_tensor(rows)
+        if rows.dtype != self.value_dtype:
+            if not (rows.dtype.is_floating or rows.dtype.is_integer):
+                raise TypeError(f"{name} must be {self.value_dtype.name}; got {rows.dtype.name}")
+            rows = tf.cast(rows, self.value_dtype)
+        return rows
+
+    def _typed(self):
+        return dict(key_dtype=self.key_dtype, value_dtype=self.value_dtype)
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def lookup(self, keys, default_rows):
+        return self.lookup_with_exists(keys, default_rows)[0]
+
+    def lookup_with_exists(self, keys, default_rows):
+        """(rows, exists); `default_rows` is `[N, dim]` or one `[dim]` row for every key."""
+        with tf.device(self.device):
+            keys = self._keys(keys)
+            return self._gen.tfra_de_find(self.resource_handle, keys,
+                                          self._rows(default_rows, "default_rows"), dim=self.dim)
+
+    def lookup_or_init(self, keys, make_rows):
+        """(rows, exists) without inserting; missing keys get initial rows.
+
+        With a `NativeInitializer` the rows are drawn in C++; otherwise `make_rows(n)` is called
+        once for the n distinct missing keys (a repeated key gets one row).
+        """
+        with tf.device(self.device):
+            keys = self._keys(keys)
+            if isinstance(make_rows, NativeInitializer):
+                return self._find_init(keys, make_rows, insert=False)
+            rows, exists = self._gen.tfra_de_find(
+                self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+            missing = tf.where(tf.logical_not(exists))
+            unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
+            new_rows = self._rows(make_rows(tf.size(unique_keys)), "make_rows(n)")
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
+            return rows, exists
+
+    def find_or_insert(self, keys, make_rows):
+        """(rows, exists); missing keys are inserted with fresh rows.
+
+        With a `NativeInitializer` this is one fused kernel; otherwise `make_rows(n)` is called
+        for the n distinct missing keys and those rows are inserted unless another writer got
+        there first (then its row is returned, so the result always matches the table).
+        """
+        with tf.device(self.device):
+            keys = self._keys(keys)
+            if isinstance(make_rows, NativeInitializer):
+                return self._find_init(keys, make_rows, insert=True)
+            rows, exists = self._gen.tfra_de_find(
+                self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+            missing = tf.where(tf.logical_not(exists))
+            unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
+            new_rows = self._rows(make_rows(tf.size(unique_keys)), "make_rows(n)")
+            stored = self._gen.tfra_de_insert_missing(self.resource_handle, unique_keys, new_rows,
+                                                      dim=self.dim)
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
+            return rows, exists
+
+    def _find_init(self, keys, init, insert):
+        return self._gen.tfra_de_find_init(
+            self.resource_handle, keys, dim=self.dim, insert=insert, init=init.kind, a=init.a,
+            b=init.b, seed=init.seed, value_dtype=self.value_dtype)
+
+    # -- updates --------------------------------------------------------------------------
+
+    def insert(self, keys, values):
+        with tf.device(self.device):
+            return self._gen.tfra_de_insert(self.resource_handle, self._keys(keys),
+                                            self._rows(values))
+
+    def accum(self, keys, deltas):
+        with tf.device(self.device):
+            return self._gen.tfra_de_accum(self.resource_handle, self._keys(keys),
+                                           self._rows(deltas, "deltas"))
+
+    def remove(self, keys):
+        """Deletes keys; returns the number removed (an int64 scalar)."""
+        with tf.device(self.device):
+            return self._gen.tfra_de_remove(self.resource_handle, self._keys(keys))
+
+    def clear(self):
+        with tf.device(self.device):
+            return self._gen.tfra_de_clear(self.resource_handle)
+
+    def size(self):
+        with tf.device(self.device):
+            return self._gen.tfra_de_size(self.resource_handle)
+
+    # -- export / import ------------------------------------------------------------------
+
+    def export(self):
+        keys, values, _, _ = self.export_with_meta()
+        return keys, values
+
+    def export_with_meta(self):
+        """(keys, values, stamps, freqs) of the whole shard, one consistent snapshot.
+
+        stamps: int64 last-write stamp per key (the step set by `set_step`, else Unix seconds);
+        freqs: int64 number of writes (insert/accum/creation), saturating at 2^32 - 1.
+        """
+        with tf.device(self.device):
+            out = self._gen.tfra_de_export(self.resource_handle, tf.constant(0, tf.int64),
+                                           tf.constant(-1, tf.int64), dim=self.dim,
+                                           **self._typed())
+            return out.keys, out.values, out.stamps, out.freqs
+
+    def export_chunk(self, cursor, limit):
+        """(keys, values, stamps, freqs, next_cursor): up to `limit` rows from `cursor`.
+
+        Start at cursor 0; next_cursor is -1 once the table is exhausted. Unlike
+        `export_with_meta` the chunks are not one snapshot under concurrent writes.
+        """
+        with tf.device(self.device):
+            return tuple(self._gen.tfra_de_export(
+                self.resource_handle, tf.cast(cursor, tf.int64), tf.cast(limit, tf.int64),
+                dim=self.dim, **self._typed()))
+
+    def export_chunks(self, chunk_size=65536):
+        """Eager generator of (keys, values, stamps, freqs) chunks of at most `chunk_size` rows."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+        cursor = 0
+        while cursor >= 0:
+            *chunk, cursor = self.export_chunk(cursor, chunk_size)
+            cursor = int(cursor)
+            if int(tf.size(chunk[0])) > 0:
+                yield tuple(chunk)
+
+    def import_(self, keys, values):
+        return self.import_with_meta(keys, values)
+
+    def import_with_meta(self, keys, values, stamps=None, freqs=None, clear=True):
+        """Writes rows with optional metadata; `clear=True` replaces the content atomically."""
+        with tf.device(self.device):
+            keys = self._keys(keys)
+            empty = tf.zeros([0], tf.int64)
+            stamps = empty if stamps is None else tf.cast(stamps, tf.int64)
+            freqs = empty if freqs is None else tf.cast(freqs, tf.int64)
+            return self._gen.tfra_de_import(self.resource_handle, keys, self._rows(values),
+                                            stamps, freqs, tf.constant(bool(clear)))
+
+    # -- files and metadata ---------------------------------------------------------------
+
+    def save_to(self, path):
+        """Streams the shard (rows and metadata) to `path` (any TF filesystem), atomically."""
+        with tf.device(self.device):
+            return self._gen.tfra_de_save_to_file(self.resource_handle,
+                                                  tf.convert_to_tensor(path, tf.string))
+
+    def load_from(self, path):
+        """Replaces the content with a `save_to` file; returns the number of keys loaded.
+
+        A truncated or corrupt file raises DataLossError and a file of another dtype/dim
+        InvalidArgumentError; either way the table is left unchanged.
+        """
+        with tf.device(self.device):
+            return self._gen.tfra_de_load_from_file(self.resource_handle,
+                                                    tf.convert_to_tensor(path, tf.string))
+
+    def set_step(self, step):
+        """Records `step` as the stamp of rows written from now on (step < 0: Unix seconds)."""
+        with tf.device(self.device):
+            return self._gen.tfra_de_set_step(self.resource_handle, tf.cast(step, tf.int64))
+
+    def evict(self, min_stamp=0, min_freq=0):
+        """Removes keys with stamp < min_stamp or freq < min_freq; returns how many."""
+        with tf.device(self.device):
+            return self._gen.tfra_de_evict(self.resource_handle, tf.cast(min_stamp, tf.int64),
+                                           tf.cast(min_freq, tf.int64))
+
+
+class NativeKVCreator(base.KVCreator):
+    """Creates `NativeKVTable` shards: `de.Variable(..., kv_creator=NativeKVCreator())`.
+
+    num_shards: lock stripes (and growth units) per table; 0 means 64.
+    """
+
+    def __init__(self, num_shards=0):
+        if not 0 <= int(num_shards) <= 4096:
+            raise ValueError(f"num_shards must be in [0, 4096]; got {num_shards}")
+        self.num_shards = int(num_shards)
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        return NativeKVTable(key_dtype, value_dtype, dim, name, device, shared_name, init_size,
+                             self.num_shards)
+
+
+def _op_name(name):
+    """A valid TF op name from a variable name (which may hold scope slashes)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return cleaned.lstrip("._-") or "table"
