@@ -23,6 +23,15 @@ from tfra_dynamic_embedding.variable import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # `de.keras` loads tf.keras, so it is imported on first use: TF_USE_LEGACY_KERAS can still
+    # be set after `import tensorflow_recommenders_addons.dynamic_embedding`.
+    if name == "keras":
+        import importlib  # pylint: disable=import-outside-toplevel
+        return importlib.import_module("tfra_dynamic_embedding.keras")
+    raise AttributeError(f"module 'tfra_dynamic_embedding' has no attribute {name!r}")
+
 __all__ = [
     "BuiltinKVCreator",
     "DynamicEmbeddingOptimizer",
@@ -34,5 +43,6 @@ __all__ = [
     "embedding_lookup",
     "embedding_lookup_sparse",
     "get_variable",
+    "keras",
     "safe_embedding_lookup_sparse",
 ]

@@ -79,24 +79,33 @@ def _erfc(x):
 
 
 def poisson_cdf(m, lam):
-    """P(Y <= m) for Y ~ Poisson(lam), elementwise over `lam`; m an int.
+    """P(Y <= m) for Y ~ Poisson(lam), elementwise over `lam`; m an int (or a list of ints).
 
     Exact summation for m <= 64, Wilson-Hilferty's cube-root normal approximation above
-    (absolute error below 2e-3 there, which is far below the calibration tolerance).
+    (absolute error below 2e-3 there, far below the calibration tolerance).
+    Example: poisson_cdf(0, [1.0]) -> [0.3679]
     """
     lam = np.asarray(lam, dtype=float)
-    if m < 0:
-        return np.zeros_like(lam)
-    if m <= 64:
+    ms = [int(m)] if np.ndim(m) == 0 else [int(x) for x in m]
+    out = {}
+    small = sorted(x for x in set(ms) if 0 <= x <= 64)
+    if small:
         pmf = np.exp(-lam)
         cdf = pmf.copy()
-        for k in range(1, m + 1):
+        for k in range(1, small[-1] + 1):
+            if k - 1 in small:
+                out[k - 1] = np.minimum(cdf, 1.0)
             pmf = pmf * lam / k
-            cdf += pmf
-        return np.minimum(cdf, 1.0)
-    k = m + 1.0  # P(Y <= m) = P(Gamma(m + 1) > lam)
-    z = 3.0 * math.sqrt(k) * (np.cbrt(lam / k) - 1.0 + 1.0 / (9.0 * k))
-    return 0.5 * _erfc(z / math.sqrt(2.0))
+            cdf = cdf + pmf
+        out[small[-1]] = np.minimum(cdf, 1.0)
+    for x in set(ms):
+        if x < 0:
+            out[x] = np.zeros_like(lam)
+        elif x > 64:
+            k = x + 1.0  # P(Y <= x) = P(Gamma(x + 1) > lam)
+            z = 3.0 * math.sqrt(k) * (np.cbrt(lam / k) - 1.0 + 1.0 / (9.0 * k))
+            out[x] = 0.5 * _erfc(z / math.sqrt(2.0))
+    return out[ms[0]] if np.ndim(m) == 0 else [out[x] for x in ms]
 
 
 def reuse_bin_probabilities(lam, weight="lookups"):
@@ -109,9 +118,9 @@ def reuse_bin_probabilities(lam, weight="lookups"):
     """
     lam = np.asarray(lam, dtype=float).reshape(-1)
     if weight == "lookups":
-        bounds = [np.zeros_like(lam)] + [poisson_cdf(int(lo) - 1, lam) for lo in _UPPER]
+        bounds = [np.zeros_like(lam)] + poisson_cdf([int(lo) - 1 for lo in _UPPER], lam)
     elif weight == "unique":
-        bounds = [poisson_cdf(0, lam)] + [poisson_cdf(int(hi), lam) for hi in _UPPER]
+        bounds = poisson_cdf([0] + [int(hi) for hi in _UPPER], lam)
     else:
         raise ValueError(f"weight must be 'lookups' or 'unique'; got {weight!r}")
     bounds.append(np.ones_like(lam))
