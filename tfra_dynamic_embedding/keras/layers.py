@@ -56,7 +56,7 @@ class Embedding(tf.keras.layers.Layer):
         if isinstance(ids, tf.SparseTensor):
             return self._lookup_sparse(ids)
         if isinstance(ids, tf.RaggedTensor):
-            rows = tf.ragged.map_flat_values(self._lookup, self._keys(ids.flat_values))
+            rows = ids.with_flat_values(self._lookup(self._keys(ids.flat_values)))
         else:
             rows = self._lookup(self._keys(tf.convert_to_tensor(ids)))
         return rows if self.combiner is None else _pool(rows, self.combiner)
