@@ -54,7 +54,7 @@ def DynamicEmbeddingOptimizer(self):  # pylint: disable=invalid-name  (TFRA's pu
 class _DynamicEmbeddingMixin:
     """What every family shares: slot tables, slot buffers, prefetch and write-back."""
 
-    def _de_slot_buffer(self, wrapper, slot_name, initializer):
+    def _de_slot_buffer(self, wrapper, slot_name, initializer, track=True):
         """The buffer holding `slot_name` rows of `wrapper`'s ids, creating its table if new."""
         params = wrapper.params
         key = (id(params), slot_name)
@@ -71,7 +71,7 @@ class _DynamicEmbeddingMixin:
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
         buffer = trainable_lib.TrainableWrapper(
-            table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False)
+            table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False, track=track)
         self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
         return buffer
 
@@ -135,7 +135,11 @@ class _V1Mixin(_DynamicEmbeddingMixin):
         named_slots = self._slot_dict(slot_name)
         key = _v1_var_key(wrapper)
         if key not in named_slots:
-            named_slots[key] = self._de_slot_buffer(wrapper, slot_name, initializer)
+            # v1 checkpoints its slots itself (as slot variables of the primary variable).
+            buffer = self._de_slot_buffer(wrapper, slot_name, initializer, track=False)
+            self._restore_slot_variable(slot_name=slot_name, variable=wrapper,
+                                        slot_variable=buffer)
+            named_slots[key] = buffer
         return named_slots[key]
 
     def _create_slots(self, var_list):

@@ -19,12 +19,15 @@ from tensorflow.python.ops import resource_variable_ops  # ResourceVariable is n
 class TrainableWrapper(resource_variable_ops.ResourceVariable):
     """The prefetched rows of `params` for the unique ids of one lookup (see module docstring).
 
+    `track=False` leaves it out of `params`' checkpoint dependencies, for optimizers that
+    checkpoint it themselves (tf.compat.v1 slot variables).
+
     Attributes:
       params: the `de.Variable` the rows come from and are written back to.
       ids: a variable holding the unique ids of the rows currently held.
     """
 
-    def __init__(self, params, name, trainable=True):
+    def __init__(self, params, name, trainable=True, track=True):
         self.params = params
         with tf.init_scope():
             # Not in GLOBAL_VARIABLES: the content is transient (re-read every step), so Savers
@@ -39,6 +42,10 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             self.ids = tf.Variable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
                 name=name + "_ids", validate_shape=False, collections=[])
+        if track:
+            # A checkpoint dependency of `params` (saving only a placeholder): a restore then
+            # also matches the wrappers that optimizers list among their variables and slots.
+            params._track_trackable(self, name=f"trainable_wrapper/{name}", overwrite=True)  # pylint: disable=protected-access
 
     def prefetch(self, unique_ids):
         """Loads the rows of `unique_ids` (initializer rows for missing ids, not inserted).
@@ -64,9 +71,11 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         """Stores the rows held (e.g. after an optimizer update) into `params`."""
         return self.params.upsert(self.batch_ids(), self.read_value())
 
-    # The held rows are a per-step cache of the table, which is what checkpoints save.
+    # The held rows are a per-step cache of the table, which is what checkpoints save. An empty
+    # placeholder still marks the wrapper as saved, so a restore (e.g. of a Keras optimizer that
+    # lists it) matches the wrapper instead of reporting it as a missing value.
     def _serialize_to_tensors(self):
-        return {}
+        return {"transient": tf.zeros([0], self.dtype)}
 
     def _restore_from_tensors(self, restored_tensors):
         del restored_tensors
