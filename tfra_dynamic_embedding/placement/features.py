@@ -82,7 +82,7 @@ def poisson_cdf(m, lam):
     """P(Y <= m) for Y ~ Poisson(lam), elementwise over `lam`; m an int (or a list of ints).
 
     Exact summation for m <= 64, Wilson-Hilferty's cube-root normal approximation above
-    (absolute error below 2e-3 there, far below the calibration tolerance).
+    (absolute error below 1e-3 there, far below the calibration tolerance).
     Example: poisson_cdf(0, [1.0]) -> [0.3679]
     """
     lam = np.asarray(lam, dtype=float)

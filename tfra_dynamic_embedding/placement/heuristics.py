@@ -47,6 +47,11 @@ def register_strategy(name, description=""):
     return decorate
 
 
+def unregister_strategy(name):
+    """Removes a registered strategy (for plug-ins and tests)."""
+    _STRATEGIES.pop(name, None)
+
+
 def list_strategies():
     """Names of the registered strategies, in registration order."""
     return list(_STRATEGIES)
@@ -153,7 +158,7 @@ def _infeasible(state):
     for item in state.unplaced:
         free = [(state.capacity[d] - state.used[d], task.devices[d].name)
                 for d in range(task.num_devices)]
-        best_free, where = max(free)
+        best_free, where = max(free, key=lambda x: x[0])  # first device on ties
         worst = max(worst, item.bytes - best_free)
         piece = item.table.name if item.num_slices == 1 else (
             f"{item.table.name}[slice {item.index}/{item.num_slices}]")

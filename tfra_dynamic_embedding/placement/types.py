@@ -323,11 +323,13 @@ class Plan:
                            for k, v in self.assignment.items()}
         self.validate(check_memory=False)
         memory = self.memory_by_device()
-        for device in self.task.devices:
-            cost = self.per_device.setdefault(device.name, DeviceCost())
-            if isinstance(cost, dict):
-                cost = self.per_device[device.name] = DeviceCost(**cost)
+        given = self.per_device
+        self.per_device = {}
+        for device in self.task.devices:  # one entry per task device, memory recomputed
+            cost = given.get(device.name) or DeviceCost()
+            cost = DeviceCost(**cost) if isinstance(cost, dict) else cost
             cost.memory_bytes = memory[device.name]
+            self.per_device[device.name] = cost
 
     # -- queries --------------------------------------------------------------------------
     def devices_for(self, name):

@@ -37,8 +37,10 @@ PUBLISHED_LOOKUP_REUSE_2021 = (0.069, 0.044, 0.068, 0.101, 0.121, 0.104, 0.073, 
 PUBLISHED_UNIQUE_REUSE_2021 = (0.473, 0.152, 0.139, 0.112, 0.072, 0.032, 0.011, 0.005, 0.002,
                                0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 # The generator promises (and tests) this agreement of the pooled lookup-weighted histogram of
-# the 856-table pool at batch 65,536 with PUBLISHED_LOOKUP_REUSE_2021, for any seed.
-CALIBRATION_TOLERANCE = {"max_abs": 0.03, "l1": 0.15}
+# the 856-table pool at batch 65,536 with PUBLISHED_LOOKUP_REUSE_2021, for any seed (seeds
+# 0..11 measure max |error| 0.008-0.022, L1 0.043-0.102). The unique-index histogram, which was
+# not fitted, agrees with PUBLISHED_UNIQUE_REUSE_2021 within "unique_max_abs" (0.008-0.015).
+CALIBRATION_TOLERANCE = {"max_abs": 0.03, "l1": 0.12, "unique_max_abs": 0.02}
 DEFAULT_DIMS = (16, 32, 64, 128)
 
 
@@ -53,14 +55,16 @@ class ReuseModel:
     warm_reuse_median, warm_reuse_sigma).
     """
 
-    s_mean: float = 1.2
-    s_std: float = 0.1
-    q_median: float = 30.0
-    q_sigma: float = 1.0
-    warm_median: float = 0.4
-    warm_sigma: float = 0.5
-    warm_reuse_median: float = 10.0
-    warm_reuse_sigma: float = 1.3
+    # Fitted by Nelder-Mead on pools of seeds 0 and 1: minimise L1 + 2 * max |error| of the
+    # pooled expected lookup histogram against PUBLISHED_LOOKUP_REUSE_2021 at batch 65,536.
+    s_mean: float = 1.234
+    s_std: float = 0.087
+    q_median: float = 44.77
+    q_sigma: float = 1.124
+    warm_median: float = 0.416
+    warm_sigma: float = 0.501
+    warm_reuse_median: float = 7.0
+    warm_reuse_sigma: float = 1.258
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -381,8 +385,10 @@ def calibration_report(tables, batch_size=65536):
         err = np.abs(pooled - np.asarray(target))
         out[weight] = {"pooled": pooled.round(4).tolist(), "max_abs": float(err.max()),
                        "l1": float(err.sum())}
-    out["within_tolerance"] = (out["lookups"]["max_abs"] <= CALIBRATION_TOLERANCE["max_abs"]
-                               and out["lookups"]["l1"] <= CALIBRATION_TOLERANCE["l1"])
+    tol = CALIBRATION_TOLERANCE
+    out["within_tolerance"] = (out["lookups"]["max_abs"] <= tol["max_abs"]
+                               and out["lookups"]["l1"] <= tol["l1"]
+                               and out["unique"]["max_abs"] <= tol["unique_max_abs"])
     return out
 
 

@@ -1,0 +1,25 @@
+"""Small builders shared by the placement tests."""
+
+from tfra_dynamic_embedding.placement.types import DeviceSpec, TableSpec, Task
+
+
+def table(name, rows, dim=1, pooling=1.0, group=None, bytes_per_value=1):
+    """A TableSpec whose size in bytes is rows * dim (bytes_per_value 1 keeps sums readable)."""
+    return TableSpec(name, rows=rows, dim=dim, bytes_per_value=bytes_per_value,
+                     pooling_factor=pooling, group=group)
+
+
+def task(tables, num_devices=2, memory=None, batch_size=1000):
+    memories = memory if isinstance(memory, (list, tuple)) else [memory] * num_devices
+    devices = [DeviceSpec(f"/job:ps/task:{i}", m) for i, m in enumerate(memories)]
+    return Task(list(tables), devices, batch_size=batch_size)
+
+
+def by_device(plan):
+    """{device index: sorted table names (slices as name#i)}."""
+    out = {i: [] for i in range(plan.task.num_devices)}
+    index = {d.name: i for i, d in enumerate(plan.task.devices)}
+    for shard in plan.shards():
+        label = shard.table.name if shard.num_slices == 1 else f"{shard.table.name}#{shard.index}"
+        out[index[shard.device]].append(label)
+    return {k: sorted(v) for k, v in out.items()}
