@@ -117,7 +117,7 @@ def _batch_rows(params, unique_ids, name, return_trainable):
     """
     if not trainable_lib.needs_wrapper(params, return_trainable):
         return params.lookup(unique_ids), None
-    wrapper = trainable_lib.wrapper_for(params, f"{params.name}/{name}/TrainableWrapper")
+    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(params, name))
     with tf.control_dependencies([wrapper.prefetch(unique_ids)]):
         return wrapper.read_value(), wrapper
 

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-# Keras 3 random initializers draw with a seed fixed at construction (stateless ops), so calling
+# Keras 3 (and tf_keras) random initializers draw with a seed fixed at construction, so calling
 # one twice for the same shape returns the same rows: new keys of different batches would share
 # initial values. These are re-expressed as stateful TF draws with the same distribution.
 _KERAS_RANDOM = {
@@ -52,7 +52,7 @@ def rows_maker(initializer, dim, dtype):
             f"initializer must be None, a number, a [dim] array or a callable initializer; "
             f"got {initializer!r}")
     keras_draw = _KERAS_RANDOM.get(type(initializer).__name__)
-    if keras_draw is not None and type(initializer).__module__.startswith("keras"):
+    if keras_draw is not None and type(initializer).__module__.startswith(("keras", "tf_keras")):
         config = initializer.get_config()
         return lambda n: keras_draw(config, tf.stack([n, dim]), dtype)
 

@@ -131,6 +131,8 @@ class _V1Mixin(_DynamicEmbeddingMixin):
                                                           slot_name, op_name)
 
     def _de_v1_slot(self, var, slot_name, initializer):
+        if _is_restore_request(initializer):
+            return None  # the optimizer then defers the restore until the step makes the slot
         wrapper = _wrapper_of(var)
         named_slots = self._slot_dict(slot_name)
         key = _v1_var_key(wrapper)
@@ -185,8 +187,14 @@ class _LegacyKerasMixin(_DynamicEmbeddingMixin):
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
         if isinstance(var, trainable_lib.TrainableWrapper):
             slots = self._slots.setdefault(_legacy_keras_var_key(var), {})
+            if slot_name not in slots and _is_restore_request(initializer):
+                return None  # the optimizer then defers the restore until the step makes it
             if slot_name not in slots:
-                slots[slot_name] = self._de_slot_buffer(var, slot_name, initializer)
+                # OptimizerV2 checkpoints its slots itself (as slot variables of `var`).
+                buffer = self._de_slot_buffer(var, slot_name, initializer, track=False)
+                self._restore_slot_variable(slot_name=slot_name, variable=var,
+                                            slot_variable=buffer)
+                slots[slot_name] = buffer
             return slots[slot_name]
         return super().add_slot(var, slot_name, initializer=initializer, shape=shape)
 
@@ -278,6 +286,15 @@ def _summed_rows(grad, wrapper):
         rows = tf.shape(wrapper, out_type=grad.indices.dtype)[0]
         return tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
     return grad
+
+
+def _is_restore_request(initializer):
+    """Whether a slot is being made only to receive a checkpoint value (on restore).
+
+    A wrapper's slot buffer needs the slot's start value, which only the optimizer's own slot
+    creation gives, so these requests are declined and the optimizer queues the restore.
+    """
+    return isinstance(initializer, tf.__internal__.tracking.CheckpointInitialValueCallable)
 
 
 def _v1_var_key(var):

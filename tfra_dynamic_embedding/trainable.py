@@ -47,6 +47,14 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             # also matches the wrappers that optimizers list among their variables and slots.
             params._track_trackable(self, name=f"trainable_wrapper/{name}", overwrite=True)  # pylint: disable=protected-access
 
+    @property
+    def shape(self):
+        """`[rows held, dim]` in eager mode (so Keras can count parameters); `[None, dim]` in
+        graphs, where the number of rows is only known per batch."""
+        if tf.executing_eagerly():
+            return tf.TensorShape(tf.raw_ops.VariableShape(input=self.handle).numpy())
+        return super().shape
+
     def prefetch(self, unique_ids):
         """Loads the rows of `unique_ids` (initializer rows for missing ids, not inserted).
 
@@ -71,12 +79,10 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         """Stores the rows held (e.g. after an optimizer update) into `params`."""
         return self.params.upsert(self.batch_ids(), self.read_value())
 
-    # The held rows are a per-step cache of the table, which is what checkpoints save. An empty
-    # placeholder still marks the wrapper as saved, so a restore (e.g. of a Keras optimizer that
-    # lists it) matches the wrapper instead of reporting it as a missing value.
-    def _serialize_to_tensors(self):
-        return {"transient": tf.zeros([0], self.dtype)}
-
+    # Checkpoints save the held rows like any variable's value: they are only the last batch's
+    # cache (the tables are what matters), but the standard entry keeps the wrapper loadable
+    # wherever an optimizer lists it, including SavedModels served by stock TensorFlow. Restoring
+    # skips them: the next lookup reloads the rows anyway.
     def _restore_from_tensors(self, restored_tensors):
         del restored_tensors
         return tf.no_op()
@@ -94,6 +100,11 @@ def needs_wrapper(params, return_trainable=False):
         return False
     return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
             or record.could_possibly_record())
+
+
+def wrapper_name(params, lookup_name):
+    """The name of the wrapper of the lookup called `lookup_name` on `params`."""
+    return f"{params.name}/{lookup_name}/TrainableWrapper"
 
 
 def wrapper_for(params, name):

@@ -50,7 +50,14 @@ class Embedding(tf.keras.layers.Layer):
             key_dtype=key_dtype, value_dtype=value_dtype, dim=embedding_size, devices=devices,
             name=self.name, initializer="uniform" if initializer is None else initializer,
             kv_creator=kv_creator)
-        object.__setattr__(self, "_wrapper", None)  # created by the first training call
+        # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
+        # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
+        # before and after training). It is transient: save_own_variables stores the table.
+        wrapper = trainable_lib.wrapper_for(
+            self.params, trainable_lib.wrapper_name(self.params, self.name))
+        wrapper.regularizer = None  # Keras reads it off every trainable weight
+        if self.params.trainable:
+            _trainable_weight_list(self).append(wrapper)
 
     def call(self, ids):
         if isinstance(ids, tf.SparseTensor):
@@ -67,33 +74,12 @@ class Embedding(tf.keras.layers.Layer):
         return ids
 
     def _lookup(self, ids):
-        if not trainable_lib.needs_wrapper(self.params):
-            return embedding_ops.embedding_lookup(self.params, ids, name=self.name)
-        rows, wrapper = embedding_ops.embedding_lookup(self.params, ids, name=self.name,
-                                                       return_trainable=True)
-        self._track_wrapper(wrapper)
-        return rows
+        return embedding_ops.embedding_lookup(self.params, ids, name=self.name)
 
     def _lookup_sparse(self, sp_ids):
         sp_ids = tf.SparseTensor(sp_ids.indices, self._keys(sp_ids.values), sp_ids.dense_shape)
-        want_wrapper = trainable_lib.needs_wrapper(self.params)
-        result = embedding_ops.safe_embedding_lookup_sparse(
-            self.params, sp_ids, combiner=self.combiner or "mean", name=self.name,
-            return_trainable=want_wrapper)
-        if not want_wrapper:
-            return result
-        rows, wrapper = result
-        self._track_wrapper(wrapper)
-        return rows
-
-    def _track_wrapper(self, wrapper):
-        # The wrapper joins the layer's trainable weights, so model.fit hands its gradient to
-        # the optimizer. It is transient: save_own_variables stores the table, not it.
-        if self._wrapper is None:
-            # Keras reads `regularizer` off every trainable weight; a wrapper has none.
-            wrapper.regularizer = None
-            object.__setattr__(self, "_wrapper", wrapper)
-            _trainable_weight_list(self).append(wrapper)
+        return embedding_ops.safe_embedding_lookup_sparse(
+            self.params, sp_ids, combiner=self.combiner or "mean", name=self.name)
 
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)

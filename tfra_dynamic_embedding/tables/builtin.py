@@ -50,7 +50,10 @@ class BuiltinKVTable(base.KVTable):
         )
 
     def _destroy_resource(self):
-        if self._owns_resource:
+        # Runs eagerly when this object dies. When traced (a SavedModel's destroyer function) it
+        # does nothing, like stock TF tables: a loaded model keeps serving from its tables even
+        # if the Python object returned by tf.saved_model.load is dropped.
+        if self._owns_resource and not tf.inside_function():
             tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
     def lookup(self, keys, default_rows):
