@@ -5,44 +5,45 @@ The public API, also importable as `tensorflow_recommenders_addons.dynamic_embed
     import tensorflow_recommenders_addons.dynamic_embedding as de
     w = de.get_variable("user_emb", dim=16, initializer=tf.random_normal_initializer(0, 0.01))
     emb = de.embedding_lookup(w, user_ids)
+
+Names are loaded on first use, so that `import tfra_dynamic_embedding` (and the `tfra-de`
+placement commands) do not pay for importing TensorFlow, and `de.keras` can follow
+`TF_USE_LEGACY_KERAS` set after this import.
 """
 
-from tfra_dynamic_embedding.embedding_ops import (
-    embedding_lookup,
-    embedding_lookup_sparse,
-    safe_embedding_lookup_sparse,
-)
-from tfra_dynamic_embedding.optimizer import DynamicEmbeddingOptimizer
-from tfra_dynamic_embedding.tables import BuiltinKVCreator, KVCreator, KVTable
-from tfra_dynamic_embedding.trainable import TrainableWrapper
-from tfra_dynamic_embedding.variable import (
-    Variable,
-    default_partition_fn,
-    get_variable,
-)
+import importlib
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it
+_EXPORTS = {
+    "BuiltinKVCreator": "tfra_dynamic_embedding.tables",
+    "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",
+    "KVCreator": "tfra_dynamic_embedding.tables",
+    "KVTable": "tfra_dynamic_embedding.tables",
+    "TrainableWrapper": "tfra_dynamic_embedding.trainable",
+    "Variable": "tfra_dynamic_embedding.variable",
+    "default_partition_fn": "tfra_dynamic_embedding.variable",
+    "embedding_lookup": "tfra_dynamic_embedding.embedding_ops",
+    "embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
+    "get_variable": "tfra_dynamic_embedding.variable",
+    "safe_embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
+}
+_SUBMODULES = ("keras",)
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
 
 def __getattr__(name):
-    # `de.keras` loads tf.keras, so it is imported on first use: TF_USE_LEGACY_KERAS can still
-    # be set after `import tensorflow_recommenders_addons.dynamic_embedding`.
-    if name == "keras":
-        import importlib  # pylint: disable=import-outside-toplevel
-        return importlib.import_module("tfra_dynamic_embedding.keras")
-    raise AttributeError(f"module 'tfra_dynamic_embedding' has no attribute {name!r}")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'tfra_dynamic_embedding' has no attribute {name!r}")
+    globals()[name] = value  # later accesses skip this function
+    return value
 
-__all__ = [
-    "BuiltinKVCreator",
-    "DynamicEmbeddingOptimizer",
-    "KVCreator",
-    "KVTable",
-    "TrainableWrapper",
-    "Variable",
-    "default_partition_fn",
-    "embedding_lookup",
-    "embedding_lookup_sparse",
-    "get_variable",
-    "keras",
-    "safe_embedding_lookup_sparse",
-]
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -392,7 +392,8 @@ def placement_scope(resolver):
         stack.pop()
 
 
-def _resolve_placement(full_name):
+def resolve_placement(full_name):
+    """`(devices, partitioner_or_None)` from the innermost placement scope with an opinion."""
     for resolver in reversed(_placement.__dict__.get("stack", [])):
         placed = resolver(full_name)
         if placed is not None:
@@ -450,7 +451,7 @@ def get_variable(name,
         raise ValueError(
             f"de.Variable {full_name} does not exist, or was not created with "
             f"de.get_variable(); reuse=True needs an existing variable")
-    placed = _resolve_placement(full_name)
+    placed = resolve_placement(full_name)
     if placed is not None:
         devices = placed[0]
         partitioner = placed[1] or partitioner

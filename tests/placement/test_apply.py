@@ -84,8 +84,6 @@ def test_name_matching():
     assert apply.match_table(plan, "users") is None
 
 
-@pytest.mark.xfail(reason="de.keras.layers.Embedding builds de.Variable directly and does not "
-                   "consult variable.placement_scope yet (lead's keras/layers.py)", strict=False)
 def test_keras_embedding_takes_devices_from_the_plan():
     plan = make_plan("k")
     with plan.scope():

@@ -32,7 +32,8 @@ class Embedding(tf.keras.layers.Layer):
       combiner: None (output `ids.shape + [embedding_size]`) or "sum"/"mean"/"sqrtn" to pool over
         the last id axis (required for SparseTensor ids, default "mean" there).
       initializer: initializer of new rows (default Keras' "uniform").
-      devices: devices of the shard tables (default: the current device).
+      devices: devices of the shard tables (default: the placement plan in scope, else the
+        current device).
       kv_creator: the table backend (default: native if built, else built-in).
     """
 
@@ -46,10 +47,14 @@ class Embedding(tf.keras.layers.Layer):
         self.embedding_size = embedding_size
         self.combiner = combiner
         self.supports_jit = False  # hash-table kernels have no XLA implementation
+        partitioner = variable_lib.default_partition_fn
+        placed = variable_lib.resolve_placement(self.name) if devices is None else None
+        if placed is not None:  # inside a placement plan's scope (placement/apply.py)
+            devices, partitioner = placed[0], placed[1] or partitioner
         self.params = variable_lib.Variable(
             key_dtype=key_dtype, value_dtype=value_dtype, dim=embedding_size, devices=devices,
-            name=self.name, initializer="uniform" if initializer is None else initializer,
-            kv_creator=kv_creator)
+            partitioner=partitioner, name=self.name,
+            initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator)
         # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
         # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
         # before and after training). It is transient: save_own_variables stores the table.
