@@ -211,3 +211,34 @@ def test_tf_function_training_step():
 def test_unsupported_optimizer_is_named():
     with pytest.raises(TypeError, match="DynamicEmbeddingOptimizer needs"):
         de.DynamicEmbeddingOptimizer(object())
+
+
+def test_eager_steps_reuse_one_wrapper_and_buffers():
+    """Steps must not accumulate variables, wrappers or buffers (no per-step leak)."""
+    pair = _Pair("keras3", "adam", vocab=40)
+    rng = np.random.default_rng(4)
+    pair.step(rng.integers(0, 40, size=8))
+    store = pair.emb._trainable_store  # pylint: disable=protected-access
+    buffers = {k: list(v) for k, v in pair.opt._de_buffers.items()}  # pylint: disable=protected-access
+    n_opt_vars = len(pair.opt.variables)
+    for _ in range(20):
+        pair.step(rng.integers(0, 40, size=rng.integers(1, 12)))
+    assert len(store) == 1
+    assert {k: list(v) for k, v in pair.opt._de_buffers.items()} == buffers  # pylint: disable=protected-access
+    assert len(pair.opt.variables) == n_opt_vars
+
+
+def test_v1_graph_training_adds_no_nodes_per_step():
+    with tf.Graph().as_default() as graph:
+        emb = de.get_variable("emb", dim=DIM, devices=CPUS[:2], initializer=0.1)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(de.embedding_lookup(emb, ids) ** 2)
+        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(
+            loss)
+        size = emb.size()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            graph.finalize()  # any op added from here on raises
+            for n in [3, 7, 2, 9]:
+                sess.run(train, {ids: np.arange(n)})
+            assert sess.run(size) == 9
