@@ -242,3 +242,29 @@ def test_v1_graph_training_adds_no_nodes_per_step():
             for n in [3, 7, 2, 9]:
                 sess.run(train, {ids: np.arange(n)})
             assert sess.run(size) == 9
+
+
+def test_inference_mode_builds_plain_table_reads_in_graphs():
+    with tf.Graph().as_default():
+        emb = de.get_variable("emb", dim=DIM, initializer=0.5)
+        ids = tf.constant([1, 2], tf.int64)
+        assert de.get_model_mode() == de.ModelMode.TRAIN
+        de.embedding_lookup(emb, ids)
+        assert len(emb._trainable_store) == 1  # pylint: disable=protected-access
+        de.enable_inference_mode()
+        try:
+            assert de.get_model_mode() == de.ModelMode.INFERENCE
+            rows = de.embedding_lookup(emb, ids)
+            assert len(emb._trainable_store) == 1  # no new wrapper  # pylint: disable=protected-access
+        finally:
+            de.enable_train_mode()
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(rows), np.full([2, DIM], 0.5))
+
+
+def test_variable_lists_its_slot_variables():
+    pair = _Pair("keras3", "adam", vocab=10)
+    pair.step([1, 2])
+    slots = pair.emb.get_slot_variables(pair.opt)
+    assert sorted(s.name.split("/")[-1] for s in slots) == ["momentum", "velocity"]
+    assert all(s.dim == DIM and s.devices == pair.emb.devices for s in slots)

@@ -88,15 +88,39 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         return tf.no_op()
 
 
+class ModelMode:
+    """What lookups are built for: `TRAIN` (trainable reads) or `INFERENCE` (table reads only)."""
+    TRAIN = "train"
+    INFERENCE = "inference"
+
+
+_mode = {"current": ModelMode.TRAIN}
+
+
+def enable_train_mode():
+    """Lookups of trainable variables may read through TrainableWrappers (the default)."""
+    _mode["current"] = ModelMode.TRAIN
+
+
+def enable_inference_mode():
+    """Lookups read the tables directly, e.g. to build a tf.compat.v1 serving graph."""
+    _mode["current"] = ModelMode.INFERENCE
+
+
+def get_model_mode():
+    """The current `ModelMode` value."""
+    return _mode["current"]
+
+
 def needs_wrapper(params, return_trainable=False):
     """Whether a lookup of `params` should go through a TrainableWrapper.
 
     Yes for trainable params when the caller asks for it, in tf.compat.v1 graphs (gradients are
     taken after the graph is built) and under a recording GradientTape (eager, tf.function,
-    Keras `fit`). Plain inference (`predict`, serving signatures) reads the tables directly, so
-    an exported SavedModel holds no wrapper.
+    Keras `fit`), unless inference mode is on. Plain inference (`predict`, serving signatures)
+    reads the tables directly, so an exported SavedModel holds no wrapper.
     """
-    if not params.trainable:
+    if not params.trainable or _mode["current"] == ModelMode.INFERENCE:
         return False
     return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
             or record.could_possibly_record())

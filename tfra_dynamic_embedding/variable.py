@@ -266,6 +266,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 t.import_(p, tf.gather(flat_values, pos))
                 for t, p, pos in zip(self._tables, parts, positions)])
 
+    def get_slot_variables(self, optimizer):
+        """The slot `de.Variable`s that `optimizer` (a DynamicEmbeddingOptimizer) made for this."""
+        return optimizer.get_slot_variables(self)
+
     # -- checkpointing (TF2 object-based; graph-mode Saver support lives in checkpoint.py) ----
     def _serialize_to_tensors(self):
         if not self._checkpoint:
