@@ -1,0 +1,108 @@
+# tfra_dynamic_embedding: environment, native ops, tests, demo. Details: DEVELOPERS.md.
+#
+#   make venv    .venv/ with TensorFlow (CPU), tf-keras, test tools, the package (editable) + its ops
+#   make test    make venv, then the pytest suite, then `bazel test //...`
+#   make demo    run the end-to-end demo of the command line tool
+#   make ops     rebuild the native op library (incremental)
+#   make bench   run the benchmarks in benchmarks/ (optional; never fails on speed)
+#   make clean   remove build outputs (keeps .venv);  make distclean  also removes .venv
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CI: no progress bars in the log.
+PIP_INSTALL := $(PY) -m pip --disable-pip-version-check --no-input install $(if $(CI),--progress-bar off,)
+PYTEST_ARGS ?= -q -ra --durations=10
+BAZEL ?= $(shell command -v bazel-4 2>/dev/null || command -v bazel 2>/dev/null)
+BAZEL_ARGS ?= $(if $(CI),--config=ci,)
+
+# Stamps: dependencies are installed once per change of the requirement files, the editable
+# install once per change of setup.py. The op library is rebuilt incrementally on every run
+# (tools/build_ops.py answers "up to date" in ~0.1 s without importing TensorFlow).
+DEPS_STAMP := $(VENV)/.tfra-deps.stamp
+INSTALL_STAMP := $(VENV)/.tfra-install.stamp
+
+.PHONY: help venv ops configure test pytest bazel-test bazel-install demo bench clean distclean
+
+help:
+	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+
+# --- environment -------------------------------------------------------------------------------
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "need Python >= 3.10, got " + sys.version.split()[0] + " (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	@rm -f $(DEPS_STAMP) $(INSTALL_STAMP)
+
+$(DEPS_STAMP): requirements.txt requirements-nodeps.txt | $(PY)
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -r requirements.txt
+	$(PIP_INSTALL) --no-deps -r requirements-nodeps.txt
+	@touch $@
+
+# The op library is built first so that its compiler output shows (pip hides a build backend's
+# output); pip's own build step then finds it up to date.
+$(INSTALL_STAMP): setup.py $(DEPS_STAMP)
+	$(PY) tools/build_ops.py
+	$(PIP_INSTALL) --no-build-isolation --no-deps -e .
+	@touch $@
+
+venv: $(INSTALL_STAMP)
+	@$(MAKE) --no-print-directory ops configure
+
+ops: | $(INSTALL_STAMP)
+	$(PY) tools/build_ops.py
+
+configure: | $(INSTALL_STAMP)
+	@$(PY) tools/configure.py
+
+# --- tests ---------------------------------------------------------------------------------------
+
+test: venv
+	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory bazel-test
+
+# pytest exits 5 when it collects no test at all; that is not a failure of the build.
+pytest: | $(INSTALL_STAMP)
+	@rc=0; $(PY) -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+# Bazel exits 4 when the build succeeded but there is no test target yet.
+bazel-test: bazel-install configure
+	@rc=0; "$$(command -v bazel-4 || command -v bazel)" test //... $(BAZEL_ARGS) || rc=$$?; \
+	if [ $$rc -eq 4 ]; then echo "bazel: no test targets"; rc=0; fi; exit $$rc
+
+# Debian's bazel-bootstrap (Bazel 4.2.3, binary bazel-4), when no Bazel is on PATH.
+bazel-install:
+	@if ! command -v bazel-4 >/dev/null 2>&1 && ! command -v bazel >/dev/null 2>&1; then \
+	  echo "Installing Bazel (Debian package bazel-bootstrap)"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends bazel-bootstrap; \
+	fi
+
+# --- running -------------------------------------------------------------------------------------
+
+demo: venv
+	$(PY) -m tfra_dynamic_embedding.cli demo
+
+bench: venv
+	@shopt -s nullglob; files=(benchmarks/*.py); \
+	if [ $${#files[@]} -eq 0 ]; then echo "no benchmarks/*.py yet"; fi; \
+	for f in "$${files[@]}"; do echo "== $$f"; $(PY) "$$f"; done
+
+# --- cleaning ------------------------------------------------------------------------------------
+
+clean:
+	@if [ -n "$(BAZEL)" ] && [ -e bazel-bin ]; then $(BAZEL) clean; fi
+	rm -rf build dist *.egg-info .pytest_cache .bazelrc.configure
+	rm -f tfra_dynamic_embedding/tables/_tfra_de_ops.so tfra_dynamic_embedding/tables/_tfra_de_ops.so.tmp.*
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	@if [ -n "$(BAZEL)" ] && [ -e bazel-bin ]; then $(BAZEL) clean --expunge; fi
+	rm -rf $(VENV)
