@@ -24,7 +24,7 @@ SUBCOMMANDS = {
     "plan": "tfra_dynamic_embedding.cli:add_plan_parser",
     "evaluate": "tfra_dynamic_embedding.cli:add_evaluate_parser",
     "workloads": "tfra_dynamic_embedding.cli:add_workloads_parser",
-    # "demo": "tfra_dynamic_embedding.<module>:add_parser",   # training demo (added by its owner)
+    "demo": "tfra_dynamic_embedding.demo.run:add_parser",
 }
 
 
