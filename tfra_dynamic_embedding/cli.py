@@ -35,7 +35,7 @@ class CliError(Exception):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tfra-de", description="tfra_dynamic_embedding tools: plan where embedding tables "
-        "live, compare placement strategies, generate workloads.",
+        "live, compare placement strategies, generate workloads, run the training demo.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, target in SUBCOMMANDS.items():
