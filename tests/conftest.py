@@ -17,11 +17,7 @@ from tfra_dynamic_embedding import tables  # noqa: E402
 
 
 def _native_creator():
-    try:
-        from tfra_dynamic_embedding.tables import native  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return None
-    return native.NativeKVCreator() if native.is_available() else None
+    return tables.native.NativeKVCreator() if tables.native.is_available() else None
 
 
 @pytest.fixture(params=["builtin", "native"])

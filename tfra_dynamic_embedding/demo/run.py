@@ -98,7 +98,7 @@ def run(args):
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     tf.keras.utils.set_random_seed(args.seed)
-    print(f"== tfra_dynamic_embedding demo: a DLRM with dynamic embeddings on Criteo-format data")
+    print("== tfra_dynamic_embedding demo: a DLRM with dynamic embeddings on Criteo-format data")
 
     # -- data --------------------------------------------------------------------------------
     generated = None

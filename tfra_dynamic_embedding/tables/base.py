@@ -12,8 +12,11 @@ Example (any backend):
 """
 
 import abc
+import itertools
 
 import tensorflow as tf
+
+_table_ids = itertools.count()
 
 
 class _AbstractResourceMeta(type(tf.saved_model.experimental.TrackableResource), abc.ABCMeta):
@@ -27,13 +30,28 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
     save itself: it has no `_serialize_to_tensors`.
     """
 
-    def __init__(self, key_dtype, value_dtype, dim, name, device=""):
+    def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
         super().__init__(device=device)
         self.key_dtype = tf.as_dtype(key_dtype)
         self.value_dtype = tf.as_dtype(value_dtype)
         self.dim = int(dim)
         self.name = name
         self.device = device
+        # In eager mode (also when lifted out of a tf.function being traced) an unnamed table
+        # gets a unique shared name, else two tables on one device would share storage, and it
+        # is destroyed with this object. A table the user shares by name is never destroyed by
+        # us; in a v1 graph an unnamed table is shared by node name (see `_create_resource`).
+        self._owns_resource = shared_name is None and tf.executing_eagerly()
+        if self._owns_resource:
+            shared_name = f"{op_name(name)}_{next(_table_ids)}"
+        self._shared_name = shared_name
+
+    def _destroy_resource(self):
+        # Runs eagerly when this object dies. When traced (a SavedModel's destroyer function) it
+        # does nothing, like stock TF tables: a loaded model keeps serving from its tables even
+        # if the Python object returned by tf.saved_model.load is dropped.
+        if self._owns_resource and tf.executing_eagerly():
+            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
     @abc.abstractmethod
     def lookup(self, keys, default_rows):
@@ -85,3 +103,9 @@ class KVCreator(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         """Return a new `KVTable` whose resource lives on `device`."""
+
+
+def op_name(name):
+    """A valid TF op name from a table or variable name (which may hold scope slashes)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return cleaned.lstrip("._-") or "table"

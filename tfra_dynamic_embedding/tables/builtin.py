@@ -9,8 +9,6 @@ Example:
     table.lookup(tf.constant([3, 4], tf.int64), tf.zeros([2, 2]))  # [[1, 2], [0, 0]]
 """
 
-import itertools
-
 import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import base
@@ -19,22 +17,14 @@ from tfra_dynamic_embedding.tables import base
 _BITS = {tf.float32: tf.int32, tf.float64: tf.int64}
 # The stock kernels store no 16-bit floats: those rows are kept as float32 (exact, 2x the bytes).
 _STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32}
-_table_ids = itertools.count()
 
 
 class BuiltinKVTable(base.KVTable):
     """A shard table on `tf.raw_ops.MutableHashTableOfTensorsV2` (see `KVTable` for the methods)."""
 
     def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
-        super().__init__(key_dtype, value_dtype, dim, name, device)
+        super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
         self._storage_dtype = _STORAGE.get(self.value_dtype, self.value_dtype)
-        # In eager mode an unnamed table gets a unique shared name (else two tables on one device
-        # with the same name would share storage) and is destroyed with this object. A table the
-        # user shares by name is never destroyed by us.
-        self._owns_resource = shared_name is None and tf.executing_eagerly()
-        if self._owns_resource:
-            shared_name = "%s_%d" % (_op_name(name), next(_table_ids))
-        self._shared_name = shared_name
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -46,15 +36,8 @@ class BuiltinKVTable(base.KVTable):
             # Graph mode without a shared name: share by node name, so every worker of a
             # PS cluster that builds the same graph addresses the same table.
             use_node_name_sharing=self._shared_name is None,
-            name=_op_name(self.name),
+            name=base.op_name(self.name),
         )
-
-    def _destroy_resource(self):
-        # Runs eagerly when this object dies. When traced (a SavedModel's destroyer function) it
-        # does nothing, like stock TF tables: a loaded model keeps serving from its tables even
-        # if the Python object returned by tf.saved_model.load is dropped.
-        if self._owns_resource and not tf.inside_function():
-            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
     def lookup(self, keys, default_rows):
         with tf.device(self.device):
@@ -140,8 +123,3 @@ class BuiltinKVCreator(base.KVCreator):
         del init_size  # The stock table grows by itself; there is nothing to pre-size.
         return BuiltinKVTable(key_dtype, value_dtype, dim, name, device, shared_name)
 
-
-def _op_name(name):
-    """A valid TF op name from a variable name (which may hold scope slashes)."""
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    return cleaned.lstrip("._-") or "table"

@@ -17,7 +17,6 @@ Example:
     table.save_to("/tmp/t.shard0")
 """
 
-import itertools
 import os
 import random
 import threading
@@ -36,7 +35,6 @@ _load_lock = threading.Lock()
 _library = None
 _load_error = None
 _load_tried = False
-_table_ids = itertools.count()
 
 
 def library_path():
@@ -189,28 +187,24 @@ class NativeKVTable(base.KVTable):
             raise ValueError(f"init_size must be >= 0; got {init_size}")
         if not 0 <= int(num_shards) <= 4096:
             raise ValueError(f"num_shards must be in [0, 4096]; got {num_shards}")
-        super().__init__(key_dtype, value_dtype, dim, name, device)
+        super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
         self._gen = _ops()
         self._init_size = int(init_size)
         self._num_shards = int(num_shards)
-        # As the built-in backend: an unnamed eager table gets a unique shared name and is
-        # destroyed with this object; a table shared by name is never destroyed by us. In graph
-        # mode an unnamed table is shared by node name (the kernel uses it when shared_name="").
-        self._owns_resource = shared_name is None and tf.executing_eagerly()
-        if self._owns_resource:
-            shared_name = "%s_%d" % (_op_name(name), next(_table_ids))
-        self._shared_name = shared_name
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
+        shared_name = self._shared_name or ""
+        if self._owns_resource and not tf.executing_eagerly():
+            # Traced into a function (the creator of an exported SavedModel): the eager name would
+            # alias this live table from a model loaded in the same process, so the loaded table
+            # is private to its creator kernel instead. (Tables made eagerly, also those lifted
+            # out of a tf.function being traced, keep their unique names.)
+            shared_name = ""
         return self._gen.tfra_de_table(
             key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.dim,
-            init_size=self._init_size, num_shards=self._num_shards,
-            shared_name=self._shared_name or "", name=_op_name(self.name))
-
-    def _destroy_resource(self):
-        if self._owns_resource:
-            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+            init_size=self._init_size, num_shards=self._num_shards, shared_name=shared_name,
+            use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
 
     # -- conversions ----------------------------------------------------------------------
 
@@ -413,8 +407,3 @@ class NativeKVCreator(base.KVCreator):
         return NativeKVTable(key_dtype, value_dtype, dim, name, device, shared_name, init_size,
                              self.num_shards)
 
-
-def _op_name(name):
-    """A valid TF op name from a variable name (which may hold scope slashes)."""
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    return cleaned.lstrip("._-") or "table"

@@ -1,0 +1,224 @@
+"""Key-value op throughput and memory: native tables vs TF's MutableHashTable vs dense tf.gather.
+
+A table is pre-filled with `--keys` random int64 keys; each timed batch holds `--batch` keys, half
+present and half missing (fresh keys per repeat, so upserts really insert). Rows, per dim:
+  lookup+init     rows for every key, missing keys get random-normal initial rows, no insert
+                  (native: drawn in C++ for the missing keys only; built-in: LookupTableFindV2
+                  with an [N, dim] tf.random.normal default, as TFRA does)
+  lookup present  all keys present (dense: tf.gather on a same-size tf.Variable)
+  upsert          insert/overwrite [N, dim] rows (dense: scatter_update)
+  find_or_insert  rows, inserting missing keys with random-normal rows (built-in: find with
+                  random defaults, then insert the batch)
+Memory (`--memory`): resident and peak bytes/key after inserting 1M and 4M keys of dim 64, each
+in a fresh process. Prints a table, then one JSON line. Timings are medians of `--repeats`.
+
+    python benchmarks/kv_ops.py [--keys 1000000] [--batch 65536] [--dims 8 64] [--memory]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfra_dynamic_embedding.tables import native  # noqa: E402
+
+FILL_BATCH = 65536
+
+
+def median_time(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        fn(0)
+    times = []
+    for r in range(repeats):
+        start = time.perf_counter()
+        fn(r + 1)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def random_keys(rng, n):
+    return rng.integers(1, 2**63 - 1, size=n, dtype=np.int64)
+
+
+def run_dim(dim, n_keys, batch, repeats, backends):
+    rng = np.random.default_rng(dim)
+    present = random_keys(rng, n_keys)
+    half = batch // 2
+
+    def mixed_batches():
+        # One batch per timed call (and warmup), each drawn afresh: random keys touch cold rows,
+        # as in training, and an upsert or find_or_insert really inserts its missing half.
+        return [tf.constant(rng.permutation(np.concatenate(
+            [rng.choice(present, half), random_keys(rng, batch - half)]))) for _ in range(repeats + 2)]
+
+    batches = {op: mixed_batches() for op in ("lookup+init", "lookup+init (TF draws)", "upsert",
+                                              "find_or_insert")}
+    present_batches = [tf.constant(rng.choice(present, batch)) for _ in range(repeats + 2)]
+    dense_idx = [tf.constant(rng.integers(0, n_keys, batch), tf.int32) for _ in range(repeats + 2)]
+    values = tf.random.normal([batch, dim], 0, 0.01)
+    results = {}
+
+    if "native" in backends:
+        table = native.NativeKVTable(tf.int64, tf.float32, dim, f"bench{dim}")
+        for i in range(0, n_keys, FILL_BATCH):
+            chunk = tf.constant(present[i:i + FILL_BATCH])
+            table.insert(chunk, tf.zeros([chunk.shape[0], dim]))
+        init = native.NativeInitializer("normal", 0.0, 0.01, seed=1)
+        spec = [tf.TensorSpec([None], tf.int64)]
+        lookup_init = tf.function(lambda k: table.lookup_or_init(k, init)[0], input_signature=spec)
+        lookup_tf_init = tf.function(
+            lambda k: table.lookup_or_init(k, lambda n: tf.random.normal(tf.stack([n, dim]), 0, .01))[0],
+            input_signature=spec)
+        lookup = tf.function(lambda k: table.lookup(k, tf.zeros([dim])), input_signature=spec)
+        upsert = tf.function(lambda k: [table.insert(k, values)] and None, input_signature=spec)
+        foi = tf.function(lambda k: table.find_or_insert(k, init)[0], input_signature=spec)
+        results["native"] = {
+            "lookup+init": median_time(lambda r: lookup_init(batches["lookup+init"][r]), repeats),
+            "lookup+init (TF draws)": median_time(
+                lambda r: lookup_tf_init(batches["lookup+init (TF draws)"][r]), repeats),
+            "lookup present": median_time(lambda r: lookup(present_batches[r]), repeats),
+            "upsert": median_time(lambda r: upsert(batches["upsert"][r]), repeats),
+            "find_or_insert": median_time(lambda r: foi(batches["find_or_insert"][r]), repeats),
+        }
+        del table
+
+    if "builtin" in backends:
+        table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, tf.zeros([dim]))
+        for i in range(0, n_keys, FILL_BATCH):
+            chunk = tf.constant(present[i:i + FILL_BATCH])
+            table.insert(chunk, tf.zeros([chunk.shape[0], dim]))
+        handle = table.resource_handle
+        spec = [tf.TensorSpec([None], tf.int64)]
+
+        def find(k, default):
+            return tf.raw_ops.LookupTableFindV2(table_handle=handle, keys=k, default_value=default)
+
+        def draw(k):
+            return tf.random.normal(tf.stack([tf.size(k), dim]), 0, 0.01)
+
+        def find_or_insert(k):
+            rows = find(k, draw(k))
+            with tf.control_dependencies([table.insert(k, rows)]):
+                return tf.identity(rows)
+
+        lookup_init = tf.function(lambda k: find(k, draw(k)), input_signature=spec)
+        lookup = tf.function(lambda k: find(k, tf.zeros(tf.stack([tf.size(k), dim]))),
+                             input_signature=spec)
+        upsert = tf.function(lambda k: [table.insert(k, values)] and None, input_signature=spec)
+        foi = tf.function(find_or_insert, input_signature=spec)
+        results["builtin"] = {
+            "lookup+init": median_time(lambda r: lookup_init(batches["lookup+init"][r]), repeats),
+            "lookup present": median_time(lambda r: lookup(present_batches[r]), repeats),
+            "upsert": median_time(lambda r: upsert(batches["upsert"][r]), repeats),
+            "find_or_insert": median_time(lambda r: foi(batches["find_or_insert"][r]), repeats),
+        }
+        del table
+
+    if "dense" in backends:
+        var = tf.Variable(tf.zeros([n_keys, dim]))
+        gather = tf.function(lambda i: tf.gather(var, i))
+        scatter = tf.function(lambda i: [var.scatter_update(tf.IndexedSlices(values, i))] and None)
+        results["dense"] = {
+            "lookup present": median_time(lambda r: gather(dense_idx[r]), repeats),
+            "upsert": median_time(lambda r: scatter(dense_idx[r]), repeats),
+        }
+        del var
+    return {b: {op: batch / t / 1e6 for op, t in ops.items()} for b, ops in results.items()}
+
+
+MEMORY_CHILD = r'''
+import os, sys, json, threading, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np, tensorflow as tf
+sys.path.insert(0, sys.argv[3])
+from tfra_dynamic_embedding.tables import native
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+n, backend, dim = int(sys.argv[1]), sys.argv[2], 64
+if backend == "native":
+    t = native.NativeKVTable(tf.int64, tf.float32, dim, "mem")
+else:
+    t = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, tf.zeros([dim]))
+values = tf.zeros([65536, dim])
+t.insert(tf.constant([-1], tf.int64), values[:1])  # warm up the op path
+base = rss()
+peak = [base]
+stop = threading.Event()
+def sample():  # the peak is sampled (1 ms) so the interpreter's start-up peak is excluded
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss())
+        time.sleep(0.001)
+th = threading.Thread(target=sample); th.start()
+rng = np.random.default_rng(0)
+for i in range(0, n, 65536):
+    m = min(65536, n - i)
+    t.insert(tf.constant(rng.integers(1, 2**63 - 1, m, dtype=np.int64)), values[:m])
+stop.set(); th.join()
+end = rss()
+print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
+                  "peak": (max(peak[0], end) - base) / n}))
+'''
+
+
+def run_memory(n, backend):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(n), backend, repo],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=65536)
+    parser.add_argument("--dims", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--backends", nargs="+", default=["native", "builtin", "dense"])
+    parser.add_argument("--memory", action="store_true", help="also measure bytes/key (1M, 4M)")
+    args = parser.parse_args()
+    if "native" in args.backends and not native.is_available():
+        print(f"native backend unavailable ({native.load_error()}); skipping it")
+        args.backends = [b for b in args.backends if b != "native"]
+
+    report = {"keys": args.keys, "batch": args.batch, "cpus": os.cpu_count(),
+              "unit": "M keys/s", "throughput": {}, "memory": {}}
+    ops = ["lookup+init", "lookup+init (TF draws)", "lookup present", "upsert", "find_or_insert"]
+    for dim in args.dims:
+        res = run_dim(dim, args.keys, args.batch, args.repeats, args.backends)
+        report["throughput"][dim] = res
+        print(f"\ndim {dim}: M keys/s (batch {args.batch}, table {args.keys} keys, "
+              f"{os.cpu_count()} CPUs)")
+        print(f"{'op':<24}" + "".join(f"{b:>12}" for b in args.backends) + f"{'native/builtin':>16}")
+        for op in ops:
+            cells = [res.get(b, {}).get(op) for b in args.backends]
+            if all(c is None for c in cells):
+                continue
+            ratio = ""
+            if res.get("native", {}).get(op) and res.get("builtin", {}).get(op):
+                ratio = f"{res['native'][op] / res['builtin'][op]:.1f}x"
+            print(f"{op:<24}" + "".join(f"{c:>12.2f}" if c else f"{'-':>12}" for c in cells)
+                  + f"{ratio:>16}")
+    if args.memory:
+        print("\nmemory, dim 64 (raw key + row = 264 B/key)")
+        print(f"{'backend':<10}{'keys':>10}{'resident B/key':>16}{'peak B/key':>12}")
+        for backend in [b for b in args.backends if b in ("native", "builtin")]:
+            for n in (1_000_000, 4_000_000):
+                m = run_memory(n, backend)
+                report["memory"].setdefault(backend, {})[n] = m
+                print(f"{backend:<10}{n:>10}{m['resident']:>16.1f}{m['peak']:>12.1f}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

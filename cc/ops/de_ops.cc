@@ -1,0 +1,649 @@
+// Op registrations and CPU kernels of the native dynamic-embedding table.
+// Kernels validate every input and turn all failures (including allocation
+// failures) into a Status: no input can crash the process.
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "de_table.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tfra_de {
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::TensorShape;
+using tensorflow::TensorShapeUtils;
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+#define TFRA_DE_TYPE_ATTRS                               \
+  Attr("key_dtype: {int32, int64, string}")              \
+      .Attr("value_dtype: {half, bfloat16, float, double}")
+
+// ------------------------------------------------------------ shape fns --
+
+// Output `idx` is [N, dim] with N from the keys (input 1) and dim from attr.
+Status RowsShape(InferenceContext* c, int idx) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(idx, c->Matrix(c->Dim(keys, 0), dim));
+  return absl::OkStatus();
+}
+
+Status FindShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(RowsShape(c, 0));
+  c->set_output(1, c->Vector(c->Dim(c->input(1), 0)));
+  return absl::OkStatus();
+}
+
+Status UpdateShape(InferenceContext* c) {
+  ShapeHandle keys, values;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &values));
+  DimensionHandle unused;
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(keys, 0), c->Dim(values, 0), &unused));
+  return absl::OkStatus();
+}
+
+// --------------------------------------------------------- registrations --
+
+REGISTER_OP("TfraDeTable")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .Attr("init_size: int >= 0 = 0")
+    .Attr("num_shards: int >= 0 = 0")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Creates (or finds, by container/shared_name) a native hash table of key -> [dim] rows. "
+         "Without a shared_name the table is named by the node (use_node_name_sharing) or is "
+         "private to this kernel and deleted with it.");
+
+REGISTER_OP("TfraDeFind")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Input("default_values: value_dtype")
+    .Output("values: value_dtype")
+    .Output("exists: bool")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .SetShapeFn(FindShape)
+    .Doc("Rows of keys; a missing key gets default_values ([dim] or its row of [N, dim]).");
+
+REGISTER_OP("TfraDeFindInit")
+    .Input("table: resource")
+    .Input("keys: key_dtype")
+    .Output("values: value_dtype")
+    .Output("exists: bool")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .Attr("insert: bool = false")
+    .Attr("init: {'constant', 'uniform', 'normal', 'truncated_normal'} = 'constant'")
+    .Attr("a: float = 0.0")
+    .Attr("b: float = 0.0")
+    .Attr("seed: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(FindShape)
+    .Doc("Rows of keys; a missing key gets an initial row that is a function of (seed, key), "
+         "inserted when `insert`. init: constant(a) | uniform[a, b) | normal(a, b) | "
+         "truncated_normal(a, b) (redrawn beyond 2 stddev).");
+
+REGISTER_OP("TfraDeInsertMissing")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Input("values: value_dtype")
+    .Output("stored: value_dtype")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(UpdateShape(c));
+      return RowsShape(c, 0);
+    })
+    .Doc("Inserts keys[i] -> values[i] where absent; returns the rows now stored.");
+
+REGISTER_OP("TfraDeInsert")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Input("values: value_dtype")
+    .TFRA_DE_TYPE_ATTRS
+    .SetShapeFn(UpdateShape)
+    .Doc("Upserts rows; with duplicate keys the last row wins.");
+
+REGISTER_OP("TfraDeAccum")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Input("deltas: value_dtype")
+    .TFRA_DE_TYPE_ATTRS
+    .SetShapeFn(UpdateShape)
+    .Doc("Adds deltas to rows; a missing key is inserted with its delta.");
+
+REGISTER_OP("TfraDeRemove")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Output("removed: int64")
+    .Attr("key_dtype: {int32, int64, string}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("Removes keys (missing keys are ignored); returns how many were removed.");
+
+REGISTER_OP("TfraDeClear")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs);
+
+REGISTER_OP("TfraDeSize")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Output("size: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("TfraDeExport")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("cursor: int64")
+    .Input("limit: int64")
+    .Output("keys: key_dtype")
+    .Output("values: value_dtype")
+    .Output("stamps: int64")
+    .Output("freqs: int64")
+    .Output("next_cursor: int64")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      DimensionHandle n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->Vector(n));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("Rows from `cursor` (0 = start), at most `limit` (< 0: all rows as one consistent "
+         "snapshot), with their metadata; next_cursor is -1 when the table is exhausted.");
+
+REGISTER_OP("TfraDeImport")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: key_dtype")
+    .Input("values: value_dtype")
+    .Input("stamps: int64")
+    .Input("freqs: int64")
+    .Input("clear_first: bool")
+    .TFRA_DE_TYPE_ATTRS
+    .SetShapeFn(UpdateShape)
+    .Doc("Writes rows (and metadata, when stamps/freqs are non-empty); with clear_first the "
+         "table content is replaced atomically.");
+
+REGISTER_OP("TfraDeSetStep")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("step: int64")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Sets the stamp written with rows from now on (< 0: wall-clock seconds).");
+
+REGISTER_OP("TfraDeEvict")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("min_stamp: int64")
+    .Input("min_freq: int64")
+    .Output("removed: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Removes rows with stamp < min_stamp or freq < min_freq; returns how many.");
+
+REGISTER_OP("TfraDeSaveToFile")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("path: string")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Streams the table (rows and metadata) to a checksummed file, shard by shard.");
+
+REGISTER_OP("TfraDeLoadFromFile")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("path: string")
+    .Output("loaded: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Replaces the table content with a file written by TfraDeSaveToFile; on any error "
+         "the table is left unchanged.");
+
+// --------------------------------------------------------------- kernels --
+
+// Runs `body`, turning C++ exceptions into a failed status.
+template <class Fn>
+void Guarded(OpKernelContext* ctx, Fn&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    ctx->CtxFailure(__FILE__, __LINE__, absl::ResourceExhaustedError("out of memory in a native table op"));
+  } catch (const std::exception& e) {
+    ctx->CtxFailure(__FILE__, __LINE__, absl::InternalError(absl::StrCat("native table op: ", e.what())));
+  }
+}
+
+Status CheckKeys(const Tensor& keys) {
+  if (!TensorShapeUtils::IsVector(keys.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keys must be a 1-D tensor, got shape ", keys.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckRows(const char* name, const Tensor& rows, int64_t n, int64_t dim) {
+  if (rows.dims() != 2 || rows.dim_size(0) != n || rows.dim_size(1) != dim) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must have shape [", n, ", ", dim,
+                                                   "] (one row of dim ", dim, " per key), got ",
+                                                   rows.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckScalar(const char* name, const Tensor& t) {
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be a scalar, got shape ", t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+// Base of every kernel taking a table: resolves the handle and checks that
+// the table matches the dtypes/dim the op was built for.
+class TableOp : public OpKernel {
+ public:
+  explicit TableOp(OpKernelConstruction* c) : OpKernel(c) {
+    if (c->HasAttr("key_dtype")) OP_REQUIRES_OK(c, c->GetAttr("key_dtype", &key_dtype_));
+    if (c->HasAttr("value_dtype")) OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &value_dtype_));
+    if (c->HasAttr("dim")) OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      const Tensor& h = ctx->input(0);
+      OP_REQUIRES(ctx, h.dtype() == tensorflow::DT_RESOURCE && h.NumElements() == 1,
+                  absl::InvalidArgumentError(absl::StrCat("table must be a scalar resource handle, got ",
+                                                          h.shape().DebugString())));
+      tensorflow::core::RefCountPtr<TableBase> table;
+      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), &table));
+      const TableConfig& cfg = table->config();
+      OP_REQUIRES(ctx,
+                  (key_dtype_ == tensorflow::DT_INVALID || key_dtype_ == cfg.key_dtype) &&
+                      (value_dtype_ == tensorflow::DT_INVALID || value_dtype_ == cfg.value_dtype) &&
+                      (dim_ < 0 || dim_ == cfg.dim),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      name(), ": op built for ", tensorflow::DataTypeString(key_dtype_), " -> ",
+                      tensorflow::DataTypeString(value_dtype_), "[", dim_, "] but the table is ",
+                      tensorflow::DataTypeString(cfg.key_dtype), " -> ",
+                      tensorflow::DataTypeString(cfg.value_dtype), "[", cfg.dim, "]")));
+      Run(ctx, table.get());
+    });
+  }
+
+ protected:
+  virtual void Run(OpKernelContext* ctx, TableBase* table) = 0;
+
+  Status AllocRows(OpKernelContext* ctx, int idx, int64_t n, int64_t dim, Tensor** out) {
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape({n, dim}, &shape));
+    return ctx->allocate_output(idx, shape, out);
+  }
+
+  DataType key_dtype_ = tensorflow::DT_INVALID;
+  DataType value_dtype_ = tensorflow::DT_INVALID;
+  int64_t dim_ = -1;
+};
+
+class TableHandleOp : public OpKernel {
+ public:
+  explicit TableHandleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("container", &container_));
+    OP_REQUIRES_OK(c, c->GetAttr("shared_name", &name_));
+    bool node_name_sharing = false;
+    OP_REQUIRES_OK(c, c->GetAttr("use_node_name_sharing", &node_name_sharing));
+    if (name_.empty()) {
+      // Node-name sharing: every run of a graph (and every worker building the
+      // same graph) sees one table. Otherwise the table belongs to this kernel
+      // instance (e.g. the creator function of a loaded SavedModel).
+      static std::atomic<int64_t> counter{0};
+      private_ = !node_name_sharing;
+      name_ = private_ ? absl::StrCat("_tfra_de_private_", counter.fetch_add(1), "_", def().name())
+                       : absl::StrCat("tfra_de_", def().name());
+    }
+    OP_REQUIRES_OK(c, c->GetAttr("key_dtype", &cfg_.key_dtype));
+    OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &cfg_.value_dtype));
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &cfg_.dim));
+    OP_REQUIRES_OK(c, c->GetAttr("init_size", &cfg_.init_size));
+    int64_t shards;
+    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &shards));
+    OP_REQUIRES(c, shards >= 0 && shards <= kMaxShards,
+                absl::InvalidArgumentError(absl::StrCat("num_shards must be in [0, ", kMaxShards, "], got ", shards)));
+    cfg_.num_shards = static_cast<int>(shards);
+    OP_REQUIRES(c, cfg_.dim >= 1 && cfg_.dim <= kMaxDim,
+                absl::InvalidArgumentError(absl::StrCat("dim must be in [1, ", kMaxDim, "], got ", cfg_.dim)));
+  }
+
+  ~TableHandleOp() override {
+    if (private_ && rm_ != nullptr) rm_->Delete<TableBase>(resolved_container_, name_).IgnoreError();
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      tensorflow::ResourceMgr* rm = ctx->resource_manager();
+      const std::string container = container_.empty() ? rm->default_container() : container_;
+      if (private_) {
+        std::lock_guard<std::mutex> l(mu_);
+        rm_ = rm;
+        resolved_container_ = container;
+      }
+      TableBase* table = nullptr;
+      OP_REQUIRES_OK(ctx, rm->LookupOrCreate<TableBase>(
+                              container, name_, &table,
+                              [this](TableBase** out) { return CreateTable(cfg_, out); }));
+      tensorflow::core::ScopedUnref unref(table);
+      const TableConfig& have = table->config();
+      OP_REQUIRES(ctx,
+                  have.key_dtype == cfg_.key_dtype && have.value_dtype == cfg_.value_dtype &&
+                      have.dim == cfg_.dim,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "shared_name '", name_, "' already names a table of ",
+                      tensorflow::DataTypeString(have.key_dtype), " -> ",
+                      tensorflow::DataTypeString(have.value_dtype), "[", have.dim, "], not ",
+                      tensorflow::DataTypeString(cfg_.key_dtype), " -> ",
+                      tensorflow::DataTypeString(cfg_.value_dtype), "[", cfg_.dim, "]")));
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+      out->scalar<tensorflow::ResourceHandle>()() =
+          tensorflow::MakeResourceHandle<TableBase>(ctx, container, name_);
+    });
+  }
+
+ private:
+  std::string container_, name_;
+  TableConfig cfg_;
+  bool private_ = false;
+  std::mutex mu_;
+  tensorflow::ResourceMgr* rm_ = nullptr;
+  std::string resolved_container_;
+};
+
+class FindOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& dflt = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.dim_size(0), dim = t->dim();
+    const bool ok = (dflt.dims() == 1 && dflt.dim_size(0) == dim) ||
+                    (dflt.dims() == 2 && dflt.dim_size(0) == n && dflt.dim_size(1) == dim);
+    OP_REQUIRES(ctx, ok,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "default_values must have shape [", dim, "] or [", n, ", ", dim, "], got ",
+                    dflt.shape().DebugString())));
+    Tensor *values, *exists;
+    OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, dim, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    OP_REQUIRES_OK(ctx, t->Find(ctx, keys, dflt, values, exists));
+  }
+};
+
+class FindInitOp : public TableOp {
+ public:
+  explicit FindInitOp(OpKernelConstruction* c) : TableOp(c) {
+    std::string kind;
+    float a, b;
+    int64_t seed;
+    OP_REQUIRES_OK(c, c->GetAttr("insert", &insert_));
+    OP_REQUIRES_OK(c, c->GetAttr("init", &kind));
+    OP_REQUIRES_OK(c, c->GetAttr("a", &a));
+    OP_REQUIRES_OK(c, c->GetAttr("b", &b));
+    OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
+    init_.kind = kind == "uniform" ? InitSpec::kUniform
+                 : kind == "normal" ? InitSpec::kNormal
+                 : kind == "truncated_normal" ? InitSpec::kTruncatedNormal
+                                              : InitSpec::kConstant;
+    init_.a = a;
+    init_.b = b;
+    init_.seed = static_cast<uint64_t>(seed);
+  }
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.dim_size(0);
+    Tensor *values, *exists;
+    OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim(), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    OP_REQUIRES_OK(ctx, t->FindInit(ctx, keys, init_, insert_, values, exists));
+  }
+
+ private:
+  bool insert_ = false;
+  InitSpec init_;
+};
+
+class InsertMissingOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.dim_size(0);
+    OP_REQUIRES_OK(ctx, CheckRows("values", values, n, t->dim()));
+    Tensor* stored;
+    OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim(), &stored));
+    OP_REQUIRES_OK(ctx, t->InsertMissing(ctx, keys, values, stored));
+  }
+};
+
+class UpsertOp : public TableOp {
+ public:
+  UpsertOp(OpKernelConstruction* c, bool accum) : TableOp(c), accum_(accum) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    OP_REQUIRES_OK(ctx, CheckRows(accum_ ? "deltas" : "values", values, keys.dim_size(0), t->dim()));
+    OP_REQUIRES_OK(ctx, accum_ ? t->Accum(ctx, keys, values) : t->Insert(ctx, keys, values));
+  }
+
+ private:
+  bool accum_;
+};
+class InsertOp : public UpsertOp {
+ public:
+  explicit InsertOp(OpKernelConstruction* c) : UpsertOp(c, false) {}
+};
+class AccumOp : public UpsertOp {
+ public:
+  explicit AccumOp(OpKernelConstruction* c) : UpsertOp(c, true) {}
+};
+
+class RemoveOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    int64_t removed = 0;
+    OP_REQUIRES_OK(ctx, t->Remove(ctx, keys, &removed));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = removed;
+  }
+};
+
+class ClearOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext*, TableBase* t) override { t->Clear(); }
+};
+
+class SizeOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t->Size();
+  }
+};
+
+class ExportOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  class Sink : public ExportSink {
+   public:
+    Sink(OpKernelContext* ctx, int64_t dim) : ctx_(ctx), dim_(dim) {}
+    Status Allocate(int64_t n, Tensor** keys, Tensor** values, Tensor** stamps, Tensor** freqs) override {
+      TF_RETURN_IF_ERROR(ctx_->allocate_output(0, TensorShape({n}), keys));
+      TensorShape rows;
+      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape({n, dim_}, &rows));
+      TF_RETURN_IF_ERROR(ctx_->allocate_output(1, rows, values));
+      TF_RETURN_IF_ERROR(ctx_->allocate_output(2, TensorShape({n}), stamps));
+      return ctx_->allocate_output(3, TensorShape({n}), freqs);
+    }
+
+   private:
+    OpKernelContext* ctx_;
+    int64_t dim_;
+  };
+
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckScalar("cursor", ctx->input(1)));
+    OP_REQUIRES_OK(ctx, CheckScalar("limit", ctx->input(2)));
+    const int64_t cursor = ctx->input(1).scalar<int64_t>()();
+    const int64_t limit = ctx->input(2).scalar<int64_t>()();
+    Sink sink(ctx, t->dim());
+    int64_t next = -1;
+    OP_REQUIRES_OK(ctx, t->Export(cursor, limit, &sink, &next));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &out));
+    out->scalar<int64_t>()() = next;
+  }
+};
+
+class ImportOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const Tensor& stamps = ctx->input(3);
+    const Tensor& freqs = ctx->input(4);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.dim_size(0);
+    OP_REQUIRES_OK(ctx, CheckRows("values", values, n, t->dim()));
+    for (const auto& m : {std::make_pair("stamps", &stamps), std::make_pair("freqs", &freqs)}) {
+      OP_REQUIRES(ctx,
+                  m.second->dims() == 1 && (m.second->dim_size(0) == n || m.second->dim_size(0) == 0),
+                  absl::InvalidArgumentError(absl::StrCat(m.first, " must have shape [", n,
+                                                          "] or [0], got ",
+                                                          m.second->shape().DebugString())));
+    }
+    OP_REQUIRES_OK(ctx, CheckScalar("clear_first", ctx->input(5)));
+    OP_REQUIRES_OK(ctx, t->Import(ctx, keys, values, stamps, freqs, ctx->input(5).scalar<bool>()()));
+  }
+};
+
+class SetStepOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckScalar("step", ctx->input(1)));
+    t->SetStep(ctx->input(1).scalar<int64_t>()());
+  }
+};
+
+class EvictOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckScalar("min_stamp", ctx->input(1)));
+    OP_REQUIRES_OK(ctx, CheckScalar("min_freq", ctx->input(2)));
+    int64_t removed = 0;
+    OP_REQUIRES_OK(ctx, t->Evict(ctx->input(1).scalar<int64_t>()(), ctx->input(2).scalar<int64_t>()(), &removed));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = removed;
+  }
+};
+
+Status GetPath(OpKernelContext* ctx, std::string* path) {
+  TF_RETURN_IF_ERROR(CheckScalar("path", ctx->input(1)));
+  *path = std::string(ctx->input(1).scalar<tensorflow::tstring>()());
+  if (path->empty()) return absl::InvalidArgumentError("path must not be empty");
+  return absl::OkStatus();
+}
+
+class SaveToFileOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    std::string path;
+    OP_REQUIRES_OK(ctx, GetPath(ctx, &path));
+    OP_REQUIRES_OK(ctx, t->SaveToFile(path));
+  }
+};
+
+class LoadFromFileOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    std::string path;
+    OP_REQUIRES_OK(ctx, GetPath(ctx, &path));
+    int64_t loaded = 0;
+    OP_REQUIRES_OK(ctx, t->LoadFromFile(path, &loaded));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = loaded;
+  }
+};
+
+#define TFRA_DE_KERNEL(name, cls) \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(tensorflow::DEVICE_CPU), cls)
+
+TFRA_DE_KERNEL("TfraDeTable", TableHandleOp);
+TFRA_DE_KERNEL("TfraDeFind", FindOp);
+TFRA_DE_KERNEL("TfraDeFindInit", FindInitOp);
+TFRA_DE_KERNEL("TfraDeInsertMissing", InsertMissingOp);
+TFRA_DE_KERNEL("TfraDeInsert", InsertOp);
+TFRA_DE_KERNEL("TfraDeAccum", AccumOp);
+TFRA_DE_KERNEL("TfraDeRemove", RemoveOp);
+TFRA_DE_KERNEL("TfraDeClear", ClearOp);
+TFRA_DE_KERNEL("TfraDeSize", SizeOp);
+TFRA_DE_KERNEL("TfraDeExport", ExportOp);
+TFRA_DE_KERNEL("TfraDeImport", ImportOp);
+TFRA_DE_KERNEL("TfraDeSetStep", SetStepOp);
+TFRA_DE_KERNEL("TfraDeEvict", EvictOp);
+TFRA_DE_KERNEL("TfraDeSaveToFile", SaveToFileOp);
+TFRA_DE_KERNEL("TfraDeLoadFromFile", LoadFromFileOp);
+
+}  // namespace
+}  // namespace tfra_de

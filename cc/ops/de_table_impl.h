@@ -1,0 +1,835 @@
+// Table<K, V>: the concurrent, compact hash table behind every native op.
+//
+// Layout. Keys hash to one of S shards (top hash bits); each shard owns
+//  - an index: open addressing over 8-slot groups, one control byte per slot
+//    (empty / deleted / 7-bit hash tag) plus a uint32 row id per slot, probed
+//    group by group in triangular steps (visits every group, power-of-2 size);
+//  - a slab: one contiguous array of fixed-size records
+//      [key | u32 stamp | u32 freq | dim values]
+//    grown with mremap (no copy, no resident doubling); freed rows are reused
+//    through a free list, and freq == 0 marks a free row.
+// Growth is per shard, so at most one shard's index exists twice at a time.
+//
+// Concurrency. A shard's reader-writer lock guards both its index and slab.
+// Batch ops hash all keys, bucket them by shard (stable counting sort, so the
+// last duplicate wins as in a serial replay), and hand whole shards to TF's
+// intra-op pool: each shard is locked once per batch, by one thread. Ops that
+// need every shard lock them in index order, so they cannot deadlock.
+#ifndef TFRA_DE_CC_OPS_DE_TABLE_IMPL_H_
+#define TFRA_DE_CC_OPS_DE_TABLE_IMPL_H_
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "de_file.h"
+#include "de_keys.h"
+#include "de_table.h"
+#include "de_util.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tfra_de {
+
+inline size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+template <class V>
+inline V FromDouble(double x) {
+  if constexpr (std::is_same<V, double>::value) {
+    return x;
+  } else {
+    return static_cast<V>(static_cast<float>(x));
+  }
+}
+
+template <class K, class V>
+class Table : public TableBase {
+  using KO = KeyOps<K>;
+  using KIn = typename KO::In;
+  using KS = typename KO::Stored;
+
+  struct alignas(64) Shard {
+    mutable std::shared_mutex mu;
+    uint32_t* slots = nullptr;   // the index: cap slots (see SlotGroup)
+    size_t cap = 0;              // slots; a power of two >= kGroupWidth
+    size_t growth_left = 0;      // empty slots that may still be filled
+    std::atomic<int64_t> size{0};
+    char* slab = nullptr;
+    size_t slab_rows = 0;        // allocated rows
+    uint32_t high_water = 0;     // rows ever handed out
+    std::vector<uint32_t> free_rows;
+  };
+
+  // A batch of keys bucketed by shard.
+  struct Batch {
+    const KIn* keys = nullptr;
+    int64_t n = 0;
+    std::vector<uint64_t> hash;
+    std::vector<int64_t> order;
+    std::vector<int64_t> start;  // S + 1 offsets into order
+  };
+
+  enum class Lock { kShared, kExclusive, kNone };
+
+ public:
+  explicit Table(const TableConfig& cfg) : TableBase(cfg) {
+    int s = cfg.num_shards;
+    if (s <= 0) s = 64;  // enough stripes for any pool size; empty shards cost ~100 bytes
+    shard_bits_ = 0;
+    while ((1 << shard_bits_) < s) ++shard_bits_;
+    num_shards_ = 1 << shard_bits_;
+    shards_.reset(new Shard[num_shards_]);
+    const size_t key_bytes = sizeof(KS);
+    stamp_off_ = AlignUp(key_bytes, 4);
+    freq_off_ = stamp_off_ + 4;
+    val_off_ = AlignUp(freq_off_ + 4, alignof(V));
+    row_bytes_ = static_cast<size_t>(cfg.dim) * sizeof(V);
+    rec_bytes_ = AlignUp(val_off_ + row_bytes_, std::max<size_t>({alignof(KS), alignof(V), 4}));
+    init_rows_ = static_cast<size_t>(cfg.init_size / num_shards_);
+    prefetch_bytes_ = std::min<size_t>(rec_bytes_, 512);
+  }
+
+  ~Table() override {
+    for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+  }
+
+  // Allocates every shard's initial index; separate from the constructor so
+  // that an allocation failure is a Status, not an exception.
+  Status Init() {
+    for (int i = 0; i < num_shards_; ++i) TF_RETURN_IF_ERROR(ResetShard(&shards_[i], init_rows_));
+    return absl::OkStatus();
+  }
+
+  std::string DebugString() const override {
+    return absl::StrCat("tfra_de table ", tensorflow::DataTypeString(cfg_.key_dtype), "->",
+                        tensorflow::DataTypeString(cfg_.value_dtype), "[", cfg_.dim, "], ",
+                        Size(), " keys in ", num_shards_, " shards");
+  }
+
+  int64_t MemoryUsed() const override {
+    int64_t total = 0;
+    for (int i = 0; i < num_shards_; ++i) {
+      const Shard& s = shards_[i];
+      std::shared_lock<std::shared_mutex> l(s.mu);
+      total += s.cap * 4 + s.high_water * rec_bytes_ + s.free_rows.capacity() * 4;
+    }
+    return total;
+  }
+
+  // ----------------------------------------------------------- batch ops --
+
+  Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
+              Tensor* exists) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    const bool per_key = defaults.dims() == 2;
+    const V* dflt = defaults.flat<V>().data();
+    V* out = values->flat<V>().data();
+    bool* ex = exists->flat<bool>().data();
+    const int64_t dim = cfg_.dim;
+    return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
+      auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
+      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t, int64_t row) {
+        ex[i] = row >= 0;
+        const V* src = row >= 0 ? Vals(s, row) : (per_key ? dflt + i * dim : dflt);
+        std::memcpy(out + i * dim, src, row_bytes_);
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
+                  Tensor* values, Tensor* exists) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    V* out = values->flat<V>().data();
+    bool* ex = exists->flat<bool>().data();
+    const int64_t dim = cfg_.dim;
+    const uint32_t stamp = CurrentStamp();
+    return ForEachShard(ctx, b, insert ? Lock::kExclusive : Lock::kShared,
+                        [&](Shard& s, int64_t lo, int64_t hi) -> Status {
+      // Pass 1 reads, so `exists` reports the table as it was before this op,
+      // also for a key repeated in the batch. Pass 2 creates the missing rows.
+      std::vector<int64_t> missing;
+      auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
+      TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
+        ex[i] = row >= 0;
+        if (row >= 0) {
+          std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+        } else if (insert) {
+          missing.push_back(i);
+          missing.push_back(static_cast<int64_t>(h));
+        } else {
+          FillInit(init, h, out + i * dim);
+        }
+        return absl::OkStatus();
+      }));
+      for (size_t j = 0; j < missing.size(); j += 2) {
+        const int64_t i = missing[j];
+        const uint64_t h = static_cast<uint64_t>(missing[j + 1]);
+        V* dst = out + i * dim;
+        const int64_t row = FindRow(s, b.keys[i], h);
+        if (row >= 0) {  // an earlier duplicate in this batch created it
+          std::memcpy(dst, Vals(s, row), row_bytes_);
+          continue;
+        }
+        FillInit(init, h, dst);
+        uint32_t r;
+        TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
+        WriteRow(s, r, dst, stamp, 1);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                       Tensor* stored) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    const V* in = values.flat<V>().data();
+    V* out = stored->flat<V>().data();
+    const int64_t dim = cfg_.dim;
+    const uint32_t stamp = CurrentStamp();
+    return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
+        if (row < 0) {
+          uint32_t r;
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
+          WriteRow(s, r, in + i * dim, stamp, 1);
+          row = r;
+        }
+        std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values) override {
+    return Upsert(ctx, keys, values, /*accum=*/false);
+  }
+
+  Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas) override {
+    return Upsert(ctx, keys, deltas, /*accum=*/true);
+  }
+
+  Status Remove(OpKernelContext* ctx, const Tensor& keys, int64_t* removed) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    std::atomic<int64_t> count{0};
+    Status st = ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      int64_t c = 0;
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t slot = FindSlot(s, b.keys[b.order[p]], b.hash[p]);
+        if (slot >= 0) {
+          EraseSlot(s, slot);
+          ++c;
+        }
+      }
+      count += c;
+      return absl::OkStatus();
+    });
+    *removed = count.load();
+    return st;
+  }
+
+  void Clear() override {
+    auto locks = LockAll();
+    for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+  }
+
+  int64_t Size() const override {
+    int64_t n = 0;
+    for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);
+    return n;
+  }
+
+  // ------------------------------------------------------- export/import --
+
+  Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next) override {
+    if (limit < 0) return ExportAll(sink, next);
+    const int64_t shard0 = cursor >> 32;
+    if (cursor < 0 || shard0 >= num_shards_) {
+      return absl::InvalidArgumentError(absl::StrCat("export: cursor ", cursor,
+                                                     " is not a cursor returned by this table"));
+    }
+    // A chunk may span shards; each is read under its own lock into staging
+    // buffers, so no lock is held while output tensors are allocated.
+    std::vector<typename KO::Owned> keys;
+    std::vector<V> vals;
+    std::vector<int64_t> stamps, freqs;
+    const int64_t want = std::min<int64_t>(limit, 1 << 26);
+    *next = -1;
+    uint32_t row = static_cast<uint32_t>(cursor & 0xffffffff);
+    for (int64_t si = shard0; si < num_shards_ && *next < 0; ++si, row = 0) {
+      const Shard& s = shards_[si];
+      std::shared_lock<std::shared_mutex> l(s.mu);
+      for (; row < s.high_water; ++row) {
+        if (static_cast<int64_t>(keys.size()) == want) {
+          *next = (si << 32) | row;
+          break;
+        }
+        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        const uint32_t f = Freq(rec);
+        if (f == 0) continue;
+        keys.push_back(KO::ToOwned(*reinterpret_cast<const KS*>(rec)));
+        const V* v = reinterpret_cast<const V*>(rec + val_off_);
+        vals.insert(vals.end(), v, v + cfg_.dim);
+        stamps.push_back(Stamp(rec));
+        freqs.push_back(f);
+      }
+    }
+    const int64_t n = keys.size();
+    Tensor *tk, *tv, *ts, *tf;
+    TF_RETURN_IF_ERROR(sink->Allocate(n, &tk, &tv, &ts, &tf));
+    auto ok = tk->flat<KIn>();
+    for (int64_t i = 0; i < n; ++i) KO::ExportOwned(keys[i], &ok(i));
+    if (n > 0) {
+      std::memcpy(tv->flat<V>().data(), vals.data(), vals.size() * sizeof(V));
+      std::memcpy(ts->flat<int64_t>().data(), stamps.data(), n * 8);
+      std::memcpy(tf->flat<int64_t>().data(), freqs.data(), n * 8);
+    }
+    return absl::OkStatus();
+  }
+
+  Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                const Tensor& stamps, const Tensor& freqs, bool clear_first) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    const V* in = values.flat<V>().data();
+    const int64_t* st = stamps.NumElements() > 0 ? stamps.flat<int64_t>().data() : nullptr;
+    const int64_t* fq = freqs.NumElements() > 0 ? freqs.flat<int64_t>().data() : nullptr;
+    const uint32_t now = CurrentStamp();
+    const int64_t dim = cfg_.dim;
+    auto body = [&](Shard& s, int64_t lo, int64_t hi) {
+      return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
+        const uint32_t stamp = st ? ClampU32(st[i]) : now;
+        const uint32_t freq = fq ? std::max<uint32_t>(1, ClampU32(fq[i])) : 1;
+        if (row < 0) {
+          uint32_t r;
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
+          row = r;
+        }
+        WriteRow(s, row, in + i * dim, stamp, freq);
+        return absl::OkStatus();
+      });
+    };
+    if (!clear_first) return ForEachShard(ctx, b, Lock::kExclusive, body);
+    // Replace: every shard stays locked from clearing to refilling, so no
+    // reader sees a half-imported table.
+    auto locks = LockAll();
+    for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+    return ForEachShard(ctx, b, Lock::kNone, body);
+  }
+
+  Status Evict(int64_t min_stamp, int64_t min_freq, int64_t* removed) override {
+    int64_t count = 0;
+    for (int si = 0; si < num_shards_; ++si) {
+      Shard& s = shards_[si];
+      std::unique_lock<std::shared_mutex> l(s.mu);
+      for (uint32_t row = 0; row < s.high_water; ++row) {
+        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        const uint32_t f = Freq(rec);
+        if (f == 0) continue;
+        if (static_cast<int64_t>(Stamp(rec)) >= min_stamp && static_cast<int64_t>(f) >= min_freq) continue;
+        const KS& k = *reinterpret_cast<const KS*>(rec);
+        const int64_t slot = FindSlotStored(s, k, KO::HashStored(k));
+        if (slot >= 0) {
+          EraseSlot(s, slot);
+          ++count;
+        }
+      }
+    }
+    *removed = count;
+    return absl::OkStatus();
+  }
+
+  // ---------------------------------------------------------- file I/O --
+
+  // Streaming file save/load: de_table_io.h.
+  Status SaveToFile(const std::string& path) override;
+  Status LoadFromFile(const std::string& path, int64_t* loaded) override;
+
+ private:
+  // ------------------------------------------------------------ helpers --
+
+  static uint32_t ClampU32(int64_t v) {
+    return v < 0 ? 0 : (v > static_cast<int64_t>(UINT32_MAX) ? UINT32_MAX : static_cast<uint32_t>(v));
+  }
+  static std::string TypeName(uint32_t t) {
+    return tensorflow::DataType_IsValid(static_cast<int>(t))
+               ? tensorflow::DataTypeString(static_cast<DataType>(t))
+               : absl::StrCat("dtype#", t);
+  }
+  // Prefetches the first bytes of a batch row (the rest streams in behind).
+  void PrefetchRow(const V* row, bool write) const {
+    const char* p = reinterpret_cast<const char*>(row);
+    for (size_t off = 0; off < std::min<size_t>(row_bytes_, 512); off += 64) {
+      if (write) {
+        __builtin_prefetch(p + off, 1);
+      } else {
+        __builtin_prefetch(p + off, 0);
+      }
+    }
+  }
+
+  int ShardOf(uint64_t h) const {
+    return shard_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - shard_bits_));
+  }
+  const KS& KeyAt(const Shard& s, uint32_t row) const {
+    return *reinterpret_cast<const KS*>(s.slab + size_t{row} * rec_bytes_);
+  }
+  V* Vals(const Shard& s, int64_t row) const {
+    return reinterpret_cast<V*>(s.slab + static_cast<size_t>(row) * rec_bytes_ + val_off_);
+  }
+  uint32_t Stamp(const char* rec) const {
+    uint32_t v;
+    std::memcpy(&v, rec + stamp_off_, 4);
+    return v;
+  }
+  uint32_t Freq(const char* rec) const {
+    uint32_t v;
+    std::memcpy(&v, rec + freq_off_, 4);
+    return v;
+  }
+  void SetMeta(const Shard& s, int64_t row, uint32_t stamp, uint32_t freq) const {
+    char* rec = s.slab + static_cast<size_t>(row) * rec_bytes_;
+    std::memcpy(rec + stamp_off_, &stamp, 4);
+    std::memcpy(rec + freq_off_, &freq, 4);
+  }
+  void WriteRow(const Shard& s, int64_t row, const V* src, uint32_t stamp, uint32_t freq) const {
+    std::memcpy(Vals(s, row), src, row_bytes_);
+    SetMeta(s, row, stamp, freq);
+  }
+  uint32_t BumpFreq(const Shard& s, int64_t row) const {
+    const uint32_t f = Freq(s.slab + static_cast<size_t>(row) * rec_bytes_);
+    return f == UINT32_MAX ? f : f + 1;  // saturating
+  }
+
+  void FillInit(const InitSpec& init, uint64_t key_hash, V* dst) const {
+    const int64_t dim = cfg_.dim;
+    if (init.kind == InitSpec::kConstant) {
+      const V c = FromDouble<V>(init.a);
+      for (int64_t j = 0; j < dim; ++j) dst[j] = c;
+      return;
+    }
+    RowRng rng(key_hash ^ Mix64(init.seed + 0x632be59bd9b4e019ULL));
+    switch (init.kind) {
+      case InitSpec::kUniform:
+        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.a + (init.b - init.a) * rng.Uniform());
+        break;
+      case InitSpec::kNormal:
+        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.a + init.b * rng.Normal());
+        break;
+      default:  // truncated normal: redraw beyond two standard deviations
+        for (int64_t j = 0; j < dim; ++j) {
+          double z;
+          do z = rng.Normal(); while (z < -2.0 || z > 2.0);
+          dst[j] = FromDouble<V>(init.a + init.b * z);
+        }
+    }
+  }
+
+  // Hashes the keys and buckets them by shard (stable): b->order[p] is the key
+  // index at position p and b->hash[p] its hash, so each shard's run is
+  // [start[s], start[s+1]) and reads its hashes sequentially.
+  Status Partition(const Tensor& keys, Batch* b) const {
+    b->keys = keys.flat<KIn>().data();
+    b->n = keys.NumElements();
+    const int64_t n = b->n;
+    std::vector<uint64_t> by_key(n);
+    b->hash.resize(n);
+    b->order.resize(n);
+    b->start.assign(num_shards_ + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t h = KO::Hash(b->keys[i]);
+      by_key[i] = h;
+      ++b->start[ShardOf(h) + 1];
+    }
+    for (int i = 0; i < num_shards_; ++i) b->start[i + 1] += b->start[i];
+    std::vector<int64_t> pos(b->start.begin(), b->start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = pos[ShardOf(by_key[i])]++;
+      b->order[p] = i;
+      b->hash[p] = by_key[i];
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs fn(shard, lo, hi) for each shard's run of batch positions, whole
+  // shards per task on the intra-op pool, each shard under its lock once.
+  template <class Fn>
+  Status ForEachShard(OpKernelContext* ctx, const Batch& b, Lock mode, Fn&& fn) {
+    std::mutex err_mu;
+    Status first;
+    auto work = [&](int64_t lo, int64_t hi) {
+      for (int64_t si = lo; si < hi; ++si) {
+        const int64_t a = b.start[si], e = b.start[si + 1];
+        if (a == e) continue;
+        Shard& s = shards_[si];
+        Status st;
+        try {
+          if (mode == Lock::kShared) {
+            std::shared_lock<std::shared_mutex> l(s.mu);
+            st = fn(s, a, e);
+          } else if (mode == Lock::kExclusive) {
+            std::unique_lock<std::shared_mutex> l(s.mu);
+            st = fn(s, a, e);
+          } else {
+            st = fn(s, a, e);
+          }
+        } catch (const std::bad_alloc&) {
+          st = absl::ResourceExhaustedError("out of memory in a native table op");
+        } catch (const std::exception& e) {
+          st = absl::InvalidArgumentError(absl::StrCat("native table op: ", e.what()));
+        }
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> l(err_mu);
+          if (first.ok()) first = st;
+        }
+      }
+    };
+    const auto* w = ctx ? ctx->device()->tensorflow_cpu_worker_threads() : nullptr;
+    if (w == nullptr || b.n < 2048) {
+      work(0, num_shards_);
+    } else {
+      // Cost per shard in ~ns: a few cache misses per key plus the row copy.
+      const int64_t cost = (b.n / num_shards_ + 1) * (60 + static_cast<int64_t>(row_bytes_) / 8);
+      tensorflow::Shard(w->num_threads, w->workers, num_shards_, cost, work);
+    }
+    return first;
+  }
+
+  // Calls fn(key index, hash, row or -1) for batch positions [lo, hi) of one
+  // shard, in order. A lookup is three dependent cache misses (control group,
+  // slot, record); this software pipeline prefetches the index group of the
+  // key kFar ahead and the candidate record of the key kNear ahead, so many
+  // misses are in flight at once. The candidate is verified when its turn
+  // comes (fn may have inserted keys meanwhile) and otherwise re-probed.
+  template <class Fn>
+  Status ForEachRow(const Shard& s, const Batch& b, int64_t lo, int64_t hi, Fn&& fn) const {
+    return ForEachRow(s, b, lo, hi, [](int64_t) {}, fn);
+  }
+
+  // As above; pre(key index) runs kNear keys ahead, to prefetch the key's
+  // input or output row (batch rows are visited in shard order, i.e. randomly).
+  template <class Pre, class Fn>
+  Status ForEachRow(const Shard& s, const Batch& b, int64_t lo, int64_t hi, Pre&& pre, Fn&& fn) const {
+    constexpr int64_t kFar = 32, kNear = 12, kRing = 16;
+    int64_t cand[kRing];
+    auto prefetch_index = [&](int64_t p) {
+      if (s.cap == 0) return;
+      const uint64_t g = (b.hash[p] >> 7) & (s.cap / kGroupWidth - 1);
+      __builtin_prefetch(s.slots + g * kGroupWidth);
+    };
+    auto candidate = [&](int64_t p) -> int64_t {
+      if (s.cap == 0) return -1;
+      const uint64_t h = b.hash[p];
+      const uint64_t g = (h >> 7) & (s.cap / kGroupWidth - 1);
+      const uint32_t m = SlotGroup(s.slots + g * kGroupWidth).Match(TagOf(h));
+      if (m == 0) return -1;
+      const uint32_t row = s.slots[g * kGroupWidth + LowestSlot(m)] & kRowMask;
+      const char* rec = s.slab + size_t{row} * rec_bytes_;
+      for (size_t off = 0; off < prefetch_bytes_; off += 64) __builtin_prefetch(rec + off);
+      __builtin_prefetch(rec + rec_bytes_ - 1);
+      return row;
+    };
+    for (int64_t p = lo; p < std::min(hi, lo + kFar); ++p) prefetch_index(p);
+    for (int64_t p = lo; p < std::min(hi, lo + kNear); ++p) {
+      cand[p & (kRing - 1)] = candidate(p);
+      pre(b.order[p]);
+    }
+    for (int64_t p = lo; p < hi; ++p) {
+      if (p + kFar < hi) prefetch_index(p + kFar);
+      if (p + kNear < hi) {
+        cand[(p + kNear) & (kRing - 1)] = candidate(p + kNear);
+        pre(b.order[p + kNear]);
+      }
+      const int64_t i = b.order[p];
+      int64_t row = cand[p & (kRing - 1)];
+      if (row < 0 || !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
+        row = FindRow(s, b.keys[i], b.hash[p]);
+      }
+      TF_RETURN_IF_ERROR(fn(i, b.hash[p], row));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<std::unique_lock<std::shared_mutex>> LockAll() {
+    std::vector<std::unique_lock<std::shared_mutex>> locks;
+    locks.reserve(num_shards_);
+    for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
+    return locks;
+  }
+
+  Status Upsert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values, bool accum) {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    const V* in = values.flat<V>().data();
+    const int64_t dim = cfg_.dim;
+    const uint32_t stamp = CurrentStamp();
+    return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      auto pre = [&](int64_t i) { PrefetchRow(in + i * dim, /*write=*/false); };
+      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
+        const V* src = in + i * dim;
+        if (row < 0) {
+          uint32_t r;
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
+          WriteRow(s, r, src, stamp, 1);
+        } else if (accum) {
+          V* dst = Vals(s, row);
+          for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<V>(dst[j] + src[j]);
+          SetMeta(s, row, stamp, BumpFreq(s, row));
+        } else {
+          WriteRow(s, row, src, stamp, BumpFreq(s, row));
+        }
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  // Inserts one row into a staging table (file loading); single-threaded.
+  Status PutOne(const KIn& key, const V* vals, uint32_t stamp, uint32_t freq) {
+    const uint64_t h = KO::Hash(key);
+    Shard& s = shards_[ShardOf(h)];
+    int64_t row = FindRow(s, key, h);
+    if (row < 0) {
+      uint32_t r;
+      TF_RETURN_IF_ERROR(InsertNew(s, key, h, &r));
+      row = r;
+    }
+    WriteRow(s, row, vals, stamp, freq);
+    return absl::OkStatus();
+  }
+
+  // -------------------------------------------------------------- index --
+
+  template <class Eq>
+  int64_t Probe(const Shard& s, uint64_t h, Eq&& eq) const {
+    if (s.cap == 0) return -1;
+    const uint64_t gmask = s.cap / kGroupWidth - 1;
+    const uint32_t tag = TagOf(h);
+    uint64_t g = (h >> 7) & gmask;
+    for (uint64_t step = 1;; ++step) {
+      const SlotGroup grp(s.slots + g * kGroupWidth);
+      for (uint32_t m = grp.Match(tag); m != 0; m &= m - 1) {
+        const size_t slot = g * kGroupWidth + LowestSlot(m);
+        if (eq(KeyAt(s, s.slots[slot] & kRowMask))) return static_cast<int64_t>(slot);
+      }
+      if (grp.MaskEmpty() != 0 || step > gmask) return -1;
+      g = (g + step) & gmask;
+    }
+  }
+  int64_t FindSlot(const Shard& s, const KIn& key, uint64_t h) const {
+    return Probe(s, h, [&](const KS& k) { return KO::Eq(k, key); });
+  }
+  int64_t FindSlotStored(const Shard& s, const KS& key, uint64_t h) const {
+    return Probe(s, h, [&](const KS& k) { return KO::EqStored(k, key); });
+  }
+  int64_t FindRow(const Shard& s, const KIn& key, uint64_t h) const {
+    const int64_t slot = FindSlot(s, key, h);
+    return slot < 0 ? int64_t{-1} : static_cast<int64_t>(s.slots[slot] & kRowMask);
+  }
+
+  static size_t FirstNonFull(const uint32_t* slots, size_t cap, uint64_t h) {
+    const uint64_t gmask = cap / kGroupWidth - 1;
+    uint64_t g = (h >> 7) & gmask;
+    for (uint64_t step = 1;; ++step) {
+      const uint32_t m = SlotGroup(slots + g * kGroupWidth).MaskEmptyOrDeleted();
+      if (m != 0) return g * kGroupWidth + LowestSlot(m);
+      g = (g + step) & gmask;
+    }
+  }
+
+  // Adds `key` (known absent) with a fresh row; values/meta are the caller's.
+  Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out) {
+    if (s.cap == 0) TF_RETURN_IF_ERROR(Rehash(s, kGroupWidth));
+    size_t slot = FirstNonFull(s.slots, s.cap, h);
+    if (s.growth_left == 0 && s.slots[slot] != kDeletedSlot) {
+      // Mostly tombstones: rebuild at the same size; otherwise double.
+      const size_t live = static_cast<size_t>(s.size.load(std::memory_order_relaxed));
+      TF_RETURN_IF_ERROR(Rehash(s, live * 4 <= s.cap * 3 ? s.cap : s.cap * 2));
+      slot = FirstNonFull(s.slots, s.cap, h);
+    }
+    uint32_t row;
+    TF_RETURN_IF_ERROR(AllocRow(s, &row));
+    try {
+      KO::Construct(s.slab + size_t{row} * rec_bytes_, key);
+    } catch (const std::bad_alloc&) {
+      s.free_rows.push_back(row);
+      return absl::ResourceExhaustedError("out of memory storing a key");
+    } catch (const std::exception& e) {
+      s.free_rows.push_back(row);
+      return absl::InvalidArgumentError(absl::StrCat("cannot store a key: ", e.what()));
+    }
+    if (s.slots[slot] == kEmptySlot) --s.growth_left;
+    s.slots[slot] = FullSlot(h, row);
+    s.size.fetch_add(1, std::memory_order_relaxed);
+    *row_out = row;
+    return absl::OkStatus();
+  }
+
+  void EraseSlot(Shard& s, int64_t slot) {
+    const uint32_t row = s.slots[slot] & kRowMask;
+    char* rec = s.slab + size_t{row} * rec_bytes_;
+    KO::Destroy(rec);
+    SetMeta(s, row, 0, 0);  // freq 0 marks the row free
+    s.free_rows.push_back(row);
+    // A group that still has an empty slot ends every probe that reaches it,
+    // so no probe continues past it and the slot may become empty again.
+    const size_t g = static_cast<size_t>(slot) / kGroupWidth * kGroupWidth;
+    if (SlotGroup(s.slots + g).MaskEmpty() != 0) {
+      s.slots[slot] = kEmptySlot;
+      ++s.growth_left;
+    } else {
+      s.slots[slot] = kDeletedSlot;
+    }
+    s.size.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  Status Rehash(Shard& s, size_t new_cap) {
+    uint32_t* nslots = static_cast<uint32_t*>(BigAlloc(new_cap * 4));
+    if (nslots == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard index to ", new_cap, " slots"));
+    }
+    std::memset(nslots, 0xFF, new_cap * 4);  // all kEmptySlot
+    // Rehashing reads every key (records are in random order), so keys are
+    // prefetched a few slots ahead to overlap their cache misses.
+    constexpr size_t kAhead = 16;
+    for (size_t i = 0; i < s.cap; ++i) {
+      if (i + kAhead < s.cap && s.slots[i + kAhead] < kDeletedSlot) {
+        __builtin_prefetch(s.slab + size_t{s.slots[i + kAhead] & kRowMask} * rec_bytes_);
+      }
+      if (s.slots[i] >= kDeletedSlot) continue;
+      const uint32_t row = s.slots[i] & kRowMask;
+      const uint64_t h = KO::HashStored(KeyAt(s, row));
+      nslots[FirstNonFull(nslots, new_cap, h)] = FullSlot(h, row);
+    }
+    BigFree(s.slots, s.cap * 4);
+    s.slots = nslots;
+    s.cap = new_cap;
+    s.growth_left = new_cap - new_cap / 8 - static_cast<size_t>(s.size.load(std::memory_order_relaxed));
+    return absl::OkStatus();
+  }
+
+  Status AllocRow(Shard& s, uint32_t* row) {
+    if (!s.free_rows.empty()) {
+      *row = s.free_rows.back();
+      s.free_rows.pop_back();
+      return absl::OkStatus();
+    }
+    if (s.high_water == s.slab_rows) {
+      if (s.slab_rows >= size_t{kRowMask} + 1) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "a table shard is full (2^", kRowBits, " rows); create the table with more num_shards"));
+      }
+      const size_t want = std::min<size_t>(size_t{kRowMask} + 1, std::max<size_t>(16, s.slab_rows * 2));
+      void* p = BigRealloc(s.slab, s.slab_rows * rec_bytes_, want * rec_bytes_);
+      if (p == nullptr) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard to ", want, " rows of ",
+                                                         rec_bytes_, " bytes"));
+      }
+      s.slab = static_cast<char*>(p);
+      s.slab_rows = want;
+    }
+    *row = s.high_water++;
+    return absl::OkStatus();
+  }
+
+  // Frees everything a shard owns.
+  void FreeShard(Shard* s) {
+    for (uint32_t row = 0; row < s->high_water; ++row) {
+      char* rec = s->slab + size_t{row} * rec_bytes_;
+      if (Freq(rec) != 0) KO::Destroy(rec);
+    }
+    BigFree(s->slab, s->slab_rows * rec_bytes_);
+    BigFree(s->slots, s->cap * 4);
+    s->slab = nullptr;
+    s->slab_rows = 0;
+    s->high_water = 0;
+    std::vector<uint32_t>().swap(s->free_rows);
+    s->slots = nullptr;
+    s->cap = 0;
+    s->growth_left = 0;
+    s->size.store(0, std::memory_order_relaxed);
+  }
+
+  // Empties a shard. With rows > 0, sizes its index for that many keys and
+  // reserves (virtual) row space; otherwise the index is made on first insert.
+  Status ResetShard(Shard* s, size_t rows) {
+    FreeShard(s);
+    if (rows == 0) return absl::OkStatus();
+    size_t cap = kGroupWidth;
+    while (cap - cap / 8 < rows) cap *= 2;
+    TF_RETURN_IF_ERROR(Rehash(*s, cap));
+    // Pages of the reservation cost no memory until rows are written.
+    void* p = BigAlloc(rows * rec_bytes_);
+    if (p != nullptr) {
+      s->slab = static_cast<char*>(p);
+      s->slab_rows = rows;
+    }
+    return absl::OkStatus();
+  }
+
+  static void SwapShard(Shard* a, Shard* b) {
+    std::swap(a->slots, b->slots);
+    std::swap(a->cap, b->cap);
+    std::swap(a->growth_left, b->growth_left);
+    const int64_t sa = a->size.load(), sb = b->size.load();
+    a->size.store(sb);
+    b->size.store(sa);
+    std::swap(a->slab, b->slab);
+    std::swap(a->slab_rows, b->slab_rows);
+    std::swap(a->high_water, b->high_water);
+    a->free_rows.swap(b->free_rows);
+  }
+
+  int shard_bits_ = 0;
+  int num_shards_ = 1;
+  std::unique_ptr<Shard[]> shards_;
+  size_t stamp_off_ = 0, freq_off_ = 0, val_off_ = 0, row_bytes_ = 0, rec_bytes_ = 0;
+  size_t init_rows_ = 0;
+  size_t prefetch_bytes_ = 0;  // leading record bytes worth prefetching
+
+  Status ExportAll(ExportSink* sink, int64_t* next) {
+    std::vector<std::shared_lock<std::shared_mutex>> locks;
+    locks.reserve(num_shards_);
+    for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
+    const int64_t n = Size();
+    Tensor *tk, *tv, *ts, *tf;
+    TF_RETURN_IF_ERROR(sink->Allocate(n, &tk, &tv, &ts, &tf));
+    auto ok = tk->flat<KIn>();
+    V* ov = tv->flat<V>().data();
+    int64_t* os = ts->flat<int64_t>().data();
+    int64_t* of = tf->flat<int64_t>().data();
+    int64_t i = 0;
+    for (int si = 0; si < num_shards_; ++si) {
+      const Shard& s = shards_[si];
+      for (uint32_t row = 0; row < s.high_water && i < n; ++row) {
+        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        const uint32_t f = Freq(rec);
+        if (f == 0) continue;
+        KO::Export(*reinterpret_cast<const KS*>(rec), &ok(i));
+        std::memcpy(ov + i * cfg_.dim, rec + val_off_, row_bytes_);
+        os[i] = Stamp(rec);
+        of[i] = f;
+        ++i;
+      }
+    }
+    *next = -1;
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace tfra_de
+
+#include "de_table_io.h"  // NOLINT: member definitions of Table
+
+#endif  // TFRA_DE_CC_OPS_DE_TABLE_IMPL_H_

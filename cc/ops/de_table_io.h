@@ -1,0 +1,109 @@
+// Table<K, V>::SaveToFile / LoadFromFile: per-shard streaming files in the
+// format of de_file.h. Included at the end of de_table_impl.h.
+#ifndef TFRA_DE_CC_OPS_DE_TABLE_IO_H_
+#define TFRA_DE_CC_OPS_DE_TABLE_IO_H_
+
+namespace tfra_de {
+
+template <class K, class V>
+Status Table<K, V>::SaveToFile(const std::string& path) {
+  TableFileWriter w;
+  FileHeader h;
+  h.key_dtype = cfg_.key_dtype;
+  h.value_dtype = cfg_.value_dtype;
+  h.dim = static_cast<uint64_t>(cfg_.dim);
+  TF_RETURN_IF_ERROR(w.Open(path, h));
+  uint64_t total = 0;
+  std::vector<std::pair<uint32_t, std::string>> blocks;
+  for (int si = 0; si < num_shards_; ++si) {
+    // Each shard is a consistent snapshot: it is serialised under its read
+    // lock (writers to other shards continue), then written unlocked.
+    blocks.clear();
+    {
+      const Shard& s = shards_[si];
+      std::shared_lock<std::shared_mutex> l(s.mu);
+      std::string buf;
+      uint32_t rows = 0;
+      for (uint32_t row = 0; row < s.high_water; ++row) {
+        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        if (Freq(rec) == 0) continue;
+        KO::Encode(*reinterpret_cast<const KS*>(rec), &buf);
+        buf.append(rec + stamp_off_, 8);  // stamp + freq
+        buf.append(rec + val_off_, row_bytes_);
+        if (++rows == UINT32_MAX || buf.size() >= kBlockTargetBytes) {
+          blocks.emplace_back(rows, std::move(buf));
+          buf.clear();
+          rows = 0;
+        }
+      }
+      if (rows > 0) blocks.emplace_back(rows, std::move(buf));
+    }
+    for (const auto& blk : blocks) {
+      TF_RETURN_IF_ERROR(w.WriteBlock(blk.first, blk.second));
+      total += blk.first;
+    }
+  }
+  return w.Finish(total);
+}
+
+template <class K, class V>
+Status Table<K, V>::LoadFromFile(const std::string& path, int64_t* loaded) {
+  TableFileReader r;
+  FileHeader h;
+  TF_RETURN_IF_ERROR(r.Open(path, &h));
+  if (h.key_dtype != static_cast<uint32_t>(cfg_.key_dtype) ||
+      h.value_dtype != static_cast<uint32_t>(cfg_.value_dtype) ||
+      h.dim != static_cast<uint64_t>(cfg_.dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load_from_file: '", path, "' holds ", TypeName(h.key_dtype), " keys -> ",
+        TypeName(h.value_dtype), "[", h.dim, "] rows, but the table is ",
+        tensorflow::DataTypeString(cfg_.key_dtype), " -> ",
+        tensorflow::DataTypeString(cfg_.value_dtype), "[", cfg_.dim, "]"));
+  }
+  // Everything is staged in a fresh table and swapped in only after the
+  // footer's row count checks out: a bad file never leaves a partial load.
+  std::unique_ptr<Table> staged(new Table(cfg_));
+  TF_RETURN_IF_ERROR(staged->Init());
+  std::string payload;
+  uint64_t count = 0, total = 0;
+  std::vector<V> row(cfg_.dim);
+  for (;;) {
+    uint32_t rows = 0;
+    bool at_end = false;
+    TF_RETURN_IF_ERROR(r.NextBlock(&rows, &payload, &at_end, &total));
+    if (at_end) break;
+    const char* p = payload.data();
+    const char* end = p + payload.size();
+    for (uint32_t j = 0; j < rows; ++j) {
+      KIn key;
+      if (!KO::Decode(&p, end, &key) || static_cast<size_t>(end - p) < 8 + row_bytes_) {
+        return absl::DataLossError(absl::StrCat("load_from_file: block in '", path,
+                                                "' ends inside row ", j, " of ", rows));
+      }
+      uint32_t meta[2];
+      std::memcpy(meta, p, 8);
+      std::memcpy(row.data(), p + 8, row_bytes_);
+      p += 8 + row_bytes_;
+      TF_RETURN_IF_ERROR(staged->PutOne(key, row.data(), meta[0], std::max<uint32_t>(1, meta[1])));
+    }
+    if (p != end) {
+      return absl::DataLossError(absl::StrCat("load_from_file: block in '", path, "' has ",
+                                              end - p, " bytes after its ", rows, " rows"));
+    }
+    count += rows;
+  }
+  if (count != total) {
+    return absl::DataLossError(absl::StrCat("load_from_file: '", path, "' footer says ", total,
+                                            " rows but its blocks hold ", count));
+  }
+  {
+    auto locks = LockAll();
+    for (int i = 0; i < num_shards_; ++i) SwapShard(&shards_[i], &staged->shards_[i]);
+  }
+  *loaded = Size();
+  return absl::OkStatus();  // `staged` now holds the old content and frees it here
+}
+
+}  // namespace tfra_de
+
+#endif  // TFRA_DE_CC_OPS_DE_TABLE_IO_H_

@@ -1,0 +1,396 @@
+"""Native table ops against a Python dict reference: every op, dtype, execution mode, bad input."""
+
+import gc
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import CPUS
+from tfra_dynamic_embedding.tables import native
+
+pytestmark = pytest.mark.skipif(not native.is_available(),
+                                reason=f"native op library not built: {native.load_error()}")
+
+KEY_DTYPES = [tf.int32, tf.int64, tf.string]
+VALUE_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
+
+
+def keys_of(key_dtype, ids):
+    ids = np.asarray(ids, np.int64)
+    if key_dtype == tf.string:
+        return tf.constant([f"key-{i}" for i in ids], tf.string, shape=[len(ids)])
+    return tf.constant(ids, key_dtype)
+
+
+def ids_of(keys):
+    keys = keys.numpy()
+    if keys.dtype == object:
+        return np.array([int(k.decode().split("-", 1)[1]) for k in keys], np.int64)
+    return keys.astype(np.int64)
+
+
+def to_np(t):
+    return tf.cast(t, tf.float64).numpy()
+
+
+def table(key_dtype=tf.int64, value_dtype=tf.float32, dim=3, **kw):
+    return native.NativeKVTable(key_dtype, value_dtype, dim, "t", **kw)
+
+
+def content(t):
+    keys, values = t.export()
+    return dict(zip(ids_of(keys).tolist(), map(tuple, to_np(values))))
+
+
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES)
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
+def test_every_op_matches_dict(key_dtype, value_dtype):
+    rng = np.random.default_rng(7)
+    dim = 5
+    t = table(key_dtype, value_dtype, dim, num_shards=4)
+    ref = {}
+    # Small integers are exact in every value dtype, so sums compare exactly.
+    for _ in range(6):
+        ids = rng.integers(0, 60, size=40)  # with duplicates: the last row wins
+        rows = rng.integers(-8, 9, size=(40, dim)).astype(np.float64)
+        t.insert(keys_of(key_dtype, ids), tf.constant(rows, value_dtype))
+        for i, r in zip(ids, rows):
+            ref[int(i)] = tuple(r)
+
+        ids = rng.integers(0, 80, size=30)  # duplicates sum; missing keys start from the delta
+        deltas = rng.integers(-3, 4, size=(30, dim)).astype(np.float64)
+        t.accum(keys_of(key_dtype, ids), tf.constant(deltas, value_dtype))
+        for i, d in zip(ids, deltas):
+            ref[int(i)] = tuple(np.asarray(ref.get(int(i), np.zeros(dim))) + d)
+
+        ids = rng.integers(0, 100, size=10)
+        removed = int(t.remove(keys_of(key_dtype, ids)))
+        assert removed == len({int(i) for i in ids} & set(ref))
+        for i in ids:
+            ref.pop(int(i), None)
+
+        assert int(t.size()) == len(ref)
+        probe = rng.integers(0, 100, size=50)
+        defaults = rng.integers(-9, 9, size=(50, dim)).astype(np.float64)
+        rows, exists = t.lookup_with_exists(keys_of(key_dtype, probe),
+                                            tf.constant(defaults, value_dtype))
+        want = np.array([ref.get(int(i), defaults[j]) for j, i in enumerate(probe)])
+        np.testing.assert_array_equal(to_np(rows), want)
+        np.testing.assert_array_equal(exists.numpy(), [int(i) in ref for i in probe])
+        one = t.lookup(keys_of(key_dtype, probe), tf.constant([-1.0] * dim, value_dtype))
+        want = np.array([ref.get(int(i), [-1.0] * dim) for i in probe])
+        np.testing.assert_array_equal(to_np(one), want)
+        assert content(t) == ref
+
+    # import_ replaces the content; clear empties it.
+    ids = np.arange(1000, 1020)
+    rows = np.arange(20 * dim, dtype=np.float64).reshape(20, dim) % 7
+    t.import_(keys_of(key_dtype, ids), tf.constant(rows, value_dtype))
+    assert content(t) == {int(i): tuple(r) for i, r in zip(ids, rows)}
+    t.clear()
+    assert int(t.size()) == 0
+    assert content(t) == {}
+    t.insert(keys_of(key_dtype, [3]), tf.ones([1, dim], value_dtype))  # usable after clear
+    assert content(t) == {3: (1.0,) * dim}
+
+
+def test_empty_batches():
+    t = table(dim=2)
+    empty = tf.zeros([0], tf.int64)
+    t.insert(empty, tf.zeros([0, 2]))
+    t.accum(empty, tf.zeros([0, 2]))
+    assert int(t.remove(empty)) == 0
+    rows, exists = t.lookup_with_exists(empty, tf.zeros([2]))
+    assert rows.shape == (0, 2) and exists.shape == (0,)
+    rows, exists = t.find_or_insert(empty, lambda n: tf.zeros(tf.stack([n, 2])))
+    assert rows.shape == (0, 2)
+    keys, values = t.export()
+    assert keys.shape == (0,) and values.shape == (0, 2)
+    assert int(t.size()) == 0
+
+
+def test_growth_with_removals_keeps_every_key():
+    # Many inserts and removals through index growth and tombstone rebuilds.
+    t = table(dim=2, num_shards=2)
+    ref = {}
+    rng = np.random.default_rng(1)
+    for step in range(12):
+        ids = rng.integers(0, 40000, size=8000)
+        t.insert(tf.constant(ids, tf.int64), tf.constant(np.stack([ids, ids + step], 1), tf.float32))
+        for i in ids:
+            ref[int(i)] = (float(i), float(i + step))
+        gone = rng.integers(0, 40000, size=6000)
+        t.remove(tf.constant(gone, tf.int64))
+        for i in gone:
+            ref.pop(int(i), None)
+    assert int(t.size()) == len(ref)
+    assert content(t) == ref
+    probe = np.arange(40000)
+    _, exists = t.lookup_with_exists(tf.constant(probe, tf.int64), tf.zeros([2]))
+    np.testing.assert_array_equal(exists.numpy(), [int(i) in ref for i in probe])
+
+
+def test_find_or_insert_draws_only_for_distinct_missing_keys():
+    t = table(dim=2)
+    t.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 1.0], [2.0, 2.0]]))
+    drawn = []
+
+    def make_rows(n):
+        drawn.append(int(n))
+        return tf.reshape(tf.range(2 * n, dtype=tf.float32) + 10.0, tf.stack([n, 2]))
+
+    rows, exists = t.find_or_insert(tf.constant([1, 5, 2, 6, 5, 6, 6], tf.int64), make_rows)
+    assert drawn == [2]  # keys 5 and 6, each once
+    np.testing.assert_array_equal(exists.numpy(), [1, 0, 1, 0, 0, 0, 0])
+    r = rows.numpy()
+    np.testing.assert_array_equal(r[[0, 2]], [[1, 1], [2, 2]])
+    np.testing.assert_array_equal(r[1], r[4])  # a repeated missing key gets one row
+    np.testing.assert_array_equal(r[3], r[5])
+    assert sorted(map(tuple, r[[1, 3]])) == [(10.0, 11.0), (12.0, 13.0)]
+    assert content(t) == {1: (1, 1), 2: (2, 2), 5: tuple(r[1]), 6: tuple(r[3])}
+    drawn.clear()
+    rows2, exists2 = t.find_or_insert(tf.constant([5, 6], tf.int64), make_rows)
+    assert drawn == [0] and exists2.numpy().all()
+    np.testing.assert_array_equal(rows2.numpy(), r[[1, 3]])
+
+
+def test_fused_find_or_insert_reports_state_before_the_op():
+    t = table(dim=2)
+    t.insert(tf.constant([1], tf.int64), tf.ones([1, 2]))
+    init = native.NativeInitializer("uniform", 0.0, 1.0, seed=5)
+    rows, exists = t.find_or_insert(tf.constant([5, 1, 5, 6], tf.int64), init)
+    np.testing.assert_array_equal(exists.numpy(), [False, True, False, False])
+    r = rows.numpy()
+    np.testing.assert_array_equal(r[0], r[2])
+    np.testing.assert_array_equal(r[1], [1, 1])
+    assert int(t.size()) == 3
+
+
+def test_lookup_or_init_never_inserts():
+    t = table(dim=2)
+    t.insert(tf.constant([1], tf.int64), tf.constant([[5.0, 5.0]]))
+    rows, exists = t.lookup_or_init(tf.constant([1, 4, 4], tf.int64),
+                                    lambda n: tf.fill(tf.stack([n, 2]), 7.0))
+    np.testing.assert_array_equal(rows.numpy(), [[5, 5], [7, 7], [7, 7]])
+    np.testing.assert_array_equal(exists.numpy(), [True, False, False])
+    assert int(t.size()) == 1
+
+
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
+def test_native_initializers(value_dtype):
+    n, dim = 4000, 16
+    keys = tf.range(n, dtype=tf.int64)
+    cases = {
+        "constant": (native.NativeInitializer("constant", 0.5), None),
+        "uniform": (native.NativeInitializer("uniform", -2.0, 1.0, seed=3), (-0.5, np.sqrt(0.75))),
+        "normal": (native.NativeInitializer("normal", 1.0, 0.5, seed=3), (1.0, 0.5)),
+        "truncated": (native.NativeInitializer("truncated_normal", 0.0, 2.0, seed=3), (0.0, 1.76)),
+    }
+    for name, (init, moments) in cases.items():
+        t = table(tf.int64, value_dtype, dim)
+        peek, exists = t.lookup_or_init(keys, init)
+        assert not exists.numpy().any() and int(t.size()) == 0, name
+        rows, exists = t.find_or_insert(keys, init)
+        assert not exists.numpy().any() and int(t.size()) == n, name
+        # The initial row is a function of (seed, key): peeking and inserting agree.
+        np.testing.assert_array_equal(to_np(peek), to_np(rows), err_msg=name)
+        r = to_np(rows)
+        if moments is None:
+            np.testing.assert_array_equal(r, 0.5)
+            continue
+        mean, std = moments
+        assert abs(r.mean() - mean) < 0.03 and abs(r.std() - std) < 0.03, (name, r.mean(), r.std())
+        # Rows differ across keys and within a row (16-bit floats have few distinct values).
+        wide = value_dtype.size >= 4
+        assert len(np.unique(r[:, 0])) > (n * 0.9 if wide else 100)
+        assert len(np.unique(r[0])) >= (dim if wide else dim // 2)
+        if name == "uniform":
+            assert r.min() >= -2.0 and r.max() <= 1.0
+        if name == "truncated":
+            assert np.abs(r).max() <= 4.0 + 0.02
+    a = table().lookup_or_init(keys[:50], native.NativeInitializer("normal", 0, 1, seed=1))[0]
+    b = table().lookup_or_init(keys[:50], native.NativeInitializer("normal", 0, 1, seed=2))[0]
+    assert not np.allclose(a.numpy(), b.numpy())
+
+
+def test_native_initializer_conversion():
+    conv = native.native_initializer
+    assert conv(None, 4).kind == "constant" and conv(None, 4).a == 0.0
+    assert conv(2.5, 4).a == 2.5
+    assert conv(tf.zeros_initializer(), 4).a == 0.0
+    assert conv(tf.ones_initializer(), 4).a == 1.0
+    assert conv(tf.constant_initializer(3.0), 4).a == 3.0
+    assert conv(tf.constant_initializer([1.0, 2.0]), 4) is None
+    i = conv(tf.random_normal_initializer(0.5, 0.1, seed=9), 4)
+    assert (i.kind, i.a, i.seed) == ("normal", 0.5, 9) and abs(i.b - 0.1) < 1e-7
+    i = conv(tf.keras.initializers.TruncatedNormal(0.0, 0.2), 4)
+    assert i.kind == "truncated_normal" and abs(i.b - 0.2) < 1e-7
+    i = conv(tf.random_uniform_initializer(-1.0, 3.0), 4)
+    assert (i.kind, i.a, i.b) == ("uniform", -1.0, 3.0)
+    assert conv("zeros", 4).a == 0.0
+    assert conv(tf.keras.initializers.GlorotUniform(), 4) is None
+    # Used by another backend it draws with TF ops.
+    rows = conv(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16)(tf.constant(6))
+    assert rows.shape == (6, 4) and rows.dtype == tf.float16
+    with pytest.raises(ValueError, match="kind"):
+        native.NativeInitializer("gamma")
+
+
+def test_tf_function_and_v1_graph():
+    t = table(tf.string, tf.float64, 2)
+    init = native.NativeInitializer("constant", 1.0)
+
+    @tf.function
+    def step(keys):
+        rows, _ = t.find_or_insert(keys, init)
+        t.accum(keys, tf.ones_like(rows))
+        return t.lookup(keys, tf.zeros([2], tf.float64))
+
+    np.testing.assert_array_equal(step(tf.constant(["a", "b"])).numpy(), [[2, 2], [2, 2]])
+    np.testing.assert_array_equal(step(tf.constant(["a", "c"])).numpy(), [[3, 3], [2, 2]])
+    assert int(t.size()) == 3
+
+    with tf.Graph().as_default():
+        g = native.NativeKVTable(tf.int32, tf.bfloat16, 2, "graph_table")
+        keys = tf.compat.v1.placeholder(tf.int32, [None])
+        rows, _ = g.find_or_insert(keys, lambda n: tf.fill(tf.stack([n, 2]), tf.constant(4.0, tf.bfloat16)))
+        with tf.control_dependencies([rows]):
+            acc = g.accum(keys, tf.ones(tf.stack([tf.size(keys), 2]), tf.bfloat16))
+        with tf.control_dependencies([acc]):
+            out = g.lookup(keys, tf.zeros([2], tf.bfloat16))
+        size = g.size()
+        with tf.compat.v1.Session() as sess:
+            got = sess.run(out, {keys: [1, 2]})
+            np.testing.assert_array_equal(got.astype(np.float64), [[5, 5], [5, 5]])
+            got = sess.run(out, {keys: [1]})  # the table lives across runs of the session
+            np.testing.assert_array_equal(got.astype(np.float64), [[6, 6]])
+            assert sess.run(size) == 2
+
+
+def test_placement_and_shared_names():
+    t = native.NativeKVTable(tf.int64, tf.float32, 2, "placed", device=CPUS[2])
+    assert t.resource_handle.device.endswith("CPU:2")
+    t.insert(tf.constant([1], tf.int64), tf.ones([1, 2]))
+    # Two objects with one shared name on one device address one table ...
+    a = native.NativeKVTable(tf.int64, tf.float32, 2, "s", device=CPUS[1], shared_name="shared_x")
+    b = native.NativeKVTable(tf.int64, tf.float32, 2, "s", device=CPUS[1], shared_name="shared_x")
+    a.insert(tf.constant([7], tf.int64), tf.ones([1, 2]))
+    assert int(b.size()) == 1
+    # ... and a different dim under that name is refused.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="shared_name 'shared_x'"):
+        native.NativeKVTable(tf.int64, tf.float32, 3, "s", device=CPUS[1], shared_name="shared_x")
+
+
+def test_eager_table_is_destroyed_with_its_object():
+    t = table()
+    t.insert(tf.constant([1], tf.int64), tf.ones([1, 3]))
+    handle = t.resource_handle
+    gen = native._ops()  # pylint: disable=protected-access
+    assert int(gen.tfra_de_size(handle)) == 1
+    del t
+    gc.collect()
+    with pytest.raises(tf.errors.NotFoundError):
+        gen.tfra_de_size(handle)
+
+
+def test_metadata_stamps_freqs_and_evict():
+    t = table(dim=1)
+    t.set_step(10)
+    t.insert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 1]))
+    t.set_step(20)
+    t.accum(tf.constant([2, 2, 4], tf.int64), tf.ones([3, 1]))
+    t.find_or_insert(tf.constant([3, 5], tf.int64), native.NativeInitializer("constant", 0.0))
+    keys, values, stamps, freqs = t.export_with_meta()
+    meta = {int(k): (int(s), int(f)) for k, s, f in zip(keys.numpy(), stamps.numpy(), freqs.numpy())}
+    # Writes bump freq and restamp; find_or_insert of an existing key reads only.
+    assert meta == {1: (10, 1), 2: (20, 3), 3: (10, 1), 4: (20, 1), 5: (20, 1)}
+    assert dict(zip(keys.numpy().tolist(), values.numpy()[:, 0])) == {1: 1, 2: 3, 3: 1, 4: 1, 5: 0}
+    # Metadata travels through import and is used by evict.
+    u = table(dim=1)
+    u.import_with_meta(keys, values, stamps, freqs)
+    assert int(u.evict(min_stamp=15)) == 2      # keys 1, 3
+    assert int(u.evict(min_freq=2)) == 2        # keys 4, 5
+    assert content(u) == {2: (3.0,)}
+    t.set_step(-1)  # back to wall-clock seconds
+    t.insert(tf.constant([9], tf.int64), tf.ones([1, 1]))
+    _, _, stamps, _ = t.export_with_meta()
+    assert stamps.numpy().max() > 1_600_000_000
+
+
+def test_import_without_clear_extends():
+    t = table(dim=1)
+    t.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0], [2.0]]))
+    t.import_with_meta(tf.constant([2, 3], tf.int64), tf.constant([[5.0], [6.0]]), clear=False)
+    assert content(t) == {1: (1.0,), 2: (5.0,), 3: (6.0,)}
+
+
+def test_export_chunks_cover_table_once():
+    t = table(tf.string, tf.float32, 2, num_shards=8)
+    ids = np.arange(1000)
+    t.insert(keys_of(tf.string, ids), tf.constant(np.stack([ids, -ids], 1), tf.float32))
+    seen = []
+    for keys, values, stamps, freqs in t.export_chunks(97):
+        assert 0 < keys.shape[0] <= 97 and values.shape == (keys.shape[0], 2)
+        assert stamps.shape == freqs.shape == keys.shape
+        k = ids_of(keys)
+        np.testing.assert_array_equal(values.numpy()[:, 0], k)
+        seen.extend(k.tolist())
+    assert sorted(seen) == ids.tolist()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cursor"):
+        t.export_chunk(tf.constant(99 << 32, tf.int64), 10)
+
+
+def test_bad_input_is_an_error_not_a_crash():
+    t = table(dim=3)
+    gen = native._ops()  # pylint: disable=protected-access
+    h = t.resource_handle
+    with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be a 1-D"):
+        gen.tfra_de_insert(h, tf.zeros([2, 2], tf.int64), tf.zeros([2, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"values must have shape \[2, 3\]"):
+        t.insert(tf.constant([1, 2], tf.int64), tf.zeros([2, 4]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"deltas must have shape \[2, 3\]"):
+        t.accum(tf.constant([1, 2], tf.int64), tf.zeros([3, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="default_values must have shape"):
+        t.lookup(tf.constant([1, 2], tf.int64), tf.zeros([3, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="default_values must have shape"):
+        t.lookup(tf.constant([1, 2], tf.int64), tf.zeros([2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="op built for"):
+        gen.tfra_de_find(h, tf.constant([1], tf.int32), tf.zeros([3]), dim=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="op built for"):
+        gen.tfra_de_find(h, tf.constant([1], tf.int64), tf.zeros([4]), dim=4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="stamps must have shape"):
+        t.import_with_meta(tf.constant([1], tf.int64), tf.zeros([1, 3]), stamps=[1, 2])
+    with pytest.raises(TypeError, match="keys must be int64"):
+        t.insert(tf.constant(["a"]), tf.zeros([1, 3]))
+    with pytest.raises(TypeError, match="key_dtype"):
+        table(tf.float32)
+    with pytest.raises(TypeError, match="value_dtype"):
+        table(tf.int64, tf.int32)
+    with pytest.raises(ValueError, match="dim must be >= 1; got 0"):
+        table(dim=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dim must be in"):
+        gen.tfra_de_table(key_dtype=tf.int64, value_dtype=tf.float32, dim=1 << 30,
+                          shared_name="too_wide")
+    assert int(t.size()) == 0  # nothing was half-applied
+
+
+def test_saved_model_round_trip(tmp_path):
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = table(tf.int64, tf.float32, 2)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def serve(self, keys):
+            return self.table.lookup(keys, tf.fill([2], -1.0))
+
+    m = Model()
+    m.table.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+    tf.saved_model.save(m, str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    # The table is recreated empty (the Variable, not the table, checkpoints rows).
+    np.testing.assert_array_equal(loaded.serve(tf.constant([1, 9], tf.int64)).numpy(),
+                                  [[-1, -1], [-1, -1]])
+    np.testing.assert_array_equal(m.serve(tf.constant([1, 9], tf.int64)).numpy(),
+                                  [[1, 2], [-1, -1]])
