@@ -256,3 +256,21 @@ def test_placement_scope_chooses_devices():
         placed = de.get_variable("placed", dim=2)
         other = de.get_variable("not_placed", dim=2, devices=[CPUS[3]])
     assert placed.devices == CPUS[1:3] and other.devices == [CPUS[3]]
+
+
+def test_initializer_is_called_for_exactly_the_missing_keys(kv_creator):
+    shapes = []
+
+    def recording_initializer(shape, dtype=None):
+        shapes.append([int(d) for d in shape])
+        return tf.random.normal(shape, dtype=dtype)
+
+    w = de.Variable(dim=3, initializer=recording_initializer, devices=CPUS[:2],
+                    kv_creator=kv_creator)
+    w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 3]))
+    rows, exists = w.lookup(tf.constant([1, 5, 5, 6, 2, 8], tf.int64), return_exists=True)
+    np.testing.assert_array_equal(exists.numpy(), [True, False, False, False, True, False])
+    # ids 5, 6, 8 are missing: keys mod 2 puts 6 and 8 on shard 0 and 5 on shard 1
+    assert sorted(shapes) == [[1, 3], [2, 3]]
+    np.testing.assert_array_equal(rows.numpy()[1], rows.numpy()[2])  # one key, one draw
+    np.testing.assert_array_equal(rows.numpy()[[0, 4]], np.ones([2, 3]))

@@ -1,7 +1,8 @@
 """Turns the `initializer` argument of `de.Variable` into a function that makes fresh rows.
 
 `make_rows(n)` returns an `[n, dim]` tensor with one independent draw per row, for a dynamic
-`n`, so that every missing key gets its own initial row.
+`n`, so that every missing key gets its own initial row. Lookups call it for exactly the missing
+keys, unless `is_constant(make_rows)` (every row equal), when any number of rows will do.
 
 Example:
     make_rows = rows_maker(tf.random_normal_initializer(0.0, 0.01), dim=8, dtype=tf.float32)
@@ -33,18 +34,20 @@ def rows_maker(initializer, dim, dtype):
     """
     dtype = tf.as_dtype(dtype)
     if initializer is None:
-        return lambda n: tf.zeros(tf.stack([n, dim]), dtype)
+        return _constant_rows(lambda n: tf.zeros(tf.stack([n, dim]), dtype))
     # Constants are made inside make_rows, in the graph that calls it: a tensor made here could
     # belong to a tf.function trace and be out of scope in the next one.
     if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
-        return lambda n: tf.fill(tf.stack([n, dim]), tf.constant(initializer, dtype))
+        return _constant_rows(
+            lambda n: tf.fill(tf.stack([n, dim]), tf.constant(initializer, dtype)))
     if isinstance(initializer, (np.ndarray, list, tuple, tf.Tensor)):
         row = np.asarray(initializer)
         if row.shape != (dim,):
             raise ValueError(
                 f"initializer must have shape [dim] = [{dim}] when given as an array; "
                 f"got shape {list(row.shape)}")
-        return lambda n: tf.tile(tf.constant(row[np.newaxis, :], dtype), tf.stack([n, 1]))
+        return _constant_rows(
+            lambda n: tf.tile(tf.constant(row[np.newaxis, :], dtype), tf.stack([n, 1])))
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
         initializer = tf.keras.initializers.get(initializer)
     if not callable(initializer):
@@ -67,3 +70,14 @@ def rows_maker(initializer, dim, dtype):
         return tf.cast(rows, dtype)
 
     return make_rows
+
+
+def _constant_rows(make_rows):
+    """Marks a row maker whose rows are all equal, so a caller may draw rows for every key."""
+    make_rows.is_constant = True
+    return make_rows
+
+
+def is_constant(make_rows):
+    """Whether `make_rows` (from `rows_maker`) gives the same row for every key."""
+    return getattr(make_rows, "is_constant", False)

@@ -182,10 +182,14 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             flat = tf.reshape(keys, [-1])
 
             def shard_lookup(table, shard_keys):
-                defaults = self._make_rows(tf.size(shard_keys))
-                if return_exists:
-                    return table.lookup_with_exists(shard_keys, defaults)
-                return table.lookup(shard_keys, defaults), None
+                if initializers.is_constant(self._make_rows):  # one find, defaults for all
+                    defaults = self._make_rows(tf.size(shard_keys))
+                    if return_exists:
+                        return table.lookup_with_exists(shard_keys, defaults)
+                    return table.lookup(shard_keys, defaults), None
+                # Random initializers draw for exactly the missing keys.
+                rows, exists = table.lookup_or_init(shard_keys, self._make_rows)
+                return rows, exists if return_exists else None
 
             rows, exists = self._map_shards(flat, shard_lookup)
             rows = self._unflatten(rows, keys)
