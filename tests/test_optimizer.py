@@ -64,9 +64,10 @@ def _dedup(grad):
 class _Pair:
     """A de model and its dense twin: embedding -> dot with a dense weight -> squared error."""
 
-    def __init__(self, family, name, vocab, init=0.1, devices=None):
+    def __init__(self, family, name, vocab, init=0.1, devices=None, kv_creator=None):
         self.family = family
-        self.emb = de.Variable(dim=DIM, devices=devices or CPUS[:2], initializer=init)
+        self.emb = de.Variable(dim=DIM, devices=devices or CPUS[:2], initializer=init,
+                               kv_creator=kv_creator)
         self.dense = tf.Variable(tf.fill([vocab, DIM], init))
         self.w = tf.Variable(tf.linspace(0.5, 1.0, DIM)[:, None])
         self.w_ref = tf.Variable(self.w)
@@ -100,8 +101,8 @@ class _Pair:
 
 
 @pytest.mark.parametrize("family, name", ALL)
-def test_eager_training_equals_dense(family, name):
-    pair = _Pair(family, name, vocab=10)
+def test_eager_training_equals_dense(kv_creator, family, name):
+    pair = _Pair(family, name, vocab=10, kv_creator=kv_creator)
     batches = _same_set_batches(np.random.default_rng(0), steps=4)
     for ids in batches:
         pair.step(ids)
@@ -110,9 +111,9 @@ def test_eager_training_equals_dense(family, name):
 
 
 @pytest.mark.parametrize("family, name", sorted(ROW_LOCAL))
-def test_row_local_optimizers_equal_dense_on_any_batches(family, name):
+def test_row_local_optimizers_equal_dense_on_any_batches(kv_creator, family, name):
     rng = np.random.default_rng(1)
-    pair = _Pair(family, name, vocab=40)
+    pair = _Pair(family, name, vocab=40, kv_creator=kv_creator)
     batches = [rng.integers(0, 40, size=12) for _ in range(5)]
     for ids in batches:
         pair.step(ids)
@@ -131,10 +132,11 @@ def test_adam_is_lazy_rows_outside_the_batch_keep_their_values():
 
 
 @pytest.mark.parametrize("name", sorted(V1))
-def test_v1_graph_minimize_equals_dense(name):
+def test_v1_graph_minimize_equals_dense(kv_creator, name):
     batches = _same_set_batches(np.random.default_rng(2), steps=3)
     with tf.Graph().as_default():
-        emb = de.get_variable("emb", dim=DIM, devices=CPUS[:2], initializer=0.1)
+        emb = de.get_variable("emb", dim=DIM, devices=CPUS[:2], initializer=0.1,
+                              kv_creator=kv_creator)
         dense = tf.compat.v1.get_variable("dense", initializer=tf.fill([10, DIM], 0.1))
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         y = tf.cast(ids % 3, tf.float32)[:, None] - 1.0
@@ -143,7 +145,7 @@ def test_v1_graph_minimize_equals_dense(name):
         loss = tf.reduce_mean((de.embedding_lookup(emb, ids) @ w - y) ** 2)
         loss_ref = tf.reduce_mean((tf.nn.embedding_lookup(dense, ids) @ w_ref - y) ** 2)
         opt = de.DynamicEmbeddingOptimizer(V1[name]())
-        train = opt.minimize(loss, var_list=None if name != "sgd" else None)
+        train = opt.minimize(loss)
         train_ref = V1[name]().minimize(loss_ref, var_list=[dense, w_ref])
         lookup = emb.lookup(tf.range(10, dtype=tf.int64))
         with tf.compat.v1.Session() as sess:
@@ -177,8 +179,8 @@ def test_only_the_optimizer_creates_rows():
                                start - [[2.0] * DIM, [1.0] * DIM], rtol=1e-6)
 
 
-def test_tf_function_training_step():
-    emb = de.Variable(dim=DIM, devices=CPUS[:2], initializer=0.1)
+def test_tf_function_training_step(kv_creator):
+    emb = de.Variable(dim=DIM, devices=CPUS[:2], initializer=0.1, kv_creator=kv_creator)
     dense = tf.Variable(tf.fill([10, DIM], 0.1))
     opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.1))
     ref = tf.keras.optimizers.Adagrad(0.1)

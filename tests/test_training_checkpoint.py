@@ -18,9 +18,10 @@ BATCHES = [np.random.default_rng(i).integers(0, 30, size=12) for i in range(6)]
 
 
 class _Model(tf.Module):
-    def __init__(self, opt_name, devices):
+    def __init__(self, opt_name, devices, kv_creator):
         super().__init__()
-        self.emb = de.Variable(dim=DIM, devices=devices, initializer=0.2, name="emb")
+        self.emb = de.Variable(dim=DIM, devices=devices, initializer=0.2, name="emb",
+                               kv_creator=kv_creator)
         self.w = tf.Variable(tf.linspace(0.5, 1.5, DIM)[:, None])
         self.opt = de.DynamicEmbeddingOptimizer(OPTIMIZERS[opt_name]())
 
@@ -60,17 +61,17 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_tf2_checkpoint_resume_equals_uninterrupted(tmp_path, opt_name):
-    straight = _Model(opt_name, CPUS[:2])
+def test_tf2_checkpoint_resume_equals_uninterrupted(kv_creator, tmp_path, opt_name):
+    straight = _Model(opt_name, CPUS[:2], kv_creator)
     for ids in BATCHES:
         straight.step(ids)
 
-    first = _Model(opt_name, CPUS[:2])
+    first = _Model(opt_name, CPUS[:2], kv_creator)
     for ids in BATCHES[:3]:
         first.step(ids)
     path = tf.train.Checkpoint(model=first).save(str(tmp_path / "ckpt"))
 
-    resumed = _Model(opt_name, CPUS[:3])  # a different shard count re-partitions on restore
+    resumed = _Model(opt_name, CPUS[:3], kv_creator)  # other shard count: re-partitioned
     status = tf.train.Checkpoint(model=resumed).restore(path)
     for ids in BATCHES[3:]:
         resumed.step(ids)  # slot tables appear at the first step and restore then
@@ -78,11 +79,12 @@ def test_tf2_checkpoint_resume_equals_uninterrupted(tmp_path, opt_name):
     _assert_same(straight.state(), resumed.state())
 
 
-def test_v1_saver_resume_equals_uninterrupted(tmp_path):
+def test_v1_saver_resume_equals_uninterrupted(kv_creator, tmp_path):
     prefix = str(tmp_path / "model.ckpt")
 
     def build():
-        emb = de.get_variable("emb", dim=DIM, devices=CPUS[:2], initializer=0.2)
+        emb = de.get_variable("emb", dim=DIM, devices=CPUS[:2], initializer=0.2,
+                              kv_creator=kv_creator)
         w = tf.compat.v1.get_variable("w", initializer=tf.linspace(0.5, 1.5, DIM)[:, None])
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         rows = de.embedding_lookup(emb, ids)

@@ -184,3 +184,20 @@ def test_tf_keras_variant_trains_and_saves(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, timeout=600, check=False)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Ftrl",
+                                       "Adamax", "Nadam", "Lion"])
+def test_fit_with_every_keras3_optimizer(optimizer):
+    ids, labels = _ctr_data(512, seed=2)
+    layer = de.keras.layers.Embedding(4, name="emb")
+    model = _model(layer)
+    learning_rate = 0.005 if optimizer == "Lion" else 0.05
+    opt = getattr(tf.keras.optimizers, optimizer)(learning_rate)
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(opt), loss="binary_crossentropy")
+    before = model.evaluate(ids, labels, verbose=0)
+    model.fit(ids, labels, batch_size=64, epochs=3, verbose=0)
+    assert model.evaluate(ids, labels, verbose=0) < before
+    assert int(layer.params.size()) == len(np.unique(ids))
+    slots = layer.params.get_slot_variables(model.optimizer)
+    assert all(int(s.size()) == len(np.unique(ids)) for s in slots)
