@@ -658,7 +658,7 @@ class Table : public TableBase {
       TF_RETURN_IF_ERROR(Rehash(s, live * 4 <= s.cap * 3 ? s.cap : s.cap * 2));
       slot = FirstNonFull(s.slots, s.cap, h);
     }
-    uint32_t row;
+    uint32_t row = 0;  // set by AllocRow (initialized to quiet -Wmaybe-uninitialized)
     TF_RETURN_IF_ERROR(AllocRow(s, &row));
     try {
       KO::Construct(s.slab + size_t{row} * rec_bytes_, key);
