@@ -202,7 +202,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def find_or_insert(self, keys, name=None):
         """Rows for `keys`, inserting initializer rows for missing keys; returns (rows, exists).
 
-        Only the missing keys draw from the initializer. Used by optimizers to create rows.
+        Only the missing keys draw from the initializer, e.g. to warm a table before serving.
+        (Training inserts through the optimizer's write-back instead.)
         """
         keys = self._keys_tensor(keys)
         with tf.name_scope(name or scope_name(self._name + "_find_or_insert")):
