@@ -102,7 +102,8 @@ setup(
     package_data={
         # Shipped data (e.g. pretrained placement models). The op library is added by BuildOps.
         "tfra_dynamic_embedding": [
-            "**/*.json", "**/*.npz", "**/*.npy", "**/*.csv", "**/*.txt", "**/*.keras", "**/*.h5",
+            "**/*.json", "**/*.jsonl", "**/*.npz", "**/*.npy", "**/*.csv", "**/*.txt",
+            "**/*.keras", "**/*.h5",
         ],
     },
     install_requires=["numpy", "absl-py"],
