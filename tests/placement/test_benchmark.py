@@ -1,0 +1,215 @@
+"""Kernel micro-benchmarks: the protocol, the tf_cpu backend, collection and the estimator."""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tfra_dynamic_embedding.placement import benchmark, evaluate
+from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu, torch_cuda
+from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+from tfra_dynamic_embedding.placement.features import NUM_FEATURES
+
+DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data", "cpu_shards.jsonl")
+
+
+# -- protocol ------------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_measure_warms_up_flushes_and_trims():
+    clock = FakeClock()
+    calls = {"a": 0, "b": 0, "flush": 0, "sync": 0}
+    durations = {"a": iter([9.0, 9.0, 0.001, 0.005, 0.002, 0.004, 0.003]),   # 2 warm-ups first
+                 "b": iter([9.0, 9.0, 0.010, 0.050, 0.020, 0.030, 0.100])}
+
+    def stage(name):
+        def run():
+            calls[name] += 1
+            clock.now += next(durations[name])
+        return run
+
+    def flush():
+        calls["flush"] += 1
+
+    def sync():
+        calls["sync"] += 1
+
+    out = protocol.measure({"a": stage("a"), "b": stage("b")}, warmup=2, repeat=5, flush=flush,
+                           clock=clock, sync=sync)
+    assert calls["a"] == calls["b"] == 7
+    assert calls["flush"] == 10            # one per timed call, none in warm-up
+    assert calls["sync"] == 2 + 2 * 10     # after each warm-up round, around each timed call
+    assert out["a"] == pytest.approx(3.0)  # ms of 2, 3, 4 (1 and 5 dropped)
+    assert out["b"] == pytest.approx(100 / 3)  # ms of 20, 30, 50 (10 and 100 dropped)
+    assert out["raw"]["a"] == pytest.approx([1.0, 5.0, 2.0, 4.0, 3.0])
+
+
+def test_trimmed_mean_and_errors():
+    assert protocol.trimmed_mean([5, 1, 100, 3]) == 4.0
+    assert protocol.trimmed_mean([2, 4]) == 3.0
+    with pytest.raises(ValueError, match="at least one"):
+        protocol.trimmed_mean([])
+    with pytest.raises(ValueError, match="repeat"):
+        protocol.measure({"a": lambda: None}, repeat=0)
+    assert protocol.split_stages(2.0, 5.0) == (2.0, 3.0, 5.0)
+    assert protocol.split_stages(2.0, 1.5) == (2.0, 0.0, 2.0)
+
+
+def test_llc_size_from_sys_and_fallback(tmp_path):
+    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"),
+                                             (2, "Unified", "1024K"), (3, "Unified", "16384K")]):
+        entry = tmp_path / f"index{i}"
+        entry.mkdir()
+        (entry / "level").write_text(f"{level}\n")
+        (entry / "type").write_text(f"{kind}\n")
+        (entry / "size").write_text(f"{size}\n")
+    assert protocol.llc_bytes(str(tmp_path)) == 16 * 2 ** 20
+    assert protocol.llc_bytes(str(tmp_path / "missing")) > 0   # lscpu or 64 MiB
+    flusher = protocol.CacheFlusher(size_bytes=1024)
+    flusher()
+    assert flusher.calls == 1 and flusher.buffer.nbytes == 2048 and flusher.buffer[0] == 1
+
+
+def test_bag_bookkeeping():
+    offsets = np.array([0, 2, 2, 5])
+    np.testing.assert_array_equal(protocol.bag_rows(offsets), [0, 0, 2, 2, 2])
+    np.testing.assert_array_equal(protocol.bag_positions(offsets), [0, 1, 0, 1, 2])
+    ix, off = protocol.slice_batch([4, 5, 6, 7, 8], offsets, 0, 2)
+    np.testing.assert_array_equal(ix, [4, 6, 8])
+    np.testing.assert_array_equal(off, [0, 1, 1, 3])
+
+
+# -- tf_cpu ----------------------------------------------------------------------------------------
+TINY = [TableSpec("a", rows=50, dim=4, pooling_factor=3.0),
+        TableSpec("b", rows=20, dim=8, pooling_factor=1.0)]
+
+
+def test_tf_cpu_is_deterministic_given_a_seed():
+    runs = [tf_cpu.benchmark_shard(TINY, batch_size=16, seed=seed, warmup=1, repeat=3,
+                                   flush=False, return_kernels=True) for seed in (3, 3, 4)]
+    states = [r["kernels"].table_state() for r in runs]
+    for k in range(len(TINY)):
+        np.testing.assert_array_equal(states[0][k][0], states[1][k][0])
+        np.testing.assert_array_equal(states[0][k][1], states[1][k][1])
+        assert len(states[0][k][0]) > 0
+    assert not np.array_equal(states[0][0][1], states[2][0][1])  # another seed, other values
+    first = runs[0]
+    assert first["lookups"] == runs[1]["lookups"] > 0
+    assert first["total_ms"] == pytest.approx(first["forward_ms"] + first["backward_ms"])
+    assert first["forward_ms"] > 0 and first["backward_ms"] >= 0
+    assert tf_cpu.shard_key(TINY, 16) == tf_cpu.shard_key(list(reversed(TINY)), 16)
+    assert tf_cpu.shard_key(TINY, 16) != tf_cpu.shard_key(TINY, 32)
+
+
+def test_measured_estimator_scores_a_tiny_plan():
+    assert "measured-cpu" in evaluate.list_estimators()
+    est = evaluate.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)
+    assert est.measured and not est.additive
+    task = Task(TINY + [TableSpec("c", rows=30, dim=4, pooling_factor=2.0)],
+                make_devices(2, template="/CPU:{i}"), batch_size=65536)
+    plan = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"], "c": ["/CPU:0", "/CPU:1"]})
+    report = evaluate.evaluate_plan(plan, est, num_random=0)
+    assert est.measurements == 2
+    assert set(report.device_costs) == {"/CPU:0", "/CPU:1"}
+    assert all(c > 0 for c in report.device_costs.values())
+    assert plan.per_device["/CPU:0"].measured_cost == report.device_costs["/CPU:0"]
+    assert plan.per_device["/CPU:0"].predicted_cost is None
+    assert est.plan_costs(plan) == report.device_costs     # served from the cache
+    assert est.measurements == 2
+    assert est.device_cost([], None, task) == 0.0
+
+
+# -- collection ------------------------------------------------------------------------------------
+def _cli(argv):
+    parser = argparse.ArgumentParser(prog="tfra-de")
+    collect.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
+    out = str(tmp_path / "shards.jsonl")
+    base = ["benchmark", "collect", "--out", out, "--pool-tables", "40", "--batch-size", "32",
+            "--max-tables-per-shard", "2", "--warmup", "1", "--repeat", "3", "--no-flush",
+            "--quiet", "--row-scale", "0.0001", "--pool-seed", "2"]
+    assert _cli(base + ["--records", "3"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 3
+    records = collect.read_records(out)
+    assert len(records) == 3
+    assert [r["source"].split(":")[0] for r in records] == ["random", "heuristic", "plan"]
+    for record in records:
+        assert record["backend"] == "tf_cpu" and record["batch_size"] == 32
+        assert 1 <= len(record["tables"]) <= 2
+        assert all(len(t["features"]) == NUM_FEATURES for t in record["tables"])
+        assert record["total_ms"] == pytest.approx(record["forward_ms"] + record["backward_ms"],
+                                                   abs=1e-4)
+        specs = collect.record_tables(record)
+        assert tf_cpu.shard_key(specs, 32) == record["key"]   # round trip of the specs
+    with open(out, "a", encoding="utf-8") as f:
+        f.write('{"torn": ')                                  # an interrupted write
+    assert _cli(base + ["--records", "4"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["written"], summary["skipped"]) == (1, 3)
+    again = collect.read_records(out)
+    assert [r["key"] for r in again[:3]] == [r["key"] for r in records]
+    assert len(again) == 4 and again[3]["index"] == 3
+
+
+def test_shipped_data_file_is_well_formed():
+    if not os.path.exists(DATA):
+        pytest.skip("no collected data file")
+    assert os.path.getsize(DATA) < 5 * 2 ** 20
+    records = collect.read_records(DATA)
+    assert len(records) >= 50
+    keys = [r["key"] for r in records]
+    assert len(set(keys)) == len(keys)
+    for record in records:
+        assert record["backend"] == "tf_cpu" and record["total_ms"] > 0
+        assert all(len(t["features"]) == NUM_FEATURES for t in record["tables"])
+
+
+# -- torch_cuda (numpy parts run everywhere) ----------------------------------------------------
+def test_fuse_tables_shifts_ids_and_concatenates_bags():
+    batches = [(np.array([1, 2, 0]), np.array([0, 2, 3])), (np.array([4]), np.array([0, 0, 1]))]
+    indices, offsets, row_offsets = torch_cuda.fuse_tables(batches, [3, 5])
+    np.testing.assert_array_equal(indices, [1, 2, 0, 7])
+    np.testing.assert_array_equal(offsets, [0, 2, 3, 3, 4])
+    np.testing.assert_array_equal(row_offsets, [0, 3, 8])
+    with pytest.raises(ValueError, match="outside"):
+        torch_cuda.fuse_tables([(np.array([5]), np.array([0, 1]))], [3])
+    with pytest.raises(ValueError, match="batch sizes"):
+        torch_cuda.fuse_tables([(np.array([0]), np.array([0, 1])),
+                                (np.array([0]), np.array([0, 0, 1]))], [3, 3])
+    assert torch_cuda.group_by_dim(TINY + [TableSpec("c", 5, 4)]) == {4: [0, 2], 8: [1]}
+
+
+def test_torch_cuda_benchmark_runs_on_a_gpu():
+    pytest.importorskip("torch")
+    if not torch_cuda.is_available():
+        pytest.skip("no CUDA device")
+    result = torch_cuda.benchmark_shard(TINY, batch_size=64, warmup=1, repeat=3)
+    assert result["total_ms"] > 0 and result["lookups"] > 0
+
+
+def test_benchmark_package_and_parser_do_not_import_tensorflow():
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    script = ("import sys, argparse\n"
+              "from tfra_dynamic_embedding.placement import benchmark, evaluate\n"
+              "from tfra_dynamic_embedding.placement.benchmark import collect\n"
+              "p = argparse.ArgumentParser(); collect.add_parser(p.add_subparsers())\n"
+              "assert 'measured-cpu' in evaluate.list_estimators()\n"
+              "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules\n"
+              "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

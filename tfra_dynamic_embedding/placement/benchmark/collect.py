@@ -1,0 +1,291 @@
+"""`tfra-de benchmark collect`: measured shard records (JSONL) for training the cost model.
+
+    tfra-de benchmark collect --records 1000 --out cpu_shards.jsonl --pool-seed 0 \
+        --batch-size 1024 --max-tables-per-shard 8
+
+Record r (r = 0 .. N-1) is a shard drawn from a seeded, down-scaled MetaSyn-like pool
+(`workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=B, row_scale=row_scale)`),
+its source cycling through:
+  random     k ~ U{1..K} tables drawn from the pool;
+  heuristic  a random task (2-6 devices, tables from the pool) placed by a greedy heuristic of
+             heuristics.py; the shard is one device's tables;
+  plan       the same with a random plan (heuristics' "random" strategy).
+Each shard is measured by `tf_cpu.benchmark_shard` and written as one JSON line:
+  {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...}}],
+   "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
+"spec" is the TableSpec JSON without its reuse histogram (that is features[4:21]; see
+`record_tables`). Collection appends and is resumable: a record whose shard key is already in the file is skipped.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_POOL_TABLES = 256
+DEFAULT_ROW_SCALE = 1 / 64
+_MODULE = "tfra_dynamic_embedding.placement.benchmark.collect"
+SOURCES = ("random", "heuristic", "plan")
+HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
+              "capacity-balanced", "load-balanced")
+
+
+def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
+              row_scale=DEFAULT_ROW_SCALE):
+    """The down-scaled pool shards are drawn from (reuse histograms expected at `batch_size`)."""
+    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
+    return workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
+                                   row_scale=row_scale)
+
+
+def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024):
+    """(source, [TableSpec]) of record `index`: a pure function of (pool, index, pool_seed)."""
+    from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement.types import Task, make_devices  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng([int(pool_seed), int(index), 17])
+    source = SOURCES[index % len(SOURCES)]
+    if source == "random":
+        k = int(rng.integers(1, max_tables + 1))
+        chosen = sorted(rng.choice(len(pool), k, replace=False))
+        return source, [pool[i] for i in chosen]
+    devices = int(rng.integers(2, 7))
+    count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
+    chosen = sorted(rng.choice(len(pool), count, replace=False))
+    task = Task([pool[i] for i in chosen], make_devices(devices), batch_size=batch_size)
+    strategy = str(rng.choice(HEURISTICS)) if source == "heuristic" else "random"
+    plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
+    device = task.devices[int(rng.integers(0, devices))].name
+    tables = [s.table for s in plan.shards_on(device)]
+    if not tables:  # an empty device: take the fullest one
+        device = max(task.devices, key=lambda d: len(plan.shards_on(d.name))).name
+        tables = [s.table for s in plan.shards_on(device)]
+    if len(tables) > max_tables:
+        keep = sorted(rng.choice(len(tables), max_tables, replace=False))
+        tables = [tables[i] for i in keep]
+    return f"{source}:{strategy}", tables
+
+
+def make_record(tables, result, batch_size, seed, **extra):
+    """One JSONL record of a measured shard."""
+    from tfra_dynamic_embedding.placement import features  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+    record = {
+        "backend": tf_cpu.BACKEND, "batch_size": int(batch_size),
+        "tables": [{"name": t.name, "features": _round(features.table_features(t)),
+                    "spec": _compact_spec(t)} for t in tables],
+        "forward_ms": round(float(result["forward_ms"]), 5),
+        "backward_ms": round(float(result["backward_ms"]), 5),
+        "total_ms": round(float(result["total_ms"]), 5),
+        "seed": int(seed), "threads": int(result["threads"]),
+        "key": tf_cpu.shard_key(tables, batch_size), "lookups": int(result["lookups"])}
+    record.update(extra)
+    return record
+
+
+def _round(values, digits=7):
+    return [float(f"{float(x):.{digits}g}") for x in values]
+
+
+def _compact_spec(spec):
+    """TableSpec JSON without the reuse histogram: it is features[4:21] of the same record."""
+    out = spec.to_dict()
+    out.pop("reuse_histogram", None)
+    return out
+
+
+def record_tables(record):
+    """The TableSpecs of a record (reuse histograms restored from the features)."""
+    from tfra_dynamic_embedding.placement.types import TableSpec  # pylint: disable=import-outside-toplevel
+    out = []
+    for table in record["tables"]:
+        spec = dict(table["spec"])
+        hist = table["features"][4:]
+        if "reuse_histogram" not in spec and sum(hist) > 0:
+            spec["reuse_histogram"] = list(hist)
+        out.append(TableSpec.from_dict(spec))
+    return out
+
+
+def read_records(path):
+    """The records of a JSONL file (a torn last line from an interrupted run is skipped)."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _end_with_newline(path):
+    """Terminates a torn last line (an interrupted write) so that appends start a new line."""
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+        if last != b"\n":
+            with open(path, "ab") as f:
+                f.write(b"\n")
+
+
+def _progress(done, total, start, skipped, stream=sys.stderr):
+    elapsed = time.time() - start
+    rate = done / elapsed if elapsed > 0 else 0.0
+    width = 30
+    filled = int(width * done / max(total, 1))
+    eta = (total - done) / rate if rate > 0 else 0.0
+    stream.write(f"\r[{'=' * filled}{'.' * (width - filled)}] {done}/{total} records "
+                 f"({skipped} already there) {elapsed:.0f}s elapsed, eta {eta:.0f}s ")
+    stream.flush()
+
+
+def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, threads=1,
+            warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
+            time_limit=None, flush=None, progress=True, start_index=0):
+    """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
+    whose key is already there. Stops early after `time_limit` seconds. Returns
+    {"written", "skipped", "seconds"}."""
+    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+    tf_cpu.set_threads(threads)
+    pool = make_pool(pool_seed, batch_size, pool_tables, row_scale)
+    present = {r.get("key") for r in read_records(out)}
+    if os.path.dirname(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+    start, written, skipped = time.time(), 0, 0
+    _end_with_newline(out)
+    with open(out, "a", encoding="utf-8") as f:
+        for r in range(start_index, start_index + records):
+            if time_limit and time.time() - start > time_limit:
+                break
+            source, tables = draw_shard(pool, r, pool_seed, max_tables, batch_size)
+            key = tf_cpu.shard_key(tables, batch_size)
+            if key in present:
+                skipped += 1
+            else:
+                began = time.time()
+                result = tf_cpu.benchmark_shard(tables, batch_size, seed=seed, warmup=warmup,
+                                                repeat=repeat, flush=flush)
+                record = make_record(tables, result, batch_size, seed, source=source, index=r,
+                                     pool_seed=pool_seed, row_scale=row_scale,
+                                     pool_tables=pool_tables, warmup=warmup, repeat=repeat,
+                                     wall_s=round(time.time() - began, 3))
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                present.add(key)
+                written += 1
+            if progress:
+                _progress(written + skipped, records, start, skipped)
+    if progress:
+        sys.stderr.write("\n")
+    return {"written": written, "skipped": skipped, "seconds": time.time() - start}
+
+
+# -- command line --------------------------------------------------------------------------------
+def add_parser(subparsers):
+    """Adds `benchmark collect` (no TensorFlow import here; see cli.py)."""
+    parser = subparsers.add_parser("benchmark", help="kernel micro-benchmarks of table shards")
+    sub = parser.add_subparsers(dest="benchmark_command", metavar="ACTION")
+    col = sub.add_parser("collect", help="measure random / heuristic / plan shards into JSONL "
+                         "records (appends; resumable)")
+    col.add_argument("--records", type=int, required=True, help="number of shard records")
+    col.add_argument("--out", required=True, metavar="FILE", help="JSONL file (appended to)")
+    col.add_argument("--pool-seed", type=int, default=0, help="seed of the table pool and shards")
+    col.add_argument("--batch-size", type=int, default=1024, help="batch size measured at")
+    col.add_argument("--max-tables-per-shard", type=int, default=8)
+    col.add_argument("--pool-tables", type=int, default=DEFAULT_POOL_TABLES)
+    col.add_argument("--row-scale", type=float, default=DEFAULT_ROW_SCALE,
+                     help="hash sizes are MetaSyn's times this")
+    col.add_argument("--threads", type=int, default=1, help="TF intra/inter-op threads")
+    col.add_argument("--warmup", type=int, default=2)
+    col.add_argument("--repeat", type=int, default=7)
+    col.add_argument("--seed", type=int, default=0, help="seed of table initial values")
+    col.add_argument("--start-index", type=int, default=0, help="first record index")
+    col.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                     help="stop after this long (resume later with the same arguments)")
+    col.add_argument("--records-per-process", type=int, default=0, metavar="N",
+                     help="measure N records per child process (TF keeps ~8 MB per traced "
+                     "shard; long runs should use e.g. 200); 0: all in this process")
+    col.add_argument("--no-flush", action="store_true", help="skip the cache flush (tests)")
+    col.add_argument("--quiet", action="store_true", help="no progress bar")
+    col.set_defaults(run=_run_collect)
+    parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
+    return parser
+
+
+def _run_chunks(args, argv):
+    """Runs `--records` in child processes of `--records-per-process` records each."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    start, totals = time.time(), {"written": 0, "skipped": 0}
+    first, last = args.start_index, args.start_index + args.records
+    for lo in range(first, last, args.records_per_process):
+        left = None if args.time_limit is None else args.time_limit - (time.time() - start)
+        if left is not None and left <= 0:
+            break
+        child = list(argv) + ["--start-index", str(lo), "--records",
+                              str(min(args.records_per_process, last - lo)),
+                              "--records-per-process", "0"]
+        if left is not None:
+            child += ["--time-limit", str(left)]
+        proc = subprocess.run([sys.executable, "-m", _MODULE] + child, stdout=subprocess.PIPE,
+                              text=True, check=False)
+        if proc.returncode:
+            raise OSError(f"benchmark child process failed (exit {proc.returncode})")
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        totals["written"] += summary["written"]
+        totals["skipped"] += summary["skipped"]
+    totals["seconds"] = time.time() - start
+    return totals
+
+
+def _child_argv(args):
+    argv = []
+    for action in ("pool_seed", "batch_size", "max_tables_per_shard", "pool_tables", "row_scale",
+                   "threads", "warmup", "repeat", "seed"):
+        argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
+    argv += ["--out", args.out]
+    argv += ["--no-flush"] if args.no_flush else []
+    argv += ["--quiet"] if args.quiet else []
+    return ["benchmark", "collect"] + argv
+
+
+def _run_collect(args):
+    if args.records < 1:
+        raise ValueError(f"--records must be >= 1; got {args.records}")
+    if args.max_tables_per_shard < 1:
+        raise ValueError(f"--max-tables-per-shard must be >= 1; got {args.max_tables_per_shard}")
+    if args.records_per_process and args.records > args.records_per_process:
+        summary = _run_chunks(args, _child_argv(args))
+        print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
+                                             for k, v in summary.items()}}))
+        return 0
+    summary = collect(args.out, args.records, pool_seed=args.pool_seed,
+                      batch_size=args.batch_size, max_tables=args.max_tables_per_shard,
+                      seed=args.seed, threads=args.threads, warmup=args.warmup,
+                      repeat=args.repeat, pool_tables=args.pool_tables, row_scale=args.row_scale,
+                      time_limit=args.time_limit, flush=False if args.no_flush else None,
+                      progress=not args.quiet, start_index=args.start_index)
+    print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
+                                         for k, v in summary.items()}}))
+    return 0
+
+
+def main(argv=None):
+    """`python -m tfra_dynamic_embedding.placement.benchmark.collect benchmark collect ...`
+    (what `--records-per-process` runs; the same as `tfra-de benchmark collect ...`)."""
+    import argparse  # pylint: disable=import-outside-toplevel
+    parser = argparse.ArgumentParser(prog="tfra-de")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

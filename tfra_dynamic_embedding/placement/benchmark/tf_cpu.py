@@ -1,0 +1,234 @@
+"""Benchmark backend "tf_cpu": this project's own kernels on the CPU (the cost of a PS shard).
+
+A shard's tables become `de.Variable`s (the native backend when its op library is built, else
+the built-in one). Two `tf.function`s (reduce_retracing) are timed by the protocol of
+`protocol.measure`:
+  forward: `de.safe_embedding_lookup_sparse(..., combiner="sum", return_trainable=True)` per
+           table: the forward of a training step (rows fetched into the trainable wrapper +
+           pooling);
+  step:    the same forward under a GradientTape, gradient of sum(pooled), and one
+           `de.DynamicEmbeddingOptimizer(SGD)` update that writes the rows back.
+backward = step - forward. Warm-up steps run first, so the tables hold the batch's rows and
+the timed steps measure the steady state (lookups of existing rows, updates in place).
+
+TensorFlow is imported inside functions only; importing this module stays cheap.
+
+Example:
+    result = benchmark_shard([spec_a, spec_b], batch_size=1024, seed=0)
+    result["forward_ms"], result["backward_ms"], result["total_ms"]
+"""
+
+import hashlib
+import itertools
+import json
+
+import numpy as np
+from absl import logging
+
+from tfra_dynamic_embedding.placement import evaluate
+from tfra_dynamic_embedding.placement.benchmark import protocol
+
+BACKEND = "tf_cpu"
+_counter = itertools.count()
+_THREADS = {}
+
+
+def set_threads(threads):
+    """Pins TF intra-/inter-op threads (only possible before TF starts); returns the threads in
+    effect: (intra, inter)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if threads and "set" not in _THREADS:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+            tf.config.threading.set_inter_op_parallelism_threads(int(threads))
+            _THREADS["set"] = int(threads)
+        except RuntimeError as error:  # the runtime already started: keep what it has
+            logging.warning("cannot pin TF threads to %s now (%s); keeping %s", threads, error,
+                            tf.config.threading.get_intra_op_parallelism_threads())
+    return (tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads())
+
+
+def threads_in_effect():
+    """Intra-op threads TF uses (0 = TF's default, one per core)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return int(tf.config.threading.get_intra_op_parallelism_threads())
+
+
+def default_kv_creator():
+    from tfra_dynamic_embedding.tables import native  # pylint: disable=import-outside-toplevel
+    import tfra_dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+    return native.NativeKVCreator() if native.is_available() else de.BuiltinKVCreator()
+
+
+def _sparse(indices, offsets):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    rows, cols = protocol.bag_rows(offsets), protocol.bag_positions(offsets)
+    width = int(cols.max()) + 1 if cols.size else 1
+    return tf.SparseTensor(np.stack([rows, cols], axis=1).reshape(-1, 2),
+                           tf.constant(indices, tf.int64), [len(offsets) - 1, width])
+
+
+class ShardKernels:
+    """The de.Variables, inputs and the two tf.functions of one shard (build once, call often)."""
+
+    def __init__(self, shards, batch_size, seed=0, learning_rate=0.01, kv_creator=None,
+                 device="/CPU:0"):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        import tfra_dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+        self.shards = list(shards)
+        if not self.shards:
+            raise ValueError("a shard benchmark needs at least one table")
+        batches = protocol.shard_batches(self.shards, batch_size, seed)
+        self.lookups = int(sum(len(ix) for ix, _ in batches))
+        run = next(_counter)
+        creator = kv_creator or default_kv_creator()
+        self.variables = []
+        with tf.device(device):
+            for k, shard in enumerate(self.shards):
+                spec = getattr(shard, "table", shard)
+                init = tf.random_normal_initializer(0.0, 0.01, seed=int(seed) * 1009 + k)
+                self.variables.append(de.Variable(
+                    key_dtype=tf.int64, value_dtype=tf.float32, dim=spec.dim, devices=[device],
+                    name=f"bench{run}_{k}", initializer=init, kv_creator=creator,
+                    checkpoint=False))
+            self.inputs = [_sparse(ix, off) for ix, off in batches]
+        self.optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(learning_rate))
+        variables, optimizer = self.variables, self.optimizer
+
+        def pooled(inputs):
+            outs, wrappers = [], []
+            for k, (var, sp_ids) in enumerate(zip(variables, inputs)):
+                emb, wrapper = de.safe_embedding_lookup_sparse(
+                    var, sp_ids, None, combiner="sum", name=f"t{k}", return_trainable=True)
+                outs.append(emb)
+                wrappers.append(wrapper)
+            return outs, wrappers
+
+        @tf.function(reduce_retracing=True)
+        def forward(inputs):
+            outs, _ = pooled(inputs)
+            return tf.add_n([tf.reduce_sum(o) for o in outs])
+
+        @tf.function(reduce_retracing=True)
+        def step(inputs):
+            with tf.GradientTape() as tape:
+                outs, wrappers = pooled(inputs)
+                loss = tf.add_n([tf.reduce_sum(o) for o in outs])
+            grads = tape.gradient(loss, wrappers)
+            optimizer.apply_gradients(list(zip(grads, wrappers)))
+            return loss
+
+        self._forward, self._step = forward, step
+
+    def forward(self):
+        return self._forward(self.inputs).numpy()   # .numpy(): wait for the result
+
+    def step(self):
+        return self._step(self.inputs).numpy()
+
+    def table_state(self):
+        """{k: (sorted keys, their rows)} of every table, for determinism checks."""
+        out = {}
+        for k, var in enumerate(self.variables):
+            keys, values = var.export()
+            keys, values = np.asarray(keys), np.asarray(values)
+            order = np.argsort(keys)
+            out[k] = (keys[order], values[order])
+        return out
+
+
+def benchmark_shard(shards, batch_size, seed=0, warmup=2, repeat=7, flush=None, threads=None,
+                    kv_creator=None, return_kernels=False):
+    """Measures one shard (list of `Shard` or TableSpec) by the protocol; returns
+    {"forward_ms", "backward_ms", "total_ms", "step_ms", "lookups", "threads"}.
+
+    `flush`: a callable (default: a `protocol.CacheFlusher` of 2x the LLC), False for none.
+    `threads`: pin TF threads (possible only before TF starts running ops).
+    """
+    if threads:
+        set_threads(threads)
+    if flush is None:
+        flush = _default_flusher()
+    kernels = ShardKernels(shards, batch_size, seed, kv_creator=kv_creator)
+    # The step goes first: warm-up steps insert the batch's rows, so the forward then reads
+    # existing rows (the steady state of training).
+    times = protocol.measure({"step": kernels.step, "forward": kernels.forward}, warmup=warmup,
+                             repeat=repeat, flush=flush or None)
+    forward, backward, total = protocol.split_stages(times["forward"], times["step"])
+    result = {"forward_ms": forward, "backward_ms": backward, "total_ms": total,
+              "step_ms": times["step"], "lookups": kernels.lookups,
+              "threads": threads_in_effect()}
+    if return_kernels:
+        result["kernels"] = kernels
+    return result
+
+
+_FLUSHER = []
+
+
+def _default_flusher():
+    if not _FLUSHER:
+        _FLUSHER.append(protocol.CacheFlusher())
+    return _FLUSHER[0]
+
+
+def shard_key(shards, batch_size, backend=BACKEND):
+    """A stable key of a shard's table set (specs, slices) and batch size."""
+    parts = []
+    for shard in shards:
+        spec = getattr(shard, "table", shard)
+        entry = dict(spec.to_dict())
+        entry.pop("name", None)  # a table's name does not change its cost
+        if entry.get("reuse_histogram") is not None:
+            entry["reuse_histogram"] = [round(float(x), 6) for x in entry["reuse_histogram"]]
+        entry["slice"] = [getattr(shard, "index", 0), getattr(shard, "num_slices", 1)]
+        parts.append(json.dumps(entry, sort_keys=True))
+    text = json.dumps({"backend": backend, "batch_size": int(batch_size),
+                       "tables": sorted(parts)}, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class MeasuredEstimator(evaluate.CostEstimator):
+    """Device cost = measured step time (seconds) of its shards with the tf_cpu benchmark.
+
+    `batch_size`: the batch to measure at (default: the task's, capped at `max_batch_size` so
+    that CPU measurements of 65,536-sample tasks stay affordable). Results are cached by the
+    shard's table set, so re-scoring a plan (or another plan sharing a device's tables) is free.
+
+    Example: evaluate_plan(plan, "measured-cpu")  (after importing placement.benchmark)
+    """
+
+    name = "measured-cpu"
+    measured = True
+    additive = False
+
+    def __init__(self, batch_size=None, max_batch_size=4096, seed=0, warmup=2, repeat=5,
+                 flush=None, threads=None, cache_size=1024):
+        self.batch_size = batch_size
+        self.max_batch_size = int(max_batch_size)
+        self.seed, self.warmup, self.repeat = int(seed), int(warmup), int(repeat)
+        self.flush, self.threads = flush, threads
+        self.cache_size = int(cache_size)
+        self.cache = {}
+        self.measurements = 0
+
+    def _batch(self, task):
+        if self.batch_size:
+            return int(self.batch_size)
+        return min(int(task.batch_size if task is not None else 4096), self.max_batch_size)
+
+    def device_cost(self, shards, device, task):
+        shards = list(shards)
+        if not shards:
+            return 0.0
+        batch = self._batch(task)
+        key = shard_key(shards, batch)
+        if key not in self.cache:
+            result = benchmark_shard(shards, batch, self.seed, self.warmup, self.repeat,
+                                     self.flush, self.threads)
+            self.measurements += 1
+            if len(self.cache) >= self.cache_size:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = result["total_ms"] / 1e3
+        return self.cache[key]
