@@ -25,6 +25,8 @@ SUBCOMMANDS = {
     "evaluate": "tfra_dynamic_embedding.cli:add_evaluate_parser",
     "workloads": "tfra_dynamic_embedding.cli:add_workloads_parser",
     "demo": "tfra_dynamic_embedding.demo.run:add_parser",
+    "benchmark": "tfra_dynamic_embedding.placement.benchmark.collect:add_parser",
+    "train-planner": "tfra_dynamic_embedding.placement.train:add_parser",
 }
 
 
@@ -146,8 +148,12 @@ def add_plan_parser(subparsers):
         "`apply` use. Example: tfra-de plan --pool 80 --devices 8 --memory 16GiB "
         "--strategy lookup-greedy --out plan.json --plot plan.png")
     _add_source_options(parser)
-    parser.add_argument("--strategy", default="lookup-greedy",
-                        help="placement strategy (see `tfra-de evaluate --list`)")
+    parser.add_argument("--strategy", default="learned",
+                        help="placement strategy (see `tfra-de evaluate --list`; default: the "
+                        "learned RL policy with its shipped CPU weights)")
+    parser.add_argument("--weights", metavar="DIR", default=None,
+                        help="--strategy learned: cost_model_cpu.npz / policy_cpu.npz from "
+                        "`tfra-de train-planner --out DIR` (default: the shipped weights)")
     parser.add_argument("--estimator", default="analytic", help="cost estimator for the report")
     parser.add_argument("--random", type=int, default=10, metavar="K",
                         help="random plans for the speedup figure (0: skip)")
@@ -159,6 +165,8 @@ def add_plan_parser(subparsers):
 
 def _run_plan(args):
     from tfra_dynamic_embedding.placement import evaluate, heuristics  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
+    policy.use_weights(args.weights)  # registers "learned"; None: the shipped weights
     task = _make_task(args, _load_tables(args))
     if args.strategy not in heuristics.list_strategies():
         raise CliError(f"--strategy must be one of {heuristics.list_strategies()}; "

@@ -80,10 +80,13 @@ def test_infeasible_task_names_tables_and_shortfall(strategy):
     t = task([table(f"x{i}", 80) for i in range(3)], memory=100)
     with pytest.raises(PlacementError) as info:
         heuristics.propose(t, strategy)
-    assert info.value.tables == ["x2"]
+    # Greedy strategies place equal tables in name order, so the last one is left over; the
+    # learned policy may leave over another of the three equal tables.
+    left = "x2" if strategy != "learned" else info.value.tables[0]
+    assert info.value.tables == [left] and left in ("x0", "x1", "x2")
     assert info.value.shortfall_bytes == 60
     assert str(info.value) == (
-        "cannot place 1 of 3 tables on 2 devices: x2 (80 B; largest free space 20 B on "
+        f"cannot place 1 of 3 tables on 2 devices: {left} (80 B; largest free space 20 B on "
         "/job:ps/task:0). Shortfall 60 B (tables need 240 B, devices hold 200 B)")
 
 

@@ -30,8 +30,9 @@ from tfra_dynamic_embedding.placement.types import (DeviceCost, DeviceSpec, Plac
                                                     parse_bytes)
 from tfra_dynamic_embedding.placement.workloads import (calibration_report, generate_pool,
                                                         make_tasks, open_stream, split_pool)
-# Registers the "measured-cpu" estimator (kernel benchmarks; TensorFlow loads only when used).
-from tfra_dynamic_embedding.placement import benchmark  # noqa: E402,F401  pylint: disable=unused-import
+# Registering modules: the "measured-cpu" estimator (kernel benchmarks), the "learned" estimator
+# (cost model) and strategy (RL policy). TensorFlow loads only when one of them is used.
+from tfra_dynamic_embedding.placement import benchmark, cost_model, policy  # noqa: E402,F401  pylint: disable=unused-import
 
 __all__ = [
     "AdditiveEstimator", "AnalyticEstimator", "CostEstimator", "DeviceCost", "DeviceSpec",

@@ -1,0 +1,105 @@
+"""The neural cost model: learns a known multi-table cost, exports to numpy, ships, estimates."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import evaluate, heuristics, train, workloads
+from tfra_dynamic_embedding.placement.types import Shard
+
+from tests.placement.helpers import task as make_task
+
+
+@pytest.fixture(scope="module")
+def halves():
+    pool = workloads.generate_pool(200, seed=3, batch_size=1024, row_scale=1 / 64)
+    return workloads.split_pool(pool, seed=0)
+
+
+def test_learns_a_known_multi_table_cost_on_unseen_tables(halves):
+    seen, unseen = halves
+    train_recs = train.synthetic_records(seen, 400, max_tables=8, seed=1)
+    test_recs = train.synthetic_records(unseen, 100, max_tables=8, seed=2)
+    split_train, split_test = cm.split_by_tables(train_recs + test_recs, seed=0)
+    assert split_train and split_test   # pure records exist on both sides of a name split
+    model = cm.fit(train_recs, test_recs, epochs=50, batch_size=32, lr=3e-3, seed=0, early_stop=0)
+    true = np.array([r["total_ms"] for r in test_recs])
+    baseline_mse = float(((true - np.mean([r["total_ms"] for r in train_recs])) ** 2).mean())
+    unseen_metrics = model.meta["unseen_metrics"]
+    assert unseen_metrics["n"] == 100
+    assert unseen_metrics["corr"] > 0.9, unseen_metrics
+    assert unseen_metrics["mse_ms2"] < 0.35 * baseline_mse, (unseen_metrics, baseline_mse)
+    # the multi-table interaction: a pair costs what the model says about the pair, not the sum
+    pair = seen[:2]
+    fb = model.heads(model.embed_tables(pair).sum(axis=0))
+    assert fb.shape == (2,) and (fb > 0).all()
+
+
+def test_numpy_export_matches_keras():
+    keras_model = cm.build_keras_model(None, seed=4)
+    rng = np.random.default_rng(0)
+    x = rng.random((5, 3, 21)).astype(np.float32)
+    mask = np.ones((5, 3, 1), dtype=np.float32)
+    mask[0, 2] = 0.0
+    mean, std = np.zeros(21), np.ones(21)
+    model = cm.CostModel(cm.export_params(keras_model, mean, std, 2.0), {"batch_size": 1024})
+    want = keras_model.predict([x * mask, mask], verbose=0) * 2.0
+    got = np.stack([model.heads(model.embed(x[i][mask[i, :, 0] > 0]).sum(axis=0))
+                    for i in range(5)])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_save_load_roundtrip_and_record_parsing(tmp_path, halves):
+    recs = train.synthetic_records(halves[0], 3, seed=5)
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"tables\": [trunc")
+    assert len(cm.load_records(str(path))) == 3          # a half-written last line is skipped
+    x, mask, y = cm.pad_records(recs)
+    assert x.shape[2] == 21 and mask.sum() == sum(len(r["tables"]) for r in recs)
+    model = cm.CostModel.load()
+    model.save(str(tmp_path / "m.npz"))
+    again = cm.CostModel.load(str(tmp_path / "m.npz"))
+    np.testing.assert_allclose(again.predict_records(recs), model.predict_records(recs),
+                               rtol=1e-5)
+    with pytest.raises(FileNotFoundError, match="train-planner"):
+        cm.CostModel.load(str(tmp_path / "missing.npz"))
+
+
+def test_shipped_model_is_the_learned_estimator(small_pool):
+    assert "learned" in evaluate.list_estimators()
+    est = evaluate.get_estimator("learned")
+    assert not est.additive and not est.measured
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=12, num_devices=3,
+                                batch_size=1024)[0]
+    plan = heuristics.propose(task, "lookup-greedy")
+    report = evaluate.evaluate_plan(plan, "learned", num_random=2)
+    assert report.estimator == "learned" and report.max_cost > 0
+    assert all(c.predicted_cost is not None for c in plan.per_device.values())
+    assert est.device_cost([], None, task) == 0.0
+    one = est.device_cost([Shard(task.tables[0], "")], None, task)
+    half = est.device_cost([Shard(task.tables[0], "", 0, 2)], None, task)
+    assert one > 0 and half > 0
+    # batch scaling is linear in the task's batch size
+    big = make_task(task.tables[:1], 1, batch_size=2048)
+    assert est.device_cost([Shard(task.tables[0], "")], None, big) == pytest.approx(2 * one)
+
+
+def test_train_planner_command_writes_weights_and_curves(tmp_path, halves):
+    import argparse  # pylint: disable=import-outside-toplevel
+    recs = (train.synthetic_records(halves[0], 30, max_tables=2, seed=1) +
+            train.synthetic_records(halves[1], 12, max_tables=2, seed=2))
+    data = tmp_path / "shards.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    parser = argparse.ArgumentParser()
+    train.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["train-planner", "--data", str(data), "--out", str(tmp_path / "w"),
+                              "--epochs", "3", "--iterations", "4", "--tasks", "2",
+                              "--samples", "2", "--no-measure"])
+    assert args.run(args) == 0
+    out = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert out == ["cost_model_cpu.npz", "policy_cpu.npz", "training.json", "training.png"]
+    summary = json.loads((tmp_path / "w" / "training.json").read_text())
+    assert summary["held_out"]["unseen_metrics"]["n"] > 0 and len(summary["cost_history"]) == 3
+    assert cm.CostModel.load(str(tmp_path / "w" / "cost_model_cpu.npz")).meta["records"] == 42

@@ -1,0 +1,125 @@
+"""The RL placement policy: gradients, training beats random, shipped weights plan, errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import evaluate, heuristics, policy as pol, train, workloads
+from tfra_dynamic_embedding.placement.types import PlacementError
+
+from tests.placement.helpers import table, task as make_task
+
+
+@pytest.fixture(scope="module")
+def model():
+    return cm.load_cost_model()
+
+
+@pytest.fixture(scope="module")
+def tiny_tasks(small_pool):
+    return workloads.make_tasks(small_pool, 3, tables_per_task=12, num_devices=3, seed=4,
+                                batch_size=1024)
+
+
+def _log_prob(policy, problem, choices):
+    _, _, trace = pol.rollout(problem, policy, len(choices), greedy=False, keep=True,
+                              force=choices)
+    total = np.zeros(len(choices))
+    for step in trace:
+        total += np.log(step["probs"][np.arange(len(choices)), step["chosen"]])
+    return total
+
+
+def test_policy_gradient_matches_finite_differences(model, tiny_tasks):
+    problem = pol.Problem(tiny_tasks[0], model)
+    policy = pol.Policy(seed=1, alpha=2.0)
+    policy.params["w2"] = np.random.default_rng(2).normal(0, 0.5, policy.params["w2"].shape)
+    choices, _, trace = pol.rollout(problem, policy, 2, greedy=False,
+                                    rng=np.random.default_rng(0), keep=True)
+    adv = np.array([1.0, -0.5])
+    grads = policy.gradients(trace, adv)
+    for key, index in (("alpha", ()), ("w2", (3,)), ("b1", (5,)), ("w1", (7, 2))):
+        eps = 1e-5
+        saved = policy.params[key].copy()
+        policy.params[key] = saved.copy()
+        policy.params[key][index] += eps
+        up = -(adv * _log_prob(policy, problem, choices)).sum()
+        policy.params[key][index] -= 2 * eps
+        down = -(adv * _log_prob(policy, problem, choices)).sum()
+        policy.params[key] = saved
+        assert grads[key][index] == pytest.approx((up - down) / (2 * eps), rel=1e-3, abs=1e-6)
+
+
+def test_short_training_beats_random(model, tiny_tasks):
+    start = pol.Policy(seed=0, alpha=0.0)        # no greedy prior: the MLP must learn
+    trained = train.train_policy(model, tiny_tasks, iterations=30, samples=8, lr=1e-2,
+                                 policy=pol.Policy(seed=0, alpha=0.0), eval_every=5)
+    est = cm.LearnedEstimator(model)
+    for task in tiny_tasks:
+        rand = evaluate.random_baseline(task, est, num_random=10)
+        plan = pol.plan_task(task, trained, model)
+        assert max(est.plan_costs(plan).values()) < rand
+    assert train.mean_greedy_cost(model, trained, tiny_tasks) <= train.mean_greedy_cost(
+        model, start, tiny_tasks)
+
+
+def test_shipped_weights_plan_a_task(small_pool):
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=30, num_devices=4, seed=1,
+                                memory="1GiB", batch_size=1024)[0]
+    assert "learned" in heuristics.list_strategies()
+    plan = heuristics.propose(task, "learned")
+    assert plan.strategy == "learned" and sorted(plan.assignment) == sorted(
+        t.name for t in task.tables)
+    plan.validate(check_memory=True)
+    memory = plan.memory_by_device()
+    assert all(memory[d.name] <= d.memory_bytes for d in task.devices)
+    rows, _ = evaluate.compare_strategies(task, ["random", "learned"], "learned", num_random=5)
+    assert rows[1]["max_cost"] < rows[0]["max_cost"]
+
+
+def test_big_tables_are_split_on_distinct_devices():
+    tables = [table("big", 1000, dim=4, pooling=5.0), table("a", 100, dim=4, pooling=1.0),
+              table("b", 100, dim=4, pooling=2.0)]
+    plan = heuristics.propose(make_task(tables, 3, memory=2500), "learned")
+    assert len(plan.devices_for("big")) == 2 and len(set(plan.devices_for("big"))) == 2
+
+
+def test_infeasible_task_gives_the_heuristics_error():
+    tables = [table("a", 900), table("b", 900), table("c", 900)]
+    task = make_task(tables, 2, memory=1000)
+    with pytest.raises(PlacementError) as ours:
+        heuristics.propose(task, "learned")
+    with pytest.raises(PlacementError) as theirs:
+        heuristics.propose(task, "lookup-greedy")
+    assert str(ours.value) == str(theirs.value)
+    assert "cannot place 1 of 3 tables on 2 devices" in str(ours.value)
+    assert ours.value.shortfall_bytes == theirs.value.shortfall_bytes > 0
+    with pytest.raises(PlacementError, match="larger than the largest device"):
+        heuristics.propose(make_task([table("huge", 5000)], 2, memory=1000), "learned")
+
+
+def test_planning_imports_no_tensorflow():
+    code = ("import sys; from tfra_dynamic_embedding.placement import policy, heuristics, "
+            "workloads; pool = workloads.generate_pool(20, seed=1, batch_size=1024, "
+            "row_scale=1/64); t = workloads.make_tasks(pool, 1, 10, 2)[0]; "
+            "heuristics.propose(t, 'learned'); print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_use_weights_directory(tmp_path, small_pool):
+    with pytest.raises(ValueError, match="does not exist"):
+        pol.use_weights(str(tmp_path / "nope"))
+    cm.load_cost_model().save(str(tmp_path / "cost_model_cpu.npz"))
+    pol.load_policy().save(str(tmp_path / "policy_cpu.npz"))
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=10, num_devices=2)[0]
+    try:
+        pol.use_weights(str(tmp_path))
+        plan = heuristics.propose(task, "learned")
+    finally:
+        pol.use_weights(None)
+    assert plan.assignment == heuristics.propose(task, "learned").assignment

@@ -1,0 +1,392 @@
+"""Neural multi-table cost model: what the embedding kernels of a device cost, learned from data.
+
+Architecture (trained with TF/Keras, run in numpy for planning):
+  per table:   21 features --standardise--> Dense(128, relu) --> Dense(32, relu)   (shared MLP)
+  per device:  sum of its tables' 32-d representations
+  per stage:   Dense(64, relu) --> Dense(1, softplus), one head for forward, one for backward
+  device cost = forward + backward (ms of one training step at the trained batch size);
+  plan cost   = max over devices (devices work in parallel).
+
+The sum of learned representations lets the heads model multi-table interactions (cache
+sharing, contention, kernel overheads) that an additive model cannot. Training data are
+benchmark records (JSONL, one per device shard, see `load_records`); the model is exported to
+plain numpy arrays (`CostModel`), so planning needs neither TensorFlow nor a GPU.
+
+Registered as the estimator "learned" (predicted costs, not measured):
+    report = evaluate_plan(plan, "learned")                  # shipped CPU weights
+    est = get_estimator("learned", weights="my_model.npz")    # retrained weights
+
+Shard features: a row slice of a table gets the table's features with hash size, pooling factor
+and size scaled by the slice's share of rows. Costs are predicted at the batch size the model was
+trained on and scaled linearly to the task's batch size (placement only needs relative costs).
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+
+from tfra_dynamic_embedding.placement import evaluate, features
+from tfra_dynamic_embedding.placement.types import TableSpec
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DEFAULT_WEIGHTS = os.path.join(DATA_DIR, "cost_model_cpu.npz")
+EMBED_DIM = 32
+HIDDEN = 128
+HEAD_HIDDEN = 64
+STAGES = ("forward", "backward")
+MODEL_FORMAT = "tfra-de-cost-model/1"
+
+
+def _relu(x):
+    return np.maximum(x, 0.0)
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+# -- records -------------------------------------------------------------------------------------
+def load_records(path):
+    """Benchmark records from a JSONL file (blank and malformed trailing lines are skipped, as a
+    file still being written may end mid-line)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec:
+                records.append(rec)
+    return records
+
+
+def shard_features(table, fraction=1.0, scales=features.FeatureScales(), batch_size=1024):
+    """21 features of a (slice of a) table: rows, pooling and size scale with the slice.
+
+    A table with neither a reuse histogram nor an index stream gets the histogram expected of
+    uniformly random lookups (batch_size * pooling factor draws over its rows).
+    """
+    if table.reuse_histogram is None and table.stream is None:
+        hist = features.expected_reuse_histogram([1.0], [table.rows],
+                                                 batch_size * table.pooling_factor)
+        head = [table.dim / scales.dim, table.rows / scales.hash_size,
+                table.pooling_factor / scales.pooling_factor, table.size_bytes / 2 ** 30]
+        x = np.concatenate([np.asarray(head, dtype=float), hist])
+    else:
+        x = features.table_features(table, scales).copy()
+    if fraction != 1.0:
+        x[1] *= fraction
+        x[2] *= fraction
+        x[3] *= fraction
+    return x
+
+
+def record_features(record, scales=features.FeatureScales()):
+    """[tables, 21] features of one record: recomputed from the specs when they carry a reuse
+    histogram (so training and planning use the same scales), else the stored features."""
+    rows = []
+    for entry in record["tables"]:
+        spec = entry.get("spec")
+        x = None
+        if spec:
+            try:
+                table = TableSpec.from_dict(spec)
+                if table.reuse_histogram is not None:
+                    x = shard_features(table, float(entry.get("fraction", 1.0)), scales)
+            except (ValueError, KeyError, TypeError):
+                x = None
+        if x is None:
+            x = np.asarray(entry["features"], dtype=float)
+        rows.append(x)
+    return np.stack(rows)
+
+
+def table_names(record):
+    return [entry.get("name") or (entry.get("spec") or {}).get("name") for entry in record["tables"]]
+
+
+def pad_records(records, scales=features.FeatureScales()):
+    """(x [n, T, 21], mask [n, T, 1], y [n, 2] forward/backward ms) of records, zero-padded."""
+    feats = [record_features(r, scales) for r in records]
+    width = max(len(f) for f in feats)
+    x = np.zeros((len(records), width, features.NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(records), width, 1), dtype=np.float32)
+    for i, f in enumerate(feats):
+        x[i, :len(f)] = f
+        mask[i, :len(f)] = 1.0
+    y = np.array([[r["forward_ms"], r["backward_ms"]] for r in records], dtype=np.float32)
+    return x, mask, y
+
+
+def split_by_tables(records, seed=0):
+    """(train, unseen) records by unseen tables: table names are split in random halves; train
+    records use only first-half tables, unseen records only second-half ones. Records with a
+    "split" field ("train"/"test") keep it. Mixed records are dropped from both."""
+    names = sorted({n for r in records for n in table_names(r)})
+    order = np.random.default_rng(seed).permutation(len(names))
+    first = {names[i] for i in order[:len(names) // 2]}
+    train, unseen = [], []
+    for rec in records:
+        if rec.get("split") in ("train", "test"):
+            (train if rec["split"] == "train" else unseen).append(rec)
+            continue
+        inside = [n in first for n in table_names(rec)]
+        if all(inside):
+            train.append(rec)
+        elif not any(inside):
+            unseen.append(rec)
+    return train, unseen
+
+
+# -- the numpy model -----------------------------------------------------------------------------
+class CostModel:
+    """The exported cost model: numpy forward pass, save/load as a small .npz.
+
+    `params`: w1 [21,128], b1, w2 [128,32], b2, and per stage s: {s}_w1 [32,64], {s}_b1,
+    {s}_w2 [64,1], {s}_b2; x_mean / x_std [21] standardise the features; y_scale (ms) is the
+    unit of the heads' outputs. `meta`: batch_size of the training data, backend, metrics.
+    """
+
+    def __init__(self, params, meta=None):
+        self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
+        self.meta = dict(meta or {})
+        self.batch_size = int(self.meta.get("batch_size") or 4096)
+        self.scales = features.FeatureScales.from_dict(self.meta["scales"]) \
+            if self.meta.get("scales") else features.FeatureScales()
+        p = self.params
+        self._w1 = p["w1"] / p["x_std"][:, None]          # standardisation folded in
+        self._b1 = p["b1"] - (p["x_mean"] / p["x_std"]) @ p["w1"]
+        self._y_scale = float(p["y_scale"])
+        self._cache = {}
+
+    # forward pass pieces
+    def embed(self, x):
+        """[n, 21] features -> [n, 32] table representations."""
+        h = _relu(np.asarray(x, dtype=np.float64) @ self._w1 + self._b1)
+        return _relu(h @ self.params["w2"] + self.params["b2"])
+
+    def heads(self, summed):
+        """[..., 32] summed representations -> [..., 2] forward/backward ms (batch of training)."""
+        p = self.params
+        out = []
+        for stage in STAGES:
+            h = _relu(summed @ p[f"{stage}_w1"] + p[f"{stage}_b1"])
+            out.append(_softplus(h @ p[f"{stage}_w2"] + p[f"{stage}_b2"])[..., 0])
+        return np.stack(out, axis=-1) * self._y_scale
+
+    def total(self, summed, count=None):
+        """[...] ms of devices with summed representations `summed` (0 where count == 0)."""
+        cost = self.heads(summed).sum(axis=-1)
+        if count is not None:
+            cost = np.where(np.asarray(count) > 0, cost, 0.0)
+        return cost
+
+    def predict_records(self, records):
+        """[n, 2] predicted forward/backward ms of benchmark records."""
+        return np.stack([self.heads(self.embed(record_features(r, self.scales)).sum(axis=0))
+                         for r in records])
+
+    # shards
+    def shard_embedding(self, table, index=0, num_slices=1):
+        key = (id(table), table.name, table.rows, index, num_slices)
+        hit = self._cache.get(key)
+        if hit is None:
+            fraction = table.slice_rows(index, num_slices) / table.rows
+            hit = self.embed(shard_features(table, fraction, self.scales,
+                                            self.batch_size)[None])[0]
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def embed_tables(self, tables):
+        """[n, 32] representations of whole tables (one batched pass)."""
+        if not tables:
+            return np.zeros((0, EMBED_DIM))
+        return self.embed(np.stack([shard_features(t, 1.0, self.scales, self.batch_size)
+                                    for t in tables]))
+
+    def batch_factor(self, batch_size):
+        return float(batch_size) / self.batch_size
+
+    # I/O
+    def save(self, path):
+        meta = dict(self.meta, format=MODEL_FORMAT)
+        np.savez_compressed(path, meta=np.array(json.dumps(meta)),
+                            **{k: v.astype(np.float32) for k, v in self.params.items()})
+        return path
+
+    @classmethod
+    def load(cls, path=None):
+        path = path or DEFAULT_WEIGHTS
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"no cost model weights at {path}; train them with `tfra-de train-planner "
+                f"--data FILE.jsonl --out DIR` or pass weights=")
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+            if meta.get("format") != MODEL_FORMAT:
+                raise ValueError(f"{path} is not a cost model file (format {meta.get('format')!r})")
+            params = {k: data[k] for k in data.files if k != "meta"}
+        return cls(params, meta)
+
+
+_LOADED = {}
+
+
+def load_cost_model(weights=None):
+    """A CostModel from `weights` (path, CostModel, or None: the shipped CPU model), cached."""
+    if isinstance(weights, CostModel):
+        return weights
+    path = os.path.abspath(weights or DEFAULT_WEIGHTS)
+    stamp = os.path.getmtime(path) if os.path.exists(path) else None
+    if path not in _LOADED or _LOADED[path][0] != stamp:
+        _LOADED[path] = (stamp, CostModel.load(path))
+    return _LOADED[path][1]
+
+
+class LearnedEstimator(evaluate.CostEstimator):
+    """Estimator "learned": a device's cost (seconds) predicted by the neural cost model."""
+
+    name = "learned"
+    additive = False
+    measured = False
+
+    def __init__(self, weights=None):
+        self.model = load_cost_model(weights)
+
+    def device_cost(self, shards, device, task):
+        if not shards:
+            return 0.0
+        summed = sum(self.model.shard_embedding(s.table, s.index, s.num_slices) for s in shards)
+        ms = float(self.model.total(summed))
+        batch = task.batch_size if task is not None else self.model.batch_size
+        return ms * self.model.batch_factor(batch) / 1e3
+
+
+evaluate.register_estimator("learned", LearnedEstimator)
+
+
+# -- training (TensorFlow imported here only) -----------------------------------------------------
+def build_keras_model(width, seed=0):
+    """The Keras model: inputs x [B, T, 21] (standardised), mask [B, T, 1]; outputs [B, 2]."""
+    import keras  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(seed)
+    x_in = keras.Input((width, features.NUM_FEATURES), name="x")
+    m_in = keras.Input((width, 1), name="mask")
+    h = keras.layers.Dense(HIDDEN, activation="relu", name="table_1")(x_in)
+    h = keras.layers.Dense(EMBED_DIM, activation="relu", name="table_2")(h)
+    summed = keras.ops.sum(h * m_in, axis=1)
+    outs = []
+    for stage in STAGES:
+        g = keras.layers.Dense(HEAD_HIDDEN, activation="relu", name=f"{stage}_1")(summed)
+        outs.append(keras.layers.Dense(1, activation="softplus", name=f"{stage}_2")(g))
+    return keras.Model([x_in, m_in], keras.layers.Concatenate(name="stages")(outs))
+
+
+def export_params(model, x_mean, x_std, y_scale):
+    """numpy params of a trained Keras model (see CostModel)."""
+    params = {"x_mean": x_mean, "x_std": x_std, "y_scale": np.array(y_scale)}
+    for ours, layer in (("1", "table_1"), ("2", "table_2")):
+        w, b = model.get_layer(layer).get_weights()
+        params[f"w{ours}"], params[f"b{ours}"] = w, b
+    for stage in STAGES:
+        for k in ("1", "2"):
+            w, b = model.get_layer(f"{stage}_{k}").get_weights()
+            params[f"{stage}_w{k}"], params[f"{stage}_b{k}"] = w, b
+    return params
+
+
+def metrics(model, records):
+    """MAE / MSE (ms, total = forward + backward) and relative MAE of a CostModel on records."""
+    if not records:
+        return {"n": 0}
+    pred = model.predict_records(records).sum(axis=1)
+    true = np.array([r["forward_ms"] + r["backward_ms"] for r in records])
+    err = pred - true
+    corr = float(np.corrcoef(pred, true)[0, 1]) if len(true) > 2 and true.std() > 0 else math.nan
+    return {"n": len(records), "mae_ms": float(np.abs(err).mean()),
+            "mse_ms2": float((err ** 2).mean()),
+            "mape": float(np.mean(np.abs(err) / np.maximum(np.abs(true), 1e-9))),
+            "corr": corr}
+
+
+def fit(train_records, val_records=(), epochs=200, batch_size=64, lr=2e-3, seed=0,
+        verbose=0, history=None, scales=features.FeatureScales(), init=None, weight_decay=1e-3,
+        early_stop=0.15, patience=100):
+    """Trains a cost model on records (MSE on forward/backward ms scaled by their mean);
+    returns a CostModel whose meta holds train/unseen metrics.
+
+    `history` (a list) receives per-epoch {"epoch", "loss", "val_loss"} (val_loss: on
+    `val_records`, the unseen tables). `init` (a CostModel) warm-starts a refit from its weights.
+    `early_stop`: this share of the training records (seen tables, never `val_records`) is held
+    back to stop training when its loss has not improved for `patience` epochs, keeping the best
+    weights (0, or fewer than 200 records: train all epochs on all records).
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    if not train_records:
+        raise ValueError("no training records")
+    x, mask, y = pad_records(train_records, scales)
+    flat = x[mask[..., 0] > 0]
+    x_mean = flat.mean(axis=0)
+    x_std = np.maximum(flat.std(axis=0), 1e-3)
+    y_scale = max(float(y.mean()), 1e-6)
+    model = build_keras_model(None, seed)
+    if init is not None:
+        _load_into(model, init)
+        x_mean, x_std = init.params["x_mean"], init.params["x_std"]
+        y_scale = float(init.params["y_scale"])
+    prep = lambda xx, mm: (((xx - x_mean) / x_std) * mm).astype(np.float32)  # noqa: E731
+    val = None
+    if val_records:
+        vx, vm, vy = pad_records(list(val_records), scales)
+        val = ([prep(vx, vm), vm], vy / y_scale)
+    model.compile(optimizer=keras.optimizers.AdamW(lr, weight_decay=weight_decay), loss="mse")
+    xs, ys = [prep(x, mask), mask], y / y_scale
+    inner = None
+    n_stop = int(round(early_stop * len(y))) if early_stop and len(y) >= 200 else 0
+    if n_stop:
+        order = np.random.default_rng(seed).permutation(len(y))
+        hold, keep = order[:n_stop], order[n_stop:]
+        inner = ([xs[0][hold], xs[1][hold]], ys[hold])
+        xs, ys = [xs[0][keep], xs[1][keep]], ys[keep]
+    callbacks = []
+    if history is not None or inner is not None:
+        def on_epoch_end(epoch, logs):
+            row = {"epoch": epoch + 1, "loss": float(logs["loss"]), "val_loss": None}
+            if val is not None:
+                row["val_loss"] = float(model.evaluate(val[0], val[1], verbose=0))
+            if inner is not None:
+                logs["stop_loss"] = row["stop_loss"] = float(
+                    model.evaluate(inner[0], inner[1], verbose=0))
+            if history is not None:
+                history.append(row)
+        callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end))
+    if inner is not None:
+        callbacks.append(keras.callbacks.EarlyStopping("stop_loss", patience=patience, mode="min",
+                                                       restore_best_weights=True))
+    model.fit(xs, ys, epochs=epochs, batch_size=batch_size, verbose=verbose, shuffle=True,
+              callbacks=callbacks)
+    batch = train_records[0].get("batch_size", 4096)
+    meta = {"batch_size": int(batch), "backend": train_records[0].get("backend", "?"),
+            "scales": scales.to_dict(), "records": len(train_records)}
+    result = CostModel(export_params(model, x_mean, x_std, y_scale), meta)
+    result.meta["train_metrics"] = metrics(result, train_records)
+    result.meta["unseen_metrics"] = metrics(result, list(val_records))
+    return result
+
+
+def _load_into(keras_model, model):
+    p = model.params
+    for ours, layer in (("1", "table_1"), ("2", "table_2")):
+        keras_model.get_layer(layer).set_weights([p[f"w{ours}"], p[f"b{ours}"]])
+    for stage in STAGES:
+        for k in ("1", "2"):
+            keras_model.get_layer(f"{stage}_{k}").set_weights([p[f"{stage}_w{k}"],
+                                                               p[f"{stage}_b{k}"]])

@@ -1,0 +1,318 @@
+"""Training the learned planner: the cost model on benchmark records, the policy on tasks.
+
+    tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl --out DIR
+
+1. Cost model (`cost_model.fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
+   MSE on forward / backward ms; MAE / MSE reported on train and unseen tables.
+2. Policy (`train_policy`, numpy): REINFORCE with a greedy self-critical baseline on the
+   estimated MDP -- the cost model is the simulator, reward = -(max device cost) / L -- over
+   tasks drawn from the first half of the benchmark's MetaSyn-like pool (down-scaled for CPU:
+   256 tables, batch 1024, rows / 64; tasks of 80 tables on 8 devices of 256 MiB).
+3. When a measuring estimator ("measured-cpu") is registered, a small loop measures the
+   policy's own greedy plans, adds them as records, refits the cost model and fine-tunes the
+   policy (`refine_with_measurements`).
+Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --out.
+
+`synthetic_records` makes records from a known nonlinear multi-table cost for tests and
+development only; they are never shipped as measurements (their backend is "synthetic").
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from tfra_dynamic_embedding.placement import features
+
+# The pool the CPU benchmark records come from (placement/benchmark/collect.py defaults).
+CPU_POOL = {"num_tables": 256, "seed": 0, "batch_size": 1024, "row_scale": 1 / 64}
+CPU_MEMORY = "256MiB"
+
+
+# -- synthetic records (tests / development only) --------------------------------------------
+def synthetic_cost(tables, batch_size=1024):
+    """A known nonlinear multi-table cost (forward_ms, backward_ms): bytes moved, slowed by the
+    shard's total size (cache pressure) and by the number of tables (per-kernel overhead)."""
+    fwd = bwd = 0.0
+    size = 0.0
+    for t in tables:
+        row = t.dim * t.bytes_per_value
+        lookups = batch_size * t.pooling_factor
+        fwd += row * (lookups + batch_size) / 2e9 * 1e3
+        bwd += row * (2 * lookups + batch_size) / 1.5e9 * 1e3
+        size += t.size_bytes / 2 ** 20
+    slow = 1.0 + 0.8 * math.tanh(size / 64.0)
+    k = len(tables)
+    return fwd * slow + 0.02 * k, bwd * slow * (1.0 + 0.05 * math.sqrt(k)) + 0.03 * k
+
+
+def synthetic_records(tables, num_records, max_tables=12, batch_size=1024, seed=0, noise=0.02):
+    """Records like the benchmark's, from `synthetic_cost` (for tests and development only)."""
+    rng = np.random.default_rng(seed)
+    tables = list(tables)
+    out = []
+    for _ in range(num_records):
+        k = int(rng.integers(1, min(max_tables, len(tables)) + 1))
+        chosen = [tables[i] for i in rng.choice(len(tables), k, replace=False)]
+        fwd, bwd = synthetic_cost(chosen, batch_size)
+        fwd *= 1 + noise * rng.standard_normal()
+        bwd *= 1 + noise * rng.standard_normal()
+        out.append({"backend": "synthetic", "batch_size": batch_size, "seed": seed, "threads": 1,
+                    "tables": [{"name": t.name, "features": features.table_features(t).tolist(),
+                                "spec": t.to_dict()} for t in chosen],
+                    "forward_ms": fwd, "backward_ms": bwd, "total_ms": fwd + bwd})
+    return out
+
+
+# -- the policy ---------------------------------------------------------------------------------
+class _Adam:
+    def __init__(self, params, lr):
+        self.lr, self.t = lr, 0
+        self.m = {k: np.zeros_like(v) for k, v in params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in params.items()}
+
+    def step(self, params, grads, b1=0.9, b2=0.999):
+        self.t += 1
+        for k, g in grads.items():
+            self.m[k] = b1 * self.m[k] + (1 - b1) * g
+            self.v[k] = b2 * self.v[k] + (1 - b2) * g * g
+            mh = self.m[k] / (1 - b1 ** self.t)
+            vh = self.v[k] / (1 - b2 ** self.t)
+            params[k] = params[k] - self.lr * mh / (np.sqrt(vh) + 1e-8)
+
+
+def cpu_pool_tasks(num_tasks, half="train", tables_per_task=80, num_devices=8, seed=0,
+                   memory=CPU_MEMORY, pool=None):
+    """Tasks from one half of the down-scaled MetaSyn-like CPU pool (see CPU_POOL)."""
+    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
+    pool = pool or workloads.generate_pool(**CPU_POOL)
+    train, test = workloads.split_pool(pool, seed=CPU_POOL["seed"])
+    tables = train if half == "train" else test
+    return workloads.make_tasks(tables, num_tasks, tables_per_task, num_devices, memory, seed,
+                                batch_size=CPU_POOL["batch_size"])
+
+
+def train_policy(model, tasks, iterations=200, samples=16, lr=1e-3, seed=0, policy=None,
+                 entropy=1e-3, history=None, log=None, eval_every=25):
+    """REINFORCE (greedy self-critical baseline) on the estimated MDP of `tasks`.
+
+    Each iteration takes one task, runs `samples` sampled episodes and one greedy episode
+    with the cost model as the simulator; advantage = greedy max cost - sampled max cost (in
+    units of L). Every `eval_every` iterations the mean greedy cost over all tasks is checked
+    and the best parameters so far are kept (the untrained policy is the cost model's greedy,
+    so training never returns anything worse on its tasks). Returns the trained Policy;
+    `history` gets per-iteration dicts.
+    """
+    from tfra_dynamic_embedding.placement import policy as pol  # pylint: disable=import-outside-toplevel
+    policy = policy or pol.Policy(seed=seed)
+    problems = [pol.Problem(t, model) for t in tasks]
+    opt = _Adam(policy.params, lr)
+    rng = np.random.default_rng(seed)
+    best_value = mean_greedy_cost(model, policy, tasks)
+    best_params = {k: v.copy() for k, v in policy.params.items()}
+    for it in range(iterations):
+        prob = problems[it % len(problems)]
+        _, greedy_top, _ = pol.rollout(prob, policy, 1, greedy=True)
+        _, tops, trace = pol.rollout(prob, policy, samples, greedy=False, rng=rng, keep=True)
+        reward = np.where(np.isfinite(tops), -tops / prob.scale, pol.FAILED_REWARD)
+        base = -greedy_top[0] / prob.scale if np.isfinite(greedy_top[0]) else reward.mean()
+        adv = reward - base
+        adv = adv / (adv.std() + 1e-3)
+        grads = policy.gradients(trace, adv, entropy)
+        grads = {k: v / samples for k, v in grads.items()}
+        opt.step(policy.params, grads)
+        row = {"iteration": it + 1, "greedy_cost_over_L": float(greedy_top[0] / prob.scale),
+               "sampled_mean_over_L": float(np.mean(np.minimum(-reward, -pol.FAILED_REWARD))),
+               "alpha": float(policy.params["alpha"])}
+        if (it + 1) % eval_every == 0 or it + 1 == iterations:
+            value = mean_greedy_cost(model, policy, tasks)
+            row["mean_greedy_over_L"] = value
+            if value < best_value - 1e-9:
+                best_value, best_params = value, {k: v.copy() for k, v in policy.params.items()}
+        if history is not None:
+            history.append(row)
+        if log and (it + 1) % max(1, iterations // 10) == 0:
+            log(f"policy iteration {it + 1}/{iterations}: greedy max/L "
+                f"{row['greedy_cost_over_L']:.4f}, sampled {row['sampled_mean_over_L']:.4f}")
+    policy.params = best_params
+    policy.meta.update({"iterations": iterations, "samples": samples, "tasks": len(tasks),
+                        "train_mean_greedy_over_L": best_value})
+    return policy
+
+
+def mean_greedy_cost(model, policy, tasks):
+    """Mean (greedy max cost / L) of the policy over tasks, by the cost model."""
+    from tfra_dynamic_embedding.placement import policy as pol  # pylint: disable=import-outside-toplevel
+    values = []
+    for task in tasks:
+        prob = pol.Problem(task, model)
+        _, top, _ = pol.rollout(prob, policy, 1, greedy=True)
+        values.append(top[0] / prob.scale)
+    return float(np.mean(values))
+
+
+def refine_with_measurements(model, policy, tasks, records, estimator="measured-cpu",
+                             rounds=1, plans_per_round=2, epochs=40, iterations=40, log=None):
+    """Measures the policy's own greedy plans with a measuring estimator, adds each device as
+    a record (total split into forward / backward by the model's predicted ratio), refits the
+    cost model from its weights and fine-tunes the policy. Small by design."""
+    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import evaluate, policy as pol  # pylint: disable=import-outside-toplevel
+    est = evaluate.get_estimator(estimator)
+    records = list(records)
+    for r in range(rounds):
+        added = 0
+        for task in tasks[r * plans_per_round:(r + 1) * plans_per_round]:
+            plan = pol.plan_task(task, policy, model)
+            by_device = {}
+            for shard in plan.shards():
+                by_device.setdefault(shard.device, []).append(shard)
+            for device in task.devices:
+                shards = by_device.get(device.name)
+                if not shards:
+                    continue
+                total_ms = est.device_cost(shards, device, task) * 1e3
+                summed = sum(model.shard_embedding(s.table, s.index, s.num_slices)
+                             for s in shards)
+                fb = model.heads(summed)
+                share = float(fb[0] / max(fb.sum(), 1e-12))
+                records.append({"backend": "measured-plan", "batch_size": task.batch_size,
+                                "tables": [{"name": s.table.name, "spec": s.table.to_dict(),
+                                            "fraction": s.fraction,
+                                            "features": cm.shard_features(
+                                                s.table, s.fraction).tolist()} for s in shards],
+                                "forward_ms": total_ms * share,
+                                "backward_ms": total_ms * (1 - share), "total_ms": total_ms})
+                added += 1
+        model = cm.fit(records, epochs=epochs, init=model, scales=model.scales)
+        policy = train_policy(model, tasks, iterations, policy=policy)
+        if log:
+            log(f"measurement round {r + 1}/{rounds}: {added} measured devices added, "
+                f"cost model refit, policy fine-tuned")
+    return model, policy, records
+
+
+# -- plots / CLI --------------------------------------------------------------------------------
+def plot_curves(cost_history, policy_history, path):
+    """PNG: cost-model loss (train / unseen) per epoch, policy greedy max/L per iteration."""
+    from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
+    plt = evaluate._pyplot()  # pylint: disable=protected-access
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    if cost_history:
+        ep = [h["epoch"] for h in cost_history]
+        ax1.plot(ep, [h["loss"] for h in cost_history], label="train tables")
+        if cost_history[0].get("val_loss") is not None:
+            ax1.plot(ep, [h["val_loss"] for h in cost_history], label="unseen tables")
+        ax1.set_yscale("log")
+        ax1.legend()
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("MSE (scaled ms)")
+    ax1.set_title("cost model")
+    if policy_history:
+        it = [h["iteration"] for h in policy_history]
+        g = np.array([h["greedy_cost_over_L"] for h in policy_history])
+        w = max(1, len(g) // 20)
+        smooth = np.convolve(g, np.ones(w) / w, mode="valid")
+        ax2.plot(it, g, alpha=0.3, label="greedy (per task)")
+        ax2.plot(it[w - 1:], smooth, label=f"moving mean ({w})")
+        ax2.legend()
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("max device cost / L (cost model)")
+    ax2.set_title("policy (REINFORCE)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, seed=0,
+                  measure=True, log=print):
+    """The whole pipeline (see the module docstring); returns the summary dict."""
+    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
+    os.makedirs(out, exist_ok=True)
+    records = cm.load_records(data)
+    if len(records) < 10:
+        raise ValueError(f"{data} holds {len(records)} usable records; need at least 10")
+    train_recs, unseen = cm.split_by_tables(records, seed)
+    log(f"{len(records)} records: {len(train_recs)} train, {len(unseen)} with unseen tables, "
+        f"{len(records) - len(train_recs) - len(unseen)} mixed (unused)")
+    if len(train_recs) < 10:
+        log("too few pure train records; training on all records, no unseen split")
+        train_recs, unseen = records, []
+    t0 = time.time()
+    cost_history = []
+    model = cm.fit(train_recs, unseen, epochs=epochs, seed=seed, history=cost_history,
+                   verbose=2 if log else 0)
+    log(f"cost model trained in {time.time() - t0:.1f}s: train {model.meta['train_metrics']}, "
+        f"unseen {model.meta['unseen_metrics']}")
+    held_out = {"train_metrics": model.meta["train_metrics"],
+                "unseen_metrics": model.meta["unseen_metrics"]}
+    if len(train_recs) < len(records):
+        # the shipped model learns from every record; the split above measured generalisation
+        model = cm.fit(records, epochs=epochs, seed=seed)
+        log(f"final cost model on all {len(records)} records: {model.meta['train_metrics']}")
+    model.meta["held_out"] = held_out
+    train_tasks = cpu_pool_tasks(tasks, "train", seed=seed)
+    policy_history = []
+    t0 = time.time()
+    pol = train_policy(model, train_tasks, iterations, samples, seed=seed,
+                       history=policy_history, log=log)
+    log(f"policy trained in {time.time() - t0:.1f}s")
+    measured = None
+    if measure and "measured-cpu" not in evaluate.list_estimators():
+        try:  # registers "measured-cpu" where the benchmark package exists
+            import tfra_dynamic_embedding.placement.benchmark  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        except ImportError:
+            pass
+    if measure and "measured-cpu" in evaluate.list_estimators():
+        model, pol, _ = refine_with_measurements(model, pol, train_tasks, records, log=log)
+        measured = "measured-cpu"
+    model.meta["data"] = os.path.basename(data)
+    model.save(os.path.join(out, "cost_model_cpu.npz"))
+    pol.meta.update({"cost_model": "cost_model_cpu.npz", "pool": CPU_POOL,
+                     "memory": CPU_MEMORY, "refined_with": measured})
+    pol.save(os.path.join(out, "policy_cpu.npz"))
+    summary = {"records": len(records), "train_records": len(train_recs),
+               "unseen_records": len(unseen), "held_out": held_out,
+               "final_metrics_all_records": model.meta["train_metrics"], "refined_with": measured,
+               "policy_final_greedy_over_L": mean_greedy_cost(model, pol, train_tasks),
+               "cost_history": cost_history, "policy_history": policy_history}
+    with open(os.path.join(out, "training.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    plot_curves(cost_history, policy_history, os.path.join(out, "training.png"))
+    log(f"wrote {out}/cost_model_cpu.npz, policy_cpu.npz, training.json, training.png")
+    return summary
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser(
+        "train-planner", help="train the learned cost model and RL placement policy",
+        description="Train the neural cost model on benchmark records (JSONL) and the RL "
+        "placement policy on tasks of the CPU pool's first half; writes cost_model_cpu.npz, "
+        "policy_cpu.npz, training.json and training.png to --out. Use them with "
+        "`tfra-de plan --strategy learned --weights DIR`.")
+    parser.add_argument("--data", required=True, help="benchmark records (JSONL)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--epochs", type=int, default=300, help="cost-model epochs")
+    parser.add_argument("--iterations", type=int, default=300, help="policy iterations")
+    parser.add_argument("--tasks", type=int, default=24, help="training tasks (80 tables, 8 "
+                        "devices)")
+    parser.add_argument("--samples", type=int, default=16, help="episodes per iteration")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-measure", action="store_true",
+                        help="skip the measured refinement even if 'measured-cpu' exists")
+    parser.set_defaults(run=_run)
+    return parser
+
+
+def _run(args):
+    if not os.path.exists(args.data):
+        print(f"tfra-de train-planner: no data file {args.data}", file=sys.stderr)
+        return 2
+    train_planner(args.data, args.out, args.epochs, args.iterations, args.tasks, args.samples,
+                  args.seed, measure=not args.no_measure)
+    return 0
