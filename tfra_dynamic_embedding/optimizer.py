@@ -75,6 +75,18 @@ class _DynamicEmbeddingMixin:
         self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
         return buffer
 
+    def _de_filed_slot(self, slots, key, wrapper, slot_name, initializer):
+        """The buffer at `slots[key]`, made if new, for optimizers (tf.compat.v1, tf_keras
+        legacy) that checkpoint slots themselves as slot variables of the primary variable."""
+        if key not in slots:
+            if _is_restore_request(initializer):
+                return None  # the optimizer then defers the restore until a step makes the slot
+            buffer = self._de_slot_buffer(wrapper, slot_name, initializer, track=False)
+            self._restore_slot_variable(slot_name=slot_name, variable=wrapper,
+                                        slot_variable=buffer)
+            slots[key] = buffer
+        return slots[key]
+
     def _de_apply(self, grads_and_vars, create_slots, apply):
         """Runs `apply(grads_and_vars)` between prefetching slot rows and writing rows back."""
         grads_and_vars = list(grads_and_vars)
@@ -131,18 +143,9 @@ class _V1Mixin(_DynamicEmbeddingMixin):
                                                           slot_name, op_name)
 
     def _de_v1_slot(self, var, slot_name, initializer):
-        if _is_restore_request(initializer):
-            return None  # the optimizer then defers the restore until the step makes the slot
         wrapper = _wrapper_of(var)
-        named_slots = self._slot_dict(slot_name)
-        key = _v1_var_key(wrapper)
-        if key not in named_slots:
-            # v1 checkpoints its slots itself (as slot variables of the primary variable).
-            buffer = self._de_slot_buffer(wrapper, slot_name, initializer, track=False)
-            self._restore_slot_variable(slot_name=slot_name, variable=wrapper,
-                                        slot_variable=buffer)
-            named_slots[key] = buffer
-        return named_slots[key]
+        return self._de_filed_slot(self._slot_dict(slot_name), _v1_var_key(wrapper), wrapper,
+                                   slot_name, initializer)
 
     def _create_slots(self, var_list):
         # Some optimizers size slots statically (ProximalAdagrad: tf.constant(c, shape=...)).
@@ -187,15 +190,7 @@ class _LegacyKerasMixin(_DynamicEmbeddingMixin):
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
         if isinstance(var, trainable_lib.TrainableWrapper):
             slots = self._slots.setdefault(_legacy_keras_var_key(var), {})
-            if slot_name not in slots and _is_restore_request(initializer):
-                return None  # the optimizer then defers the restore until the step makes it
-            if slot_name not in slots:
-                # OptimizerV2 checkpoints its slots itself (as slot variables of `var`).
-                buffer = self._de_slot_buffer(var, slot_name, initializer, track=False)
-                self._restore_slot_variable(slot_name=slot_name, variable=var,
-                                            slot_variable=buffer)
-                slots[slot_name] = buffer
-            return slots[slot_name]
+            return self._de_filed_slot(slots, slot_name, var, slot_name, initializer)
         return super().add_slot(var, slot_name, initializer=initializer, shape=shape)
 
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):

@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from tfra_dynamic_embedding.placement import evaluate, features
+from tfra_dynamic_embedding.placement.benchmark import collect
 from tfra_dynamic_embedding.placement.types import TableSpec
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -51,19 +52,10 @@ def _softplus(x):
 def load_records(path):
     """Benchmark records from a JSONL file (blank and malformed trailing lines are skipped, as a
     file still being written may end mid-line)."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec:
-                records.append(rec)
-    return records
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no benchmark records at {path}")
+    return [rec for rec in collect.read_records(path)
+            if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec]
 
 
 def shard_features(table, fraction=1.0, scales=features.FeatureScales(), batch_size=1024):
