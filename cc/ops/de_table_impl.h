@@ -828,6 +828,29 @@ class Table : public TableBase {
   }
 };
 
+// A new Table<K, V> for `cfg.value_dtype`; each key type's .cc file instantiates it, so the
+// key types compile in parallel.
+template <class K>
+Status NewTableFor(const TableConfig& cfg, TableBase** out) {
+  auto make = [&](auto* value_tag) -> Status {
+    using V = std::remove_pointer_t<decltype(value_tag)>;
+    std::unique_ptr<Table<K, V>> t(new Table<K, V>(cfg));
+    TF_RETURN_IF_ERROR(t->Init());
+    *out = t.release();
+    return absl::OkStatus();
+  };
+  switch (cfg.value_dtype) {
+    case tensorflow::DT_HALF: return make(static_cast<Eigen::half*>(nullptr));
+    case tensorflow::DT_BFLOAT16: return make(static_cast<Eigen::bfloat16*>(nullptr));
+    case tensorflow::DT_FLOAT: return make(static_cast<float*>(nullptr));
+    case tensorflow::DT_DOUBLE: return make(static_cast<double*>(nullptr));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "value_dtype must be float16, bfloat16, float32 or float64, got ",
+          tensorflow::DataTypeString(cfg.value_dtype)));
+  }
+}
+
 }  // namespace tfra_de
 
 #include "de_table_io.h"  // NOLINT: member definitions of Table

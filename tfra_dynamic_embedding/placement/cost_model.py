@@ -232,15 +232,20 @@ class CostModel:
 _LOADED = {}
 
 
+def load_cached(path, load):
+    """`load(path)`, cached per path until the file changes (weights are read once per run)."""
+    path = os.path.abspath(path)
+    stamp = os.path.getmtime(path) if os.path.exists(path) else None
+    if path not in _LOADED or _LOADED[path][0] != stamp:
+        _LOADED[path] = (stamp, load(path))
+    return _LOADED[path][1]
+
+
 def load_cost_model(weights=None):
     """A CostModel from `weights` (path, CostModel, or None: the shipped CPU model), cached."""
     if isinstance(weights, CostModel):
         return weights
-    path = os.path.abspath(weights or DEFAULT_WEIGHTS)
-    stamp = os.path.getmtime(path) if os.path.exists(path) else None
-    if path not in _LOADED or _LOADED[path][0] != stamp:
-        _LOADED[path] = (stamp, CostModel.load(path))
-    return _LOADED[path][1]
+    return load_cached(weights or DEFAULT_WEIGHTS, CostModel.load)
 
 
 class LearnedEstimator(evaluate.CostEstimator):

@@ -211,7 +211,6 @@ def _to_plan(problem, choices, seed, meta):
     return plan
 
 
-_LOADED = {}
 _WEIGHTS_DIR = [None]
 
 
@@ -226,11 +225,7 @@ def use_weights(directory):
 def load_policy(path=None):
     if isinstance(path, Policy):
         return path
-    path = os.path.abspath(path or DEFAULT_WEIGHTS)
-    stamp = os.path.getmtime(path) if os.path.exists(path) else None
-    if path not in _LOADED or _LOADED[path][0] != stamp:
-        _LOADED[path] = (stamp, Policy.load(path))
-    return _LOADED[path][1]
+    return cm.load_cached(path or DEFAULT_WEIGHTS, Policy.load)
 
 
 def plan_task(task, policy=None, model=None, samples=0, seed=0):
