@@ -65,6 +65,7 @@ class Table : public TableBase {
     char* slab = nullptr;
     size_t slab_rows = 0;        // allocated rows
     uint32_t high_water = 0;     // rows ever handed out
+    size_t faulted_rows = 0;     // rows [0, faulted_rows) have their pages faulted in
     std::vector<uint32_t> free_rows;
   };
 
@@ -159,6 +160,7 @@ class Table : public TableBase {
       // Pass 1 reads, so `exists` reports the table as it was before this op,
       // also for a key repeated in the batch. Pass 2 creates the missing rows.
       std::vector<int64_t> missing;
+      if (insert) PrepareNewRows(s, static_cast<size_t>(hi - lo));
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
       TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
         ex[i] = row >= 0;
@@ -199,6 +201,7 @@ class Table : public TableBase {
     const int64_t dim = cfg_.dim;
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      PrepareNewRows(s, static_cast<size_t>(hi - lo));
       return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         if (row < 0) {
           uint32_t r;
@@ -576,6 +579,7 @@ class Table : public TableBase {
     const int64_t dim = cfg_.dim;
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      PrepareNewRows(s, static_cast<size_t>(hi - lo));
       auto pre = [&](int64_t i) { PrefetchRow(in + i * dim, /*write=*/false); };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         const V* src = in + i * dim;
@@ -695,7 +699,7 @@ class Table : public TableBase {
   }
 
   Status Rehash(Shard& s, size_t new_cap) {
-    uint32_t* nslots = static_cast<uint32_t*>(BigAlloc(new_cap * 4));
+    uint32_t* nslots = static_cast<uint32_t*>(BigAlloc(new_cap * 4, /*populate=*/true));
     if (nslots == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard index to ", new_cap, " slots"));
     }
@@ -725,22 +729,41 @@ class Table : public TableBase {
       s.free_rows.pop_back();
       return absl::OkStatus();
     }
-    if (s.high_water == s.slab_rows) {
-      if (s.slab_rows >= size_t{kRowMask} + 1) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "a table shard is full (2^", kRowBits, " rows); create the table with more num_shards"));
-      }
-      const size_t want = std::min<size_t>(size_t{kRowMask} + 1, std::max<size_t>(16, s.slab_rows * 2));
-      void* p = BigRealloc(s.slab, s.slab_rows * rec_bytes_, want * rec_bytes_);
-      if (p == nullptr) {
-        return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard to ", want, " rows of ",
-                                                         rec_bytes_, " bytes"));
-      }
-      s.slab = static_cast<char*>(p);
-      s.slab_rows = want;
-    }
+    if (s.high_water == s.slab_rows) TF_RETURN_IF_ERROR(GrowSlab(s, s.slab_rows + 1));
     *row = s.high_water++;
     return absl::OkStatus();
+  }
+
+  // Doubles the slab (at least to `min_rows`, at most 2^kRowBits rows).
+  Status GrowSlab(Shard& s, size_t min_rows) {
+    constexpr size_t kMaxRows = size_t{kRowMask} + 1;
+    if (s.slab_rows >= kMaxRows) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a table shard is full (2^", kRowBits, " rows); create the table with more num_shards"));
+    }
+    const size_t want = std::min(kMaxRows, std::max<size_t>({16, s.slab_rows * 2, min_rows}));
+    void* p = BigRealloc(s.slab, s.slab_rows * rec_bytes_, want * rec_bytes_);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard to ", want, " rows of ",
+                                                       rec_bytes_, " bytes"));
+    }
+    s.slab = static_cast<char*>(p);
+    s.slab_rows = want;
+    return absl::OkStatus();
+  }
+
+  // Before a batch that may create up to `n` rows in shard `s`: reserves them
+  // and faults their pages in with one call. Over-faults only rows that later
+  // inserts use anyway (rows are handed out in order), at most one batch.
+  void PrepareNewRows(Shard& s, size_t n) {
+    const size_t reused = std::min(n, s.free_rows.size());
+    const size_t end = std::min<size_t>(size_t{kRowMask} + 1, size_t{s.high_water} + n - reused);
+    if (end <= s.high_water) return;
+    if (end > s.slab_rows && !GrowSlab(s, end).ok()) return;  // AllocRow reports it
+    const size_t from = std::max<size_t>(s.faulted_rows, s.high_water);
+    if (end <= from) return;
+    Prefault(s.slab + from * rec_bytes_, (end - from) * rec_bytes_);
+    s.faulted_rows = end;
   }
 
   // Frees everything a shard owns.
@@ -754,6 +777,7 @@ class Table : public TableBase {
     s->slab = nullptr;
     s->slab_rows = 0;
     s->high_water = 0;
+    s->faulted_rows = 0;
     std::vector<uint32_t>().swap(s->free_rows);
     s->slots = nullptr;
     s->cap = 0;
@@ -788,6 +812,7 @@ class Table : public TableBase {
     std::swap(a->slab, b->slab);
     std::swap(a->slab_rows, b->slab_rows);
     std::swap(a->high_water, b->high_water);
+    std::swap(a->faulted_rows, b->faulted_rows);
     a->free_rows.swap(b->free_rows);
   }
 
