@@ -1,6 +1,7 @@
 """Learned placement vs random and the heuristics on unseen tables; transfer to larger tasks.
 
-    python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--plot placement_eval.png]
+    python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--records-out F]
+        [--plot placement_eval.png]
 
 Setup (down-scaled for CPU, the pool the CPU benchmark records come from): a MetaSyn-like pool of
 256 tables (batch 1024, hash sizes / 64), split in halves; the policy was trained on tasks of
@@ -9,13 +10,15 @@ Transfer: 160/16, 400/40, 800/80 tables/devices from larger pools of the same ge
 the test half), same memory per device.
 
 Scores (LABELLED in the output): by the "learned" cost model (always), and by measured CPU
-costs ("measured-cpu", the tf_cpu benchmark) on the first --measured-tasks tasks where that
-estimator is available. Metrics: mean max device cost, degree of balance (min / max device
-cost), speedup over random, and the gap to a bound: max(largest piece alone, cost of all tables
-on one device / devices) -- a lower bound when the cost is monotone and sub-additive (sharing a
-device never costs more than running apart), approximate for the cost model, which extrapolates
-far beyond the 1..8-table shards it was trained on. cost-greedy is given the cost model, so it
-is the cost model's own greedy. The planning time of `learned` on 800 tables / 80 devices is
+costs (the tf_cpu benchmark, one TF thread, the protocol of the shipped records) on the first
+--measured-tasks tasks; the goals are judged on the measured scores when there are any.
+Metrics: mean max device cost, degree of balance (min / max device cost), speedup over random,
+and the gap to a bound: max(heaviest pieces alone, all tables on one device / devices) -- a
+lower bound when the cost is monotone and sub-additive (sharing a device never costs more than
+running apart); measured too when scoring by measurement, and reported invalid if any plan
+beats it. cost-greedy is given the cost model, so it is the cost model's own greedy. Every
+measured device is also a record of unseen tables: the cost model's MAE on them is printed and
+`--records-out FILE` keeps them. The planning time of `learned` on 800 tables / 80 devices is
 measured on one core (BLAS threads 1, CPU affinity one core).
 
 Prints a table and one JSON line.
@@ -39,7 +42,7 @@ from tfra_dynamic_embedding.placement.types import PlacementError, Shard  # noqa
 
 STRATEGIES = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced", "nsbp", "cost-greedy", "learned"]
-MEASURED_STRATEGIES = ["random", "lookup-greedy", "cost-greedy", "learned"]
+MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-greedy", "learned"]
 
 
 def bound(task, est):
@@ -50,16 +53,37 @@ def bound(task, est):
     return max(largest, est.device_cost(shards, None, task) / task.num_devices)
 
 
-def score(tasks, strategies, est, num_random=10, plan_est=None):
-    """Rows per strategy: mean max cost, balance, speedup over random, gap to `bound`, scored
-    by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`)."""
+def measured_bound(task, mest, model_est, top=3):
+    """The bound by measurement: max(the `top` heaviest pieces (by the cost model) alone, all
+    pieces on one device / devices) -- a lower bound when sharing a device never costs more
+    than running apart (checked: no plan may beat it)."""
+    items = heuristics.split_items(task)
+    shards = [Shard(it.table, "", it.index, it.num_slices) for it in items]
+    heavy = sorted(shards, key=lambda s: -model_est.device_cost([s], None, task))[:top]
+    largest = max(mest.device_cost([s], None, task) for s in heavy)
+    return max(largest, mest.device_cost(shards, None, task) / task.num_devices)
+
+
+def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None):
+    """Rows per strategy: mean max cost, balance, speedup over random, gap to the bound, scored
+    by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`).
+    `bound_fn(task)` gives the bound (default `bound` by `est` unless it measures);
+    `on_task(task, strategy)` is called before each strategy's plans are scored."""
     plan_est = plan_est or est
+    if bound_fn is None:
+        bound_fn = (lambda task: None) if est.measured else (lambda task: bound(task, est))
     per = {s: {"max": [], "bal": [], "speed": [], "gap": []} for s in strategies}
     failures = {s: 0 for s in strategies}
     for task in tasks:
+        if on_task:
+            on_task(task, "random")
         rand = evaluate.random_baseline(task, est, num_random)
-        lb = None if est.measured else bound(task, est)   # measuring it would take 80+ runs
+        if on_task:
+            on_task(task, "bound")
+        lb = bound_fn(task)
         for name in strategies:
+            if on_task:
+                on_task(task, name)
             try:
                 if name == "random":
                     plans = [heuristics.propose(task, "random", k) for k in range(num_random)]
@@ -89,6 +113,68 @@ def score(tasks, strategies, est, num_random=10, plan_est=None):
     return rows
 
 
+def _goals(by):
+    """The issue's goals for `learned` from rows by strategy (one scoring)."""
+    learned, lookup = by["learned"], by["lookup-greedy"]
+    # a negative gap of any strategy shows the cost is not sub-additive there, so the bound is
+    # no bound and the goal cannot be judged
+    valid = all(r["gap"] is None or r["gap"] >= -1e-9 for r in by.values())
+    return {"balance": learned["balance"], "balance_goal_met": learned["balance"] >= 0.95,
+            "reduction_vs_lookup_greedy": 1 - learned["max_cost"] / lookup["max_cost"],
+            "reduction_goal_met": learned["max_cost"] <= 0.9 * lookup["max_cost"],
+            "ratio_to_bound": None if learned["gap"] is None else 1 + learned["gap"],
+            "bound_valid": valid,
+            "bound_goal_met": (learned["gap"] <= 0.03) if valid and learned["gap"] is not None
+            else None}
+
+
+def score_measured(tasks, model_est, records_out=None):
+    """Scores MEASURED_STRATEGIES on `tasks` by measured CPU costs (tf_cpu benchmark, one TF
+    thread, the protocol of the shipped records); every measured device is also a record of
+    unseen tables, on which the cost model's error is reported. None without TensorFlow."""
+    try:
+        from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+        from tfra_dynamic_embedding.placement.benchmark import collect  # pylint: disable=import-outside-toplevel
+    except ImportError as err:
+        print(f"\n(no measured scoring: {err})")
+        return None
+    tf_cpu.set_threads(1)
+    records, where = [], {}
+
+    def keep(shards, batch, result):
+        if any(getattr(s, "num_slices", 1) > 1 for s in shards):
+            return   # records describe whole tables
+        records.append(collect.make_record(
+            [s.table for s in shards], result, batch, 0, split="test",
+            source=f"eval:{where['strategy']}", pool_seed=train.CPU_POOL["seed"],
+            pool_tables=train.CPU_POOL["num_tables"], row_scale=train.CPU_POOL["row_scale"]))
+
+    mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
+                                    on_measure=keep)
+    t0 = time.time()
+
+    def on_task(task, strategy):
+        where["strategy"] = strategy
+        print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
+              f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
+
+    rows = score(tasks, MEASURED_STRATEGIES, mest, num_random=2, plan_est=model_est,
+                 bound_fn=lambda task: measured_bound(task, mest, model_est), on_task=on_task)
+    print(f"\n== 80/8, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
+          f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
+    print(evaluate.format_rows(rows))
+    devices = [r for r in records if r["source"] != "eval:bound"]
+    cm_metrics = cm.metrics(model_est.model, devices)
+    print(f"cost model on the {len(devices)} measured devices (unseen tables): MAE "
+          f"{cm_metrics.get('mae_ms', float('nan')):.2f} ms, correlation "
+          f"{cm_metrics.get('corr', float('nan')):.3f}")
+    if records_out:
+        with open(records_out, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        print(f"wrote {len(records)} measured records to {records_out}")
+    return {"rows": rows, "cost_model_on_measured_devices": cm_metrics}
+
+
 def planning_time(task, repeats=5):
     try:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -116,6 +202,8 @@ def main(argv=None):
     parser.add_argument("--transfer-tasks", type=int, default=3)
     parser.add_argument("--measured-tasks", type=int, default=0,
                         help="also score this many 80/8 tasks by measured CPU costs (slow)")
+    parser.add_argument("--records-out", default=None, metavar="FILE",
+                        help="write the measured devices as JSONL benchmark records")
     parser.add_argument("--plot", default="placement_eval.png")
     args = parser.parse_args(argv)
 
@@ -132,41 +220,17 @@ def main(argv=None):
     print(evaluate.format_rows(rows))
     results["80/8 cost-model"] = rows
     by = {r["strategy"]: r for r in rows}
-    learned, lookup = by["learned"], by["lookup-greedy"]
-    goals = {"scored_by": "cost model",
-             "balance": learned["balance"], "balance_goal_met": learned["balance"] >= 0.95,
-             "reduction_vs_lookup_greedy": 1 - learned["max_cost"] / lookup["max_cost"],
-             "reduction_goal_met": learned["max_cost"] <= 0.9 * lookup["max_cost"],
-             "ratio_to_bound": 1 + learned["gap"],
-             # a negative gap of any strategy shows the cost model is not sub-additive there,
-             # so the bound is no bound and the goal cannot be judged
-             "bound_valid": all(r["gap"] is None or r["gap"] >= -1e-9 for r in rows),
-             "bound_goal_met": learned["gap"] <= 0.03 if all(
-                 r["gap"] is None or r["gap"] >= -1e-9 for r in rows) else None}
+    goals = {"scored_by": "cost model", **_goals(by)}
 
-    measured_name = "measured-cpu"
     if args.measured_tasks:
-        try:
-            import tfra_dynamic_embedding.placement.benchmark  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-        except ImportError:
-            pass
-    if args.measured_tasks and measured_name in evaluate.list_estimators():
-        mest = evaluate.get_estimator(measured_name)
-        t0 = time.time()
-        mrows = score(tasks[:args.measured_tasks], MEASURED_STRATEGIES, mest, num_random=2,
-                      plan_est=est)
-        print(f"\n== 80/8, {args.measured_tasks} tasks, scored by: MEASURED CPU costs "
-              f"({measured_name}, {time.time() - t0:.0f}s) ==")
-        print(evaluate.format_rows(mrows))
-        results["80/8 measured"] = mrows
-        mb = {r["strategy"]: r for r in mrows}
-        goals["measured"] = {
-            "balance": mb["learned"]["balance"],
-            "reduction_vs_lookup_greedy": 1 - mb["learned"]["max_cost"] /
-            mb["lookup-greedy"]["max_cost"]}
+        measured = score_measured(tasks[:args.measured_tasks], est, args.records_out)
+        if measured:
+            results["80/8 measured"] = measured["rows"]
+            results["unseen_tables_cost_model"] = measured["cost_model_on_measured_devices"]
+            mb = {r["strategy"]: r for r in measured["rows"]}
+            goals = {"scored_by": "measured CPU costs", **_goals(mb), "cost_model": goals}
     else:
-        print(f"\n(no measured scoring: --measured-tasks {args.measured_tasks}, "
-              f"'{measured_name}' registered: {measured_name in evaluate.list_estimators()})")
+        print("\n(no measured scoring: --measured-tasks 0)")
 
     transfer = {}
     for tables, devices in ((160, 16), (400, 40), (800, 80)):
@@ -185,13 +249,16 @@ def main(argv=None):
           f"{median * 1e3:.1f} ms, best {best * 1e3:.1f} ms (goal <= 200 ms)")
     results["planning_800_80_s"] = {"median": median, "min": best, "goal_met": median <= 0.2}
     results["goals_80_8"] = goals
-    print("goals (80/8, cost model): balance {balance:.3f} (>= 0.95: {balance_goal_met}), "
-          "max cost {reduction_vs_lookup_greedy:+.1%} vs lookup-greedy (>= 10%: "
-          "{reduction_goal_met}), {ratio_to_bound:.3f}x the bound (<= 1.03: "
-          "{bound_goal_met}; bound valid: {bound_valid})".format(**goals))
+    ratio = "n/a" if goals["ratio_to_bound"] is None else f"{goals['ratio_to_bound']:.3f}x"
+    print("goals (80/8, scored by {scored_by}): balance {balance:.3f} (>= 0.95: "
+          "{balance_goal_met}), max cost {reduction_vs_lookup_greedy:+.1%} vs lookup-greedy "
+          "(>= 10%: {reduction_goal_met}), ".format(**goals) +
+          f"{ratio} the bound (<= 1.03: {goals['bound_goal_met']}; bound valid: "
+          f"{goals['bound_valid']})")
     if args.plot:
-        evaluate.plot_comparison(rows, args.plot, title="80 tables / 8 devices, unseen tables, "
-                                 "scored by the cost model")
+        plotted = results.get("80/8 measured", rows)
+        evaluate.plot_comparison(plotted, args.plot, title="80 tables / 8 devices, unseen "
+                                 f"tables, scored by {goals['scored_by']}")
         print(f"wrote {args.plot}")
     print(json.dumps({"benchmark": "placement_eval", **results}, default=float))
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import benchmark, evaluate
+from tfra_dynamic_embedding.placement import benchmark, evaluate, workloads
 from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu, torch_cuda
 from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
@@ -161,6 +161,16 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     again = collect.read_records(out)
     assert [r["key"] for r in again[:3]] == [r["key"] for r in records]
     assert len(again) == 4 and again[3]["index"] == 3
+    # --half train: shards only from the pool's first half, the one placement tasks train on
+    half_out = str(tmp_path / "half.jsonl")
+    half_args = [a if a != out else half_out for a in base] + ["--half", "train", "--records", "3"]
+    assert _cli(half_args) == 0
+    first = {t.name for t in workloads.split_pool(collect.make_pool(2, 32, 40, 0.0001), seed=2)[0]}
+    halves = collect.read_records(half_out)
+    assert len(halves) == 3 and all(r["half"] == "train" for r in halves)
+    assert all(t["name"] in first for r in halves for t in r["tables"])
+    with pytest.raises(ValueError, match="half"):
+        collect.make_pool(half="middle")
 
 
 def test_shipped_data_file_is_well_formed():

@@ -102,4 +102,23 @@ def test_train_planner_command_writes_weights_and_curves(tmp_path, halves):
     assert out == ["cost_model_cpu.npz", "policy_cpu.npz", "training.json", "training.png"]
     summary = json.loads((tmp_path / "w" / "training.json").read_text())
     assert summary["held_out"]["unseen_metrics"]["n"] > 0 and len(summary["cost_history"]) == 3
-    assert cm.CostModel.load(str(tmp_path / "w" / "cost_model_cpu.npz")).meta["records"] == 42
+    # the shipped model learns from the training side of the table split only
+    shipped = cm.CostModel.load(str(tmp_path / "w" / "cost_model_cpu.npz"))
+    assert shipped.meta["records"] == summary["train_records"] < 42
+
+
+def test_split_by_tables_uses_the_pool_halves_of_the_placement_tasks():
+    meta = {"pool_seed": 2, "pool_tables": 40, "row_scale": 1 / 64, "batch_size": 64}
+    pool = workloads.generate_pool(40, seed=2, batch_size=64, row_scale=1 / 64)
+    first, second = workloads.split_pool(pool, seed=2)
+    seen = [dict(r, **meta) for r in train.synthetic_records(first, 6, max_tables=3, seed=1)]
+    unseen = [dict(r, **meta) for r in train.synthetic_records(second, 4, max_tables=3, seed=2)]
+    mixed = [dict(r, **meta) for r in train.synthetic_records([first[0], second[0]], 3,
+                                                              max_tables=2, seed=3)
+             if len(r["tables"]) == 2 and r["tables"][0]["name"] != r["tables"][1]["name"]]
+    for seed in (0, 5):   # the name-split seed does not matter for pool records
+        got_seen, got_unseen = cm.split_by_tables(seen + mixed + unseen, seed=seed)
+        assert got_seen == seen and got_unseen == unseen
+    # an explicit "split" field wins
+    forced = dict(seen[0], split="test")
+    assert cm.split_by_tables([forced])[1] == [forced]

@@ -123,3 +123,29 @@ def test_use_weights_directory(tmp_path, small_pool):
     finally:
         pol.use_weights(None)
     assert plan.assignment == heuristics.propose(task, "learned").assignment
+
+
+def test_local_search_lowers_the_max_and_keeps_the_plan_legal(model, small_pool):
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=24, num_devices=4, seed=3,
+                                memory="1GiB", batch_size=1024)[0]
+    problem = pol.Problem(task, model)
+    rng = np.random.default_rng(0)
+    start = rng.integers(0, 2, len(problem.items))      # everything on devices 0 and 1
+    before = model.total(np.stack([problem.emb[start == d].sum(axis=0) for d in range(4)]))
+    improved, top = pol.improve(problem, start)
+    after = model.total(np.stack([problem.emb[improved == d].sum(axis=0) for d in range(4)]))
+    assert top == pytest.approx(after.max()) and top < 0.8 * before.max()
+    assert set(np.unique(improved)) == {0, 1, 2, 3}      # the idle devices got work
+    plan = pol._to_plan(problem, improved, 0, {})  # pylint: disable=protected-access
+    plan.validate(check_memory=True)
+    # memory is respected: with room for one table each, nothing moves onto a full device
+    tables = [table(f"t{i}", 100, dim=4, pooling=1.0 + i) for i in range(4)]
+    tight = pol.Problem(make_task(tables, 4, memory=450), model)
+    fixed, _ = pol.improve(tight, np.array([0, 1, 2, 3]))
+    assert sorted(fixed.tolist()) == [0, 1, 2, 3]
+    # slices of one table never share a device
+    split = pol.Problem(make_task([table("big", 1000, dim=4, pooling=50.0),
+                                   table("s", 10, dim=4, pooling=1.0)], 3, memory=2500), model)
+    moved, _ = pol.improve(split, np.arange(len(split.items)) % 3)
+    slices = [d for it, d in zip(split.items, moved) if it.table.name == "big"]
+    assert len(slices) == len(set(slices)) == 2

@@ -21,6 +21,7 @@ and size scaled by the slice's share of rows. Costs are predicted at the batch s
 trained on and scaled linearly to the task's batch size (placement only needs relative costs).
 """
 
+import functools
 import json
 import math
 import os
@@ -117,23 +118,42 @@ def pad_records(records, scales=features.FeatureScales()):
 
 
 def split_by_tables(records, seed=0):
-    """(train, unseen) records by unseen tables: table names are split in random halves; train
-    records use only first-half tables, unseen records only second-half ones. Records with a
-    "split" field ("train"/"test") keep it. Mixed records are dropped from both."""
+    """(train, unseen) records by unseen tables; records mixing both sides are dropped.
+
+    A record's side comes from, in order: its "split" field ("train" / "test"); for records
+    measured on a generated pool (fields pool_seed, pool_tables, row_scale, batch_size), that
+    pool's halves `workloads.split_pool(pool, seed=pool_seed)` -- the halves the placement tasks
+    train and test on (`train.cpu_pool_tasks`); otherwise table names split in random halves
+    (`seed`).
+    """
     names = sorted({n for r in records for n in table_names(r)})
     order = np.random.default_rng(seed).permutation(len(names))
-    first = {names[i] for i in order[:len(names) // 2]}
+    by_name = {names[i] for i in order[:len(names) // 2]}
     train, unseen = [], []
     for rec in records:
         if rec.get("split") in ("train", "test"):
             (train if rec["split"] == "train" else unseen).append(rec)
             continue
+        first = by_name
+        if "pool_seed" in rec and "pool_tables" in rec:
+            first = _pool_train_names(int(rec["pool_tables"]), int(rec["pool_seed"]),
+                                      float(rec.get("row_scale", 1.0)),
+                                      int(rec.get("batch_size", 65536)))
         inside = [n in first for n in table_names(rec)]
         if all(inside):
             train.append(rec)
         elif not any(inside):
             unseen.append(rec)
     return train, unseen
+
+
+@functools.lru_cache(maxsize=8)
+def _pool_train_names(pool_tables, pool_seed, row_scale, batch_size):
+    """Names of the first (training) half of a generated pool."""
+    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
+    pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
+                                   row_scale=row_scale)
+    return frozenset(t.name for t in workloads.split_pool(pool, seed=pool_seed)[0])
 
 
 # -- the numpy model -----------------------------------------------------------------------------

@@ -14,7 +14,9 @@ softmax over the legal (memory-feasible, slice-distinct) devices. The prior make
 policy the longest-processing-time greedy of the cost model; training (REINFORCE with a greedy
 self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 
-Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model.
+Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model,
+then a local search (moves and swaps off the most expensive device while the predicted max
+cost drops; `improve`).
 Registered as the strategy "learned" (shipped CPU weights, no training step):
     plan = propose(task, "learned")
 """
@@ -198,6 +200,79 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     return choices, final, trace
 
 
+def improve(problem, choices, max_rounds=200, time_budget=0.025):
+    """Local search after decoding: moves a piece off the most expensive device, or swaps it
+    with a piece of another device, while that lowers the plan's max predicted cost (steepest
+    descent; memory and slice-distinctness respected). Returns (choices, max cost ms)."""
+    import time  # pylint: disable=import-outside-toplevel
+    model, D = problem.model, problem.num_devices
+    dev = np.asarray(choices, dtype=np.int64).copy()
+    if len(dev) == 0 or (dev < 0).any():
+        return dev, math.inf
+    emb, size, tid = problem.emb, problem.bytes, problem.table_id
+    S = np.zeros((D, cm.EMBED_DIM))
+    np.add.at(S, dev, emb)
+    used = np.bincount(dev, weights=size, minlength=D)
+    cost = model.total(S)
+    deadline = time.perf_counter() + time_budget
+    for _ in range(max_rounds):
+        if time.perf_counter() > deadline:
+            break
+        hot = int(np.argmax(cost))
+        top = cost[hot]
+        mine = np.flatnonzero(dev == hot)
+        other = np.flatnonzero(dev != hot)
+        if len(mine) == 0 or D < 2:
+            break
+        # moves: piece p of `hot` to device d (a "swap" with no partner)
+        p_mv = np.repeat(mine, D)
+        d_mv = np.tile(np.arange(D), len(mine))
+        q_mv = np.full(len(p_mv), -1)
+        # swaps: piece p of `hot` with piece q elsewhere
+        p_sw = np.repeat(mine, len(other))
+        q_sw = np.tile(other, len(mine))
+        p_all = np.concatenate([p_mv, p_sw])
+        q_all = np.concatenate([q_mv, q_sw])
+        d_all = np.concatenate([d_mv, dev[q_sw]])
+        ok = d_all != hot
+        e_q = np.where((q_all >= 0)[:, None], emb[np.maximum(q_all, 0)], 0.0)
+        b_q = np.where(q_all >= 0, size[np.maximum(q_all, 0)], 0.0)
+        ok &= used[hot] - size[p_all] + b_q <= problem.cap[hot]
+        ok &= used[d_all] + size[p_all] - b_q <= problem.cap[d_all]
+        # a table's slices stay on distinct devices
+        on = np.zeros((tid.max() + 1, D), dtype=np.int64)
+        np.add.at(on, (tid, dev), 1)
+        has_q = q_all >= 0
+        t_q = tid[np.maximum(q_all, 0)]
+        ok &= ~(has_q & (t_q == tid[p_all]))         # swapping two slices of one table: no-op
+        ok &= on[tid[p_all], d_all] == 0
+        ok &= ~has_q | (on[t_q, hot] == 0)
+        if not ok.any():
+            break
+        p_all, q_all, d_all, e_q = p_all[ok], q_all[ok], d_all[ok], e_q[ok]
+        new_hot = model.total(S[hot] - emb[p_all] + e_q)
+        new_d = model.total(S[d_all] + emb[p_all] - e_q)
+        # the max over the devices not touched: the largest of the top three not in {hot, d}
+        order = np.argsort(-cost)[:3]
+        rest = np.full(len(d_all), 0.0)
+        for k in order[::-1]:
+            rest = np.where((k != hot) & (k != d_all), cost[k], rest)
+        new_top = np.maximum(np.maximum(new_hot, new_d), rest)
+        best = int(np.argmin(new_top))
+        if new_top[best] >= top * (1 - 1e-6):
+            break
+        p, q, d = int(p_all[best]), int(q_all[best]), int(d_all[best])
+        S[hot] += e_q[best] - emb[p]
+        S[d] += emb[p] - e_q[best]
+        used[hot] += (size[q] if q >= 0 else 0.0) - size[p]
+        used[d] += size[p] - (size[q] if q >= 0 else 0.0)
+        dev[p] = d
+        if q >= 0:
+            dev[q] = hot
+        cost[hot], cost[d] = new_hot[best], new_d[best]
+    return dev, float(cost.max())
+
+
 def _to_plan(problem, choices, seed, meta):
     state = heuristics._State(problem.task)  # pylint: disable=protected-access
     for item, device in zip(problem.items, choices):
@@ -228,10 +303,11 @@ def load_policy(path=None):
     return cm.load_cached(path or DEFAULT_WEIGHTS, Policy.load)
 
 
-def plan_task(task, policy=None, model=None, samples=0, seed=0):
+def plan_task(task, policy=None, model=None, samples=0, seed=0, improve_steps=200):
     """A Plan of `task` by the policy: greedy decode, plus best-of-`samples` sampled episodes
-    scored by the cost model. A dead end (memory) is retried in bytes-first order; if that fails
-    too, the heuristics' PlacementError is raised."""
+    scored by the cost model, then up to `improve_steps` rounds of local search (`improve`).
+    A dead end (memory) is retried in bytes-first order; if that fails too, the heuristics'
+    PlacementError is raised."""
     directory = _WEIGHTS_DIR[0]
     if model is None:
         model = cm.load_cost_model(os.path.join(directory, "cost_model_cpu.npz")
@@ -259,6 +335,10 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0):
                 best, best_cost, how = sc[k], st[k], f"best of {samples} samples"
         if best is not None:
             break
+    if best is not None and improve_steps:
+        improved, cost = improve(problem, best, max_rounds=improve_steps)
+        if cost < best_cost:
+            best, best_cost, how = improved, cost, how + " + local search"
     if best is None:   # report like the heuristics do: the pieces left without room
         problem.set_order("bytes")
         choices, _, _ = rollout(problem, policy, 1, greedy=True)

@@ -28,16 +28,28 @@ DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
 _MODULE = "tfra_dynamic_embedding.placement.benchmark.collect"
 SOURCES = ("random", "heuristic", "plan")
+HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced")
 
 
 def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
-              row_scale=DEFAULT_ROW_SCALE):
-    """The down-scaled pool shards are drawn from (reuse histograms expected at `batch_size`)."""
+              row_scale=DEFAULT_ROW_SCALE, half="all"):
+    """The down-scaled pool shards are drawn from (reuse histograms expected at `batch_size`).
+
+    `half`: "all", or "train" / "test" for one half of `workloads.split_pool(pool, pool_seed)`
+    (the halves the placement evaluation trains and tests on), so that a cost model can be
+    trained on one half's tables and checked on tables it never saw.
+    """
     from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
-    return workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
+    if half not in HALVES:
+        raise ValueError(f"half must be one of {HALVES}; got {half!r}")
+    pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
                                    row_scale=row_scale)
+    if half == "all":
+        return pool
+    train, test = workloads.split_pool(pool, seed=pool_seed)
+    return train if half == "train" else test
 
 
 def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024):
@@ -149,13 +161,15 @@ def _progress(done, total, start, skipped, stream=sys.stderr):
 
 def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, threads=1,
             warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
-            time_limit=None, flush=None, progress=True, start_index=0):
+            time_limit=None, flush=None, progress=True, start_index=0, half="all"):
     """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
     whose key is already there. Stops early after `time_limit` seconds. Returns
     {"written", "skipped", "seconds"}."""
     from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     tf_cpu.set_threads(threads)
-    pool = make_pool(pool_seed, batch_size, pool_tables, row_scale)
+    pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half)
+    # Record indices of a half are offset so its shards differ from the whole pool's.
+    offset = {"all": 0, "train": 1 << 20, "test": 2 << 20}[half]
     present = {r.get("key") for r in read_records(out)}
     if os.path.dirname(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -165,7 +179,7 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
         for r in range(start_index, start_index + records):
             if time_limit and time.time() - start > time_limit:
                 break
-            source, tables = draw_shard(pool, r, pool_seed, max_tables, batch_size)
+            source, tables = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size)
             key = tf_cpu.shard_key(tables, batch_size)
             if key in present:
                 skipped += 1
@@ -175,8 +189,8 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
                                                 repeat=repeat, flush=flush)
                 record = make_record(tables, result, batch_size, seed, source=source, index=r,
                                      pool_seed=pool_seed, row_scale=row_scale,
-                                     pool_tables=pool_tables, warmup=warmup, repeat=repeat,
-                                     wall_s=round(time.time() - began, 3))
+                                     pool_tables=pool_tables, half=half, warmup=warmup,
+                                     repeat=repeat, wall_s=round(time.time() - began, 3))
                 f.write(json.dumps(record) + "\n")
                 f.flush()
                 present.add(key)
@@ -201,6 +215,8 @@ def add_parser(subparsers):
     col.add_argument("--batch-size", type=int, default=1024, help="batch size measured at")
     col.add_argument("--max-tables-per-shard", type=int, default=8)
     col.add_argument("--pool-tables", type=int, default=DEFAULT_POOL_TABLES)
+    col.add_argument("--half", choices=HALVES, default="all",
+                     help="draw shards from this half of the pool (workloads.split_pool)")
     col.add_argument("--row-scale", type=float, default=DEFAULT_ROW_SCALE,
                      help="hash sizes are MetaSyn's times this")
     col.add_argument("--threads", type=int, default=1, help="TF intra/inter-op threads")
@@ -248,7 +264,7 @@ def _run_chunks(args, argv):
 def _child_argv(args):
     argv = []
     for action in ("pool_seed", "batch_size", "max_tables_per_shard", "pool_tables", "row_scale",
-                   "threads", "warmup", "repeat", "seed"):
+                   "threads", "warmup", "repeat", "seed", "half"):
         argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
     argv += ["--out", args.out]
     argv += ["--no-flush"] if args.no_flush else []
@@ -271,7 +287,7 @@ def _run_collect(args):
                       seed=args.seed, threads=args.threads, warmup=args.warmup,
                       repeat=args.repeat, pool_tables=args.pool_tables, row_scale=args.row_scale,
                       time_limit=args.time_limit, flush=False if args.no_flush else None,
-                      progress=not args.quiet, start_index=args.start_index)
+                      progress=not args.quiet, start_index=args.start_index, half=args.half)
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
                                          for k, v in summary.items()}}))
     return 0

@@ -204,7 +204,7 @@ class MeasuredEstimator(evaluate.CostEstimator):
     additive = False
 
     def __init__(self, batch_size=None, max_batch_size=4096, seed=0, warmup=2, repeat=5,
-                 flush=None, threads=None, cache_size=1024):
+                 flush=None, threads=None, cache_size=1024, on_measure=None):
         self.batch_size = batch_size
         self.max_batch_size = int(max_batch_size)
         self.seed, self.warmup, self.repeat = int(seed), int(warmup), int(repeat)
@@ -212,6 +212,7 @@ class MeasuredEstimator(evaluate.CostEstimator):
         self.cache_size = int(cache_size)
         self.cache = {}
         self.measurements = 0
+        self.on_measure = on_measure   # called as on_measure(shards, batch_size, result)
 
     def _batch(self, task):
         if self.batch_size:
@@ -228,6 +229,8 @@ class MeasuredEstimator(evaluate.CostEstimator):
             result = benchmark_shard(shards, batch, self.seed, self.warmup, self.repeat,
                                      self.flush, self.threads)
             self.measurements += 1
+            if self.on_measure is not None:
+                self.on_measure(shards, batch, result)
             if len(self.cache) >= self.cache_size:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[key] = result["total_ms"] / 1e3
