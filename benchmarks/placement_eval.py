@@ -4,10 +4,11 @@
         [--plot placement_eval.png]
 
 Setup (down-scaled for CPU, the pool the CPU benchmark records come from): a MetaSyn-like pool of
-256 tables (batch 1024, hash sizes / 64), split in halves; the policy was trained on tasks of
-the first half, the test tasks take 80 tables of the second half on 8 devices of 256 MiB.
-Transfer: 160/16, 400/40, 800/80 tables/devices from larger pools of the same generator (seed 1,
-the test half), same memory per device.
+256 tables (batch 1024, hash sizes / 64, seed 0), split in halves; the cost model learned from
+shards of the first halves of pools 0-2 and the policy from tasks of pool 0's first half; the
+test tasks take 80 tables of pool 0's second half on 8 devices of 256 MiB.
+Transfer: 160/16, 400/40, 800/80 tables/devices from larger pools of the same generator (seed
+101, the test half), same memory per device.
 
 Scores (LABELLED in the output): by the "learned" cost model (always), and by measured CPU
 costs (the tf_cpu benchmark, one TF thread, the protocol of the shipped records) on the first
@@ -42,6 +43,7 @@ from tfra_dynamic_embedding.placement.types import PlacementError, Shard  # noqa
 
 STRATEGIES = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced", "nsbp", "cost-greedy", "learned"]
+TRANSFER_SEED = 101
 MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-greedy", "learned"]
 
 
@@ -190,8 +192,10 @@ def planning_time(task, repeats=5):
 
 
 def transfer_tasks(tables, devices, num_tasks):
-    pool = workloads.generate_pool(int(2.5 * tables), seed=1, batch_size=1024, row_scale=1 / 64)
-    _, test = workloads.split_pool(pool, seed=1)
+    # pool seed 101: no benchmark records come from it (training used pool seeds 0-2)
+    pool = workloads.generate_pool(int(2.5 * tables), seed=TRANSFER_SEED, batch_size=1024,
+                                   row_scale=1 / 64)
+    _, test = workloads.split_pool(pool, seed=TRANSFER_SEED)
     return workloads.make_tasks(test, num_tasks, tables, devices, train.CPU_MEMORY, seed=7,
                                 batch_size=1024)
 

@@ -161,6 +161,7 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     again = collect.read_records(out)
     assert [r["key"] for r in again[:3]] == [r["key"] for r in records]
     assert len(again) == 4 and again[3]["index"] == 3
+    assert again[3]["source"] == "policy:learned"        # a device of the policy's own plan
     # --half train: shards only from the pool's first half, the one placement tasks train on
     half_out = str(tmp_path / "half.jsonl")
     half_args = [a if a != out else half_out for a in base] + ["--half", "train", "--records", "3"]

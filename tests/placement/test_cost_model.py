@@ -122,3 +122,39 @@ def test_split_by_tables_uses_the_pool_halves_of_the_placement_tasks():
     # an explicit "split" field wins
     forced = dict(seen[0], split="test")
     assert cm.split_by_tables([forced])[1] == [forced]
+
+
+def test_refinement_measures_the_policys_own_plans_and_refits(halves, monkeypatch):
+    from tfra_dynamic_embedding.placement import policy as pol  # pylint: disable=import-outside-toplevel
+    seen, _ = halves
+
+    class FakeMeasured(evaluate.CostEstimator):
+        """Reports a known cost per device (2 ms per table forward, 3 ms backward)."""
+        name, measured, additive = "fake-measured", True, False
+        calls = []
+
+        def __init__(self, on_measure=None):
+            self.on_measure = on_measure
+
+        def device_cost(self, shards, device, task):
+            shards = list(shards)
+            result = {"forward_ms": 2.0 * len(shards), "backward_ms": 3.0 * len(shards)}
+            self.calls.append(len(shards))
+            self.on_measure(shards, task.batch_size, result)
+            return 5e-3 * len(shards)
+
+    monkeypatch.setitem(evaluate._ESTIMATORS, "fake-measured", FakeMeasured)  # pylint: disable=protected-access
+    records = train.synthetic_records(seen, 60, max_tables=4, seed=1)
+    model = cm.fit(records, epochs=2, seed=0, early_stop=0)
+    tasks = workloads.make_tasks(seen, 2, tables_per_task=6, num_devices=2, seed=0,
+                                 batch_size=1024)
+    _, policy, out = train.refine_with_measurements(
+        model, pol.Policy(seed=0), tasks, records, estimator="fake-measured", rounds=1,
+        plans_per_round=2, epochs=2, iterations=2)
+    added = out[len(records):]
+    assert len(added) == len(FakeMeasured.calls) >= 3      # one record per measured device
+    for rec in added:
+        n = len(rec["tables"])
+        assert (rec["forward_ms"], rec["backward_ms"]) == (2.0 * n, 3.0 * n)
+        assert rec["split"] == "train"
+    assert isinstance(policy, pol.Policy)

@@ -156,12 +156,15 @@ def mean_greedy_cost(model, policy, tasks):
 
 def refine_with_measurements(model, policy, tasks, records, estimator="measured-cpu",
                              rounds=1, plans_per_round=2, epochs=40, iterations=40, log=None):
-    """Measures the policy's own greedy plans with a measuring estimator, adds each device as
-    a record (total split into forward / backward by the model's predicted ratio), refits the
-    cost model from its weights and fine-tunes the policy. Small by design."""
+    """Measures the policy's own greedy plans with a measuring estimator (one that reports its
+    stages through `on_measure`, as "measured-cpu" does), adds each device as a record, refits
+    the cost model from its weights and fine-tunes the policy. Small by design."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate, policy as pol  # pylint: disable=import-outside-toplevel
-    est = evaluate.get_estimator(estimator)
+    stages = {}
+    est = evaluate.get_estimator(
+        estimator, on_measure=lambda shards, batch, result: stages.update(
+            {id(shards[0]): (result["forward_ms"], result["backward_ms"])}))
     records = list(records)
     for r in range(rounds):
         added = 0
@@ -174,19 +177,18 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
                 shards = by_device.get(device.name)
                 if not shards:
                     continue
-                total_ms = est.device_cost(shards, device, task) * 1e3
-                summed = sum(model.shard_embedding(s.table, s.index, s.num_slices)
-                             for s in shards)
-                fb = model.heads(summed)
-                share = float(fb[0] / max(fb.sum(), 1e-12))
+                est.device_cost(shards, device, task)
+                if id(shards[0]) not in stages:
+                    continue   # measured before (a cached shard): already a record
+                forward_ms, backward_ms = stages.pop(id(shards[0]))
                 records.append({"backend": "measured-plan", "batch_size": task.batch_size,
                                 "split": "train",   # the tasks are the first half's
                                 "tables": [{"name": s.table.name, "spec": s.table.to_dict(),
                                             "fraction": s.fraction,
                                             "features": cm.shard_features(
                                                 s.table, s.fraction).tolist()} for s in shards],
-                                "forward_ms": total_ms * share,
-                                "backward_ms": total_ms * (1 - share), "total_ms": total_ms})
+                                "forward_ms": forward_ms, "backward_ms": backward_ms,
+                                "total_ms": forward_ms + backward_ms})
                 added += 1
         model = cm.fit(records, epochs=epochs, init=model, scales=model.scales)
         policy = train_policy(model, tasks, iterations, policy=policy)
@@ -235,6 +237,12 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
     os.makedirs(out, exist_ok=True)
+    if measure:
+        try:   # measurements must use the records' single TF thread: pin it before TF starts
+            from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+            tf_cpu.set_threads(1)
+        except ImportError:
+            pass
     records = cm.load_records(data)
     if len(records) < 10:
         raise ValueError(f"{data} holds {len(records)} usable records; need at least 10")
@@ -268,7 +276,8 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
         except ImportError:
             pass
     if measure and "measured-cpu" in evaluate.list_estimators():
-        model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs, log=log)
+        model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs, rounds=2,
+                                                 plans_per_round=3, log=log)
         measured = "measured-cpu"
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)

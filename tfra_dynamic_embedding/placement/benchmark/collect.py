@@ -9,7 +9,8 @@ its source cycling through:
   random     k ~ U{1..K} tables drawn from the pool;
   heuristic  a random task (2-6 devices, tables from the pool) placed by a greedy heuristic of
              heuristics.py; the shard is one device's tables;
-  plan       the same with a random plan (heuristics' "random" strategy).
+  plan       the same with a random plan (heuristics' "random" strategy);
+  policy     the same placed by the learned policy (strategy "learned", its shipped weights).
 Each shard is measured by `tf_cpu.benchmark_shard` and written as one JSON line:
   {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...}}],
    "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
@@ -27,7 +28,7 @@ import numpy as np
 DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
 _MODULE = "tfra_dynamic_embedding.placement.benchmark.collect"
-SOURCES = ("random", "heuristic", "plan")
+SOURCES = ("random", "heuristic", "plan", "policy")
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced")
@@ -66,7 +67,10 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024):
     count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
     chosen = sorted(rng.choice(len(pool), count, replace=False))
     task = Task([pool[i] for i in chosen], make_devices(devices), batch_size=batch_size)
-    strategy = str(rng.choice(HEURISTICS)) if source == "heuristic" else "random"
+    strategy = {"heuristic": str(rng.choice(HEURISTICS)), "plan": "random",
+                "policy": "learned"}[source]
+    if strategy == "learned":
+        from tfra_dynamic_embedding.placement import policy  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     device = task.devices[int(rng.integers(0, devices))].name
     tables = [s.table for s in plan.shards_on(device)]
