@@ -1,7 +1,7 @@
 """Learned placement vs random and the heuristics on unseen tables; transfer to larger tasks.
 
-    python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--records-out F]
-        [--plot placement_eval.png]
+    python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--measured-transfer 0]
+        [--records-out F] [--plot placement_eval.png]
 
 Setup (down-scaled for CPU, the pool the CPU benchmark records come from): a MetaSyn-like pool of
 256 tables (batch 1024, hash sizes / 64, seed 0), split in halves; the cost model learned from
@@ -130,7 +130,8 @@ def _goals(by):
             else None}
 
 
-def score_measured(tasks, model_est, records_out=None):
+def score_measured(tasks, model_est, records_out=None, label="80/8",
+                   strategies=MEASURED_STRATEGIES, num_random=2, pool=None):
     """Scores MEASURED_STRATEGIES on `tasks` by measured CPU costs (tf_cpu benchmark, one TF
     thread, the protocol of the shipped records); every measured device is also a record of
     unseen tables, on which the cost model's error is reported. None without TensorFlow."""
@@ -141,6 +142,7 @@ def score_measured(tasks, model_est, records_out=None):
         print(f"\n(no measured scoring: {err})")
         return None
     tf_cpu.set_threads(1)
+    pool = pool or train.CPU_POOL
     records, where = [], {}
 
     def keep(shards, batch, result):
@@ -148,8 +150,8 @@ def score_measured(tasks, model_est, records_out=None):
             return   # records describe whole tables
         records.append(collect.make_record(
             [s.table for s in shards], result, batch, 0, split="test",
-            source=f"eval:{where['strategy']}", pool_seed=train.CPU_POOL["seed"],
-            pool_tables=train.CPU_POOL["num_tables"], row_scale=train.CPU_POOL["row_scale"]))
+            source=f"eval:{where['strategy']}", pool_seed=pool["seed"],
+            pool_tables=pool["num_tables"], row_scale=pool["row_scale"]))
 
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
                                     on_measure=keep)
@@ -160,9 +162,9 @@ def score_measured(tasks, model_est, records_out=None):
         print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
-    rows = score(tasks, MEASURED_STRATEGIES, mest, num_random=2, plan_est=model_est,
+    rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
                  bound_fn=lambda task: measured_bound(task, mest, model_est), on_task=on_task)
-    print(f"\n== 80/8, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
+    print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
           f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
     devices = [r for r in records if r["source"] != "eval:bound"]
@@ -171,7 +173,7 @@ def score_measured(tasks, model_est, records_out=None):
           f"{cm_metrics.get('mae_ms', float('nan')):.2f} ms, correlation "
           f"{cm_metrics.get('corr', float('nan')):.3f}")
     if records_out:
-        with open(records_out, "w", encoding="utf-8") as f:
+        with open(records_out, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
         print(f"wrote {len(records)} measured records to {records_out}")
     return {"rows": rows, "cost_model_on_measured_devices": cm_metrics}
@@ -206,8 +208,10 @@ def main(argv=None):
     parser.add_argument("--transfer-tasks", type=int, default=3)
     parser.add_argument("--measured-tasks", type=int, default=0,
                         help="also score this many 80/8 tasks by measured CPU costs (slow)")
+    parser.add_argument("--measured-transfer", type=int, default=0,
+                        help="also score this many 160/16 tasks by measured CPU costs (slow)")
     parser.add_argument("--records-out", default=None, metavar="FILE",
-                        help="write the measured devices as JSONL benchmark records")
+                        help="append the measured devices as JSONL benchmark records")
     parser.add_argument("--plot", default="placement_eval.png")
     args = parser.parse_args(argv)
 
@@ -246,6 +250,15 @@ def main(argv=None):
         print(evaluate.format_rows(trows))
         transfer[f"{tables}/{devices}"] = trows
     results["transfer cost-model"] = transfer
+    if args.measured_transfer:
+        measured = score_measured(transfer_tasks(160, 16, args.measured_transfer), est,
+                                  args.records_out, label="transfer 160/16",
+                                  strategies=["random", "lookup-greedy", "cost-greedy",
+                                              "learned"], num_random=1,
+                                  pool={"seed": TRANSFER_SEED, "num_tables": 400,
+                                        "row_scale": 1 / 64})
+        if measured:
+            results["transfer 160/16 measured"] = measured["rows"]
 
     big = transfer_tasks(800, 80, 1)[0]
     median, best = planning_time(big)

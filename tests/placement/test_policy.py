@@ -143,6 +143,18 @@ def test_local_search_lowers_the_max_and_keeps_the_plan_legal(model, small_pool)
     tight = pol.Problem(make_task(tables, 4, memory=450), model)
     fixed, _ = pol.improve(tight, np.array([0, 1, 2, 3]))
     assert sorted(fixed.tolist()) == [0, 1, 2, 3]
+    # phase 2 balances below an unbeatable max: the giant table alone sets it, the small
+    # tables spread from device 1 onto the idle device 2
+    tables = [table("giant", 1000, dim=128, pooling=150.0)] + [
+        table(f"s{i}", 1000, dim=16, pooling=5.0) for i in range(6)]
+    lone = pol.Problem(make_task(tables, 3), model)
+    start = np.array([0 if it.table.name == "giant" else 1 for it in lone.items])
+    spread, top = pol.improve(lone, start)
+    costs = model.total(np.stack([lone.emb[spread == d].sum(axis=0) for d in range(3)]))
+    giant = [d for it, d in zip(lone.items, spread) if it.table.name == "giant"][0]
+    assert top == pytest.approx(costs[giant]) and costs.max() == costs[giant]
+    assert (spread[[it.table.name != "giant" for it in lone.items]] != giant).all()
+    assert np.bincount(spread, minlength=3).min() >= 1 and costs.min() > 0
     # slices of one table never share a device
     split = pol.Problem(make_task([table("big", 1000, dim=4, pooling=50.0),
                                    table("s", 10, dim=4, pooling=1.0)], 3, memory=2500), model)

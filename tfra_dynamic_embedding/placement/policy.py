@@ -16,7 +16,7 @@ self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 
 Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model,
 then a local search (moves and swaps off the most expensive device while the predicted max
-cost drops; `improve`).
+cost drops, then onto the cheapest while its cost rises without raising the max; `improve`).
 Registered as the strategy "learned" (shipped CPU weights, no training step):
     plan = propose(task, "learned")
 """
@@ -201,76 +201,108 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
 
 
 def improve(problem, choices, max_rounds=200, time_budget=0.025):
-    """Local search after decoding: moves a piece off the most expensive device, or swaps it
-    with a piece of another device, while that lowers the plan's max predicted cost (steepest
-    descent; memory and slice-distinctness respected). Returns (choices, max cost ms)."""
+    """Local search after decoding, by the cost model, in two phases of steepest descent:
+    (1) move a piece off the most expensive device, or swap it with a piece of another device,
+    while that lowers the plan's max cost; (2) then move or swap pieces onto the cheapest device
+    while that raises the min cost without raising the max (a better balance). Memory and
+    slice-distinctness are respected. Returns (choices, max cost ms)."""
     import time  # pylint: disable=import-outside-toplevel
-    model, D = problem.model, problem.num_devices
+    D = problem.num_devices
     dev = np.asarray(choices, dtype=np.int64).copy()
     if len(dev) == 0 or (dev < 0).any():
         return dev, math.inf
-    emb, size, tid = problem.emb, problem.bytes, problem.table_id
-    S = np.zeros((D, cm.EMBED_DIM))
-    np.add.at(S, dev, emb)
-    used = np.bincount(dev, weights=size, minlength=D)
-    cost = model.total(S)
+    state = _SearchState(problem, dev)
     deadline = time.perf_counter() + time_budget
-    for _ in range(max_rounds):
-        if time.perf_counter() > deadline:
-            break
-        hot = int(np.argmax(cost))
-        top = cost[hot]
-        mine = np.flatnonzero(dev == hot)
-        other = np.flatnonzero(dev != hot)
-        if len(mine) == 0 or D < 2:
-            break
-        # moves: piece p of `hot` to device d (a "swap" with no partner)
-        p_mv = np.repeat(mine, D)
-        d_mv = np.tile(np.arange(D), len(mine))
-        q_mv = np.full(len(p_mv), -1)
-        # swaps: piece p of `hot` with piece q elsewhere
-        p_sw = np.repeat(mine, len(other))
-        q_sw = np.tile(other, len(mine))
-        p_all = np.concatenate([p_mv, p_sw])
-        q_all = np.concatenate([q_mv, q_sw])
-        d_all = np.concatenate([d_mv, dev[q_sw]])
-        ok = d_all != hot
-        e_q = np.where((q_all >= 0)[:, None], emb[np.maximum(q_all, 0)], 0.0)
-        b_q = np.where(q_all >= 0, size[np.maximum(q_all, 0)], 0.0)
-        ok &= used[hot] - size[p_all] + b_q <= problem.cap[hot]
-        ok &= used[d_all] + size[p_all] - b_q <= problem.cap[d_all]
-        # a table's slices stay on distinct devices
-        on = np.zeros((tid.max() + 1, D), dtype=np.int64)
+    for phase in ("max", "min"):
+        for _ in range(max_rounds):
+            if time.perf_counter() > deadline or D < 2 or not state.step(phase):
+                break
+    return state.dev, float(state.cost.max())
+
+
+class _SearchState:
+    """Devices' summed embeddings, memory and costs of a plan under local search."""
+
+    def __init__(self, problem, dev):
+        self.problem, self.dev = problem, dev
+        D = problem.num_devices
+        self.S = np.zeros((D, cm.EMBED_DIM))
+        np.add.at(self.S, dev, problem.emb)
+        self.used = np.bincount(dev, weights=problem.bytes, minlength=D)
+        self.cost = problem.model.total(self.S)
+
+    def _candidates(self, phase):
+        """(p, q, a, b): piece p moves from device a to b; piece q (or -1) from b to a."""
+        D, dev = self.problem.num_devices, self.dev
+        if phase == "max":   # p leaves the most expensive device
+            hot = int(np.argmax(self.cost))
+            mine, other = np.flatnonzero(dev == hot), np.flatnonzero(dev != hot)
+            p = np.concatenate([np.repeat(mine, D), np.repeat(mine, len(other))])
+            q = np.concatenate([np.full(len(mine) * D, -1), np.tile(other, len(mine))])
+            b = np.concatenate([np.tile(np.arange(D), len(mine)), dev[np.tile(other, len(mine))]])
+            return p, q, np.full(len(p), hot), b
+        cold = int(np.argmin(self.cost))   # "min": p joins the cheapest device
+        mine, other = np.flatnonzero(dev == cold), np.flatnonzero(dev != cold)
+        p = np.concatenate([other, np.repeat(other, len(mine))])
+        q = np.concatenate([np.full(len(other), -1), np.tile(mine, len(other))])
+        return p, q, dev[p], np.full(len(p), cold)
+
+    def step(self, phase):
+        """Applies the best improving move or swap of `phase`; False when there is none."""
+        prob, dev, cost = self.problem, self.dev, self.cost
+        p, q, a, b = self._candidates(phase)
+        if len(p) == 0:
+            return False
+        tid, size, emb = prob.table_id, prob.bytes, prob.emb
+        has_q = q >= 0
+        qq = np.maximum(q, 0)
+        e_q = np.where(has_q[:, None], emb[qq], 0.0)
+        b_q = np.where(has_q, size[qq], 0.0)
+        on = np.zeros((tid.max() + 1, prob.num_devices), dtype=np.int64)
         np.add.at(on, (tid, dev), 1)
-        has_q = q_all >= 0
-        t_q = tid[np.maximum(q_all, 0)]
-        ok &= ~(has_q & (t_q == tid[p_all]))         # swapping two slices of one table: no-op
-        ok &= on[tid[p_all], d_all] == 0
-        ok &= ~has_q | (on[t_q, hot] == 0)
+        ok = (a != b) & ~(has_q & (tid[qq] == tid[p]))     # swapping two slices of one table: no-op
+        ok &= (self.used[a] - size[p] + b_q <= prob.cap[a]) & (
+            self.used[b] + size[p] - b_q <= prob.cap[b])
+        ok &= (on[tid[p], b] == 0) & (~has_q | (on[tid[qq], a] == 0))
         if not ok.any():
-            break
-        p_all, q_all, d_all, e_q = p_all[ok], q_all[ok], d_all[ok], e_q[ok]
-        new_hot = model.total(S[hot] - emb[p_all] + e_q)
-        new_d = model.total(S[d_all] + emb[p_all] - e_q)
-        # the max over the devices not touched: the largest of the top three not in {hot, d}
-        order = np.argsort(-cost)[:3]
-        rest = np.full(len(d_all), 0.0)
-        for k in order[::-1]:
-            rest = np.where((k != hot) & (k != d_all), cost[k], rest)
-        new_top = np.maximum(np.maximum(new_hot, new_d), rest)
-        best = int(np.argmin(new_top))
-        if new_top[best] >= top * (1 - 1e-6):
-            break
-        p, q, d = int(p_all[best]), int(q_all[best]), int(d_all[best])
-        S[hot] += e_q[best] - emb[p]
-        S[d] += emb[p] - e_q[best]
-        used[hot] += (size[q] if q >= 0 else 0.0) - size[p]
-        used[d] += size[p] - (size[q] if q >= 0 else 0.0)
-        dev[p] = d
-        if q >= 0:
-            dev[q] = hot
-        cost[hot], cost[d] = new_hot[best], new_d[best]
-    return dev, float(cost.max())
+            return False
+        p, q, a, b, e_q = p[ok], q[ok], a[ok], b[ok], e_q[ok]
+        new_a = prob.model.total(self.S[a] - emb[p] + e_q)
+        new_b = prob.model.total(self.S[b] + emb[p] - e_q)
+        top = cost.max()
+        if phase == "max":
+            rest = _extreme_of_rest(cost, a, b, largest=True)
+            value = np.maximum(np.maximum(new_a, new_b), rest)
+            best = int(np.argmin(value))
+            if value[best] >= top * (1 - 1e-6):
+                return False
+        else:
+            rest = _extreme_of_rest(cost, a, b, largest=False)
+            value = np.where(np.maximum(new_a, new_b) <= top,
+                             np.minimum(np.minimum(new_a, new_b), rest), -np.inf)
+            best = int(np.argmax(value))
+            if value[best] <= cost.min() * (1 + 1e-6):
+                return False
+        pi, qi, ai, bi = int(p[best]), int(q[best]), int(a[best]), int(b[best])
+        self.S[ai] += e_q[best] - emb[pi]
+        self.S[bi] += emb[pi] - e_q[best]
+        moved_back = size[qi] if qi >= 0 else 0.0
+        self.used[ai] += moved_back - size[pi]
+        self.used[bi] += size[pi] - moved_back
+        dev[pi] = bi
+        if qi >= 0:
+            dev[qi] = ai
+        cost[ai], cost[bi] = new_a[best], new_b[best]
+        return True
+
+
+def _extreme_of_rest(cost, a, b, largest):
+    """Per candidate, the max (or min) cost over the devices other than a and b."""
+    order = np.argsort(-cost if largest else cost)[:3]
+    rest = np.full(len(a), 0.0 if largest else np.inf)
+    for k in order[::-1]:   # the most extreme device not in {a, b} is written last
+        rest = np.where((k != a) & (k != b), cost[k], rest)
+    return rest
 
 
 def _to_plan(problem, choices, seed, meta):
