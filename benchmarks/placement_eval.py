@@ -131,7 +131,7 @@ def _goals(by):
 
 
 def score_measured(tasks, model_est, records_out=None, label="80/8",
-                   strategies=MEASURED_STRATEGIES, num_random=2, pool=None):
+                   strategies=MEASURED_STRATEGIES, num_random=2, pool=None, reuse=None):
     """Scores MEASURED_STRATEGIES on `tasks` by measured CPU costs (tf_cpu benchmark, one TF
     thread, the protocol of the shipped records); every measured device is also a record of
     unseen tables, on which the cost model's error is reported. None without TensorFlow."""
@@ -154,7 +154,9 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
             pool_tables=pool["num_tables"], row_scale=pool["row_scale"]))
 
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
-                                    on_measure=keep)
+                                    on_measure=keep, cache_size=1 << 20)
+    for record in collect.read_records(reuse) if reuse else ():
+        mest.cache[record["key"]] = record["total_ms"] / 1e3   # measured before: same shard key
     t0 = time.time()
 
     def on_task(task, strategy):
@@ -168,6 +170,10 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
           f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
     devices = [r for r in records if r["source"] != "eval:bound"]
+    if reuse:   # judged on every measured device of these unseen tables at hand
+        seen = {r["key"] for r in devices}
+        devices += [r for r in collect.read_records(reuse) if r["source"] != "eval:bound"
+                    and r["key"] not in seen and r.get("pool_seed") == pool["seed"]]
     cm_metrics = cm.metrics(model_est.model, devices)
     print(f"cost model on the {len(devices)} measured devices (unseen tables): MAE "
           f"{cm_metrics.get('mae_ms', float('nan')):.2f} ms, correlation "
@@ -212,6 +218,9 @@ def main(argv=None):
                         help="also score this many 160/16 tasks by measured CPU costs (slow)")
     parser.add_argument("--records-out", default=None, metavar="FILE",
                         help="append the measured devices as JSONL benchmark records")
+    parser.add_argument("--reuse-records", default=None, metavar="FILE",
+                        help="take the cost of shards already in this JSONL (an earlier "
+                        "--records-out) instead of measuring them again")
     parser.add_argument("--plot", default="placement_eval.png")
     args = parser.parse_args(argv)
 
@@ -231,7 +240,8 @@ def main(argv=None):
     goals = {"scored_by": "cost model", **_goals(by)}
 
     if args.measured_tasks:
-        measured = score_measured(tasks[:args.measured_tasks], est, args.records_out)
+        measured = score_measured(tasks[:args.measured_tasks], est, args.records_out,
+                                  reuse=args.reuse_records)
         if measured:
             results["80/8 measured"] = measured["rows"]
             results["unseen_tables_cost_model"] = measured["cost_model_on_measured_devices"]
@@ -256,7 +266,7 @@ def main(argv=None):
                                   strategies=["random", "lookup-greedy", "cost-greedy",
                                               "learned"], num_random=1,
                                   pool={"seed": TRANSFER_SEED, "num_tables": 400,
-                                        "row_scale": 1 / 64})
+                                        "row_scale": 1 / 64}, reuse=args.reuse_records)
         if measured:
             results["transfer 160/16 measured"] = measured["rows"]
 

@@ -168,7 +168,8 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
     records = list(records)
     for r in range(rounds):
         added = 0
-        for task in tasks[r * plans_per_round:(r + 1) * plans_per_round]:
+        for k in range(plans_per_round):   # cycling through the tasks
+            task = tasks[(r * plans_per_round + k) % len(tasks)]
             plan = pol.plan_task(task, policy, model)
             by_device = {}
             for shard in plan.shards():
@@ -232,7 +233,7 @@ def plot_curves(cost_history, policy_history, path):
 
 
 def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, seed=0,
-                  measure=True, log=print):
+                  measure=True, log=print, refine_rounds=2, plans_per_round=3):
     """The whole pipeline (see the module docstring); returns the summary dict."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
@@ -276,8 +277,9 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
         except ImportError:
             pass
     if measure and "measured-cpu" in evaluate.list_estimators():
-        model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs, rounds=2,
-                                                 plans_per_round=3, log=log)
+        model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs,
+                                                 rounds=refine_rounds,
+                                                 plans_per_round=plans_per_round, log=log)
         measured = "measured-cpu"
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)
@@ -312,6 +314,10 @@ def add_parser(subparsers):
                         "devices)")
     parser.add_argument("--samples", type=int, default=16, help="episodes per iteration")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--refine-rounds", type=int, default=2,
+                        help="rounds of measuring the policy's plans and refitting")
+    parser.add_argument("--plans-per-round", type=int, default=3,
+                        help="training tasks whose plans are measured per round")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the measured refinement even if 'measured-cpu' exists")
     parser.set_defaults(run=_run)
@@ -323,5 +329,6 @@ def _run(args):
         print(f"tfra-de train-planner: no data file {args.data}", file=sys.stderr)
         return 2
     train_planner(args.data, args.out, args.epochs, args.iterations, args.tasks, args.samples,
-                  args.seed, measure=not args.no_measure)
+                  args.seed, measure=not args.no_measure, refine_rounds=args.refine_rounds,
+                  plans_per_round=args.plans_per_round)
     return 0
