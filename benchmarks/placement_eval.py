@@ -155,7 +155,8 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
                                     on_measure=keep, cache_size=1 << 20)
-    for record in collect.read_records(reuse) if reuse else ():
+    reused = collect.read_records(reuse) if reuse else []
+    for record in reused:
         mest.cache[record["key"]] = record["total_ms"] / 1e3   # measured before: same shard key
     t0 = time.time()
 
@@ -170,10 +171,9 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
           f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
     devices = [r for r in records if r["source"] != "eval:bound"]
-    if reuse:   # judged on every measured device of these unseen tables at hand
-        seen = {r["key"] for r in devices}
-        devices += [r for r in collect.read_records(reuse) if r["source"] != "eval:bound"
-                    and r["key"] not in seen and r.get("pool_seed") == pool["seed"]]
+    seen = {r["key"] for r in devices}   # judged on every measured device of these tables
+    devices += [r for r in reused if r["source"] != "eval:bound" and r["key"] not in seen
+                and r.get("pool_seed") == pool["seed"]]
     cm_metrics = cm.metrics(model_est.model, devices)
     print(f"cost model on the {len(devices)} measured devices (unseen tables): MAE "
           f"{cm_metrics.get('mae_ms', float('nan')):.2f} ms, correlation "

@@ -479,6 +479,14 @@ class InsertOp : public UpsertOp {
  public:
   explicit InsertOp(OpKernelConstruction* c) : UpsertOp(c, false) {}
 };
+// Writes an int64 scalar output (counts, cursors).
+Status SetScalarOutput(OpKernelContext* ctx, int index, int64_t value) {
+  Tensor* out;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({}), &out));
+  out->scalar<int64_t>()() = value;
+  return absl::OkStatus();
+}
+
 class AccumOp : public UpsertOp {
  public:
   explicit AccumOp(OpKernelConstruction* c) : UpsertOp(c, true) {}
@@ -492,9 +500,7 @@ class RemoveOp : public TableOp {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     int64_t removed = 0;
     OP_REQUIRES_OK(ctx, t->Remove(ctx, keys, &removed));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = removed;
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, removed));
   }
 };
 
@@ -508,9 +514,7 @@ class SizeOp : public TableOp {
  public:
   using TableOp::TableOp;
   void Run(OpKernelContext* ctx, TableBase* t) override {
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = t->Size();
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, t->Size()));
   }
 };
 
@@ -543,9 +547,7 @@ class ExportOp : public TableOp {
     Sink sink(ctx, t->dim());
     int64_t next = -1;
     OP_REQUIRES_OK(ctx, t->Export(cursor, limit, &sink, &next));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &out));
-    out->scalar<int64_t>()() = next;
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 4, next));
   }
 };
 
@@ -589,9 +591,7 @@ class EvictOp : public TableOp {
     OP_REQUIRES_OK(ctx, CheckScalar("min_freq", ctx->input(2)));
     int64_t removed = 0;
     OP_REQUIRES_OK(ctx, t->Evict(ctx->input(1).scalar<int64_t>()(), ctx->input(2).scalar<int64_t>()(), &removed));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = removed;
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, removed));
   }
 };
 
@@ -620,9 +620,7 @@ class LoadFromFileOp : public TableOp {
     OP_REQUIRES_OK(ctx, GetPath(ctx, &path));
     int64_t loaded = 0;
     OP_REQUIRES_OK(ctx, t->LoadFromFile(path, &loaded));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = loaded;
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, loaded));
   }
 };
 

@@ -1,5 +1,8 @@
 """Small builders shared by the placement tests."""
 
+import subprocess
+import sys
+
 from tfra_dynamic_embedding.placement.types import DeviceSpec, TableSpec, Task
 
 
@@ -23,3 +26,12 @@ def by_device(plan):
         label = shard.table.name if shard.num_slices == 1 else f"{shard.table.name}#{shard.index}"
         out[index[shard.device]].append(label)
     return {k: sorted(v) for k, v in out.items()}
+
+
+def run_python(script, timeout=120):
+    """Stripped stdout of `script` run in a fresh interpreter (fails the test on a non-zero exit,
+    showing stderr): for checks of what a fresh process imports."""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()

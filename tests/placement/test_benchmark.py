@@ -12,6 +12,8 @@ from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu
 from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
 
+from tests.placement.helpers import run_python
+
 DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data", "cpu_shards.jsonl")
 
 
@@ -211,8 +213,6 @@ def test_torch_cuda_benchmark_runs_on_a_gpu():
 
 
 def test_benchmark_package_and_parser_do_not_import_tensorflow():
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
     script = ("import sys, argparse\n"
               "from tfra_dynamic_embedding.placement import benchmark, evaluate\n"
               "from tfra_dynamic_embedding.placement.benchmark import collect\n"
@@ -220,7 +220,4 @@ def test_benchmark_package_and_parser_do_not_import_tensorflow():
               "assert 'measured-cpu' in evaluate.list_estimators()\n"
               "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules\n"
               "print('ok')\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    assert run_python(script) == "ok"

@@ -2,14 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tfra_dynamic_embedding import cli
 from tfra_dynamic_embedding.placement import heuristics
 from tfra_dynamic_embedding.placement.types import Plan
+
+from tests.placement.helpers import run_python
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(cli.__file__))
 
@@ -124,7 +124,4 @@ def test_placement_commands_do_not_import_tensorflow(tmp_path):
         "assert code == 0, code\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
         "print('ok')\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("ok")
+    assert run_python(script).endswith("ok")

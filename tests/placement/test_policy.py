@@ -1,7 +1,5 @@
 """The RL placement policy: gradients, training beats random, shipped weights plan, errors."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,7 +8,7 @@ from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement import evaluate, heuristics, policy as pol, train, workloads
 from tfra_dynamic_embedding.placement.types import PlacementError
 
-from tests.placement.helpers import table, task as make_task
+from tests.placement.helpers import run_python, table, task as make_task
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +104,7 @@ def test_planning_imports_no_tensorflow():
             "workloads; pool = workloads.generate_pool(20, seed=1, batch_size=1024, "
             "row_scale=1/64); t = workloads.make_tasks(pool, 1, 10, 2)[0]; "
             "heuristics.propose(t, 'learned'); print('tensorflow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
+    assert run_python(code) == "False"
 
 
 def test_use_weights_directory(tmp_path, small_pool):

@@ -24,6 +24,7 @@ Registered as the strategy "learned" (shipped CPU weights, no training step):
 import json
 import math
 import os
+import time
 
 import numpy as np
 
@@ -206,7 +207,6 @@ def improve(problem, choices, max_rounds=200, time_budget=0.025):
     while that lowers the plan's max cost; (2) then move or swap pieces onto the cheapest device
     while that raises the min cost without raising the max (a better balance). Memory and
     slice-distinctness are respected. Returns (choices, max cost ms)."""
-    import time  # pylint: disable=import-outside-toplevel
     D = problem.num_devices
     dev = np.asarray(choices, dtype=np.int64).copy()
     if len(dev) == 0 or (dev < 0).any():

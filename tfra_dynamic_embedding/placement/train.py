@@ -161,10 +161,9 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
     the cost model from its weights and fine-tunes the policy. Small by design."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate, policy as pol  # pylint: disable=import-outside-toplevel
-    stages = {}
+    last = {}   # the stages of the latest measurement
     est = evaluate.get_estimator(
-        estimator, on_measure=lambda shards, batch, result: stages.update(
-            {id(shards[0]): (result["forward_ms"], result["backward_ms"])}))
+        estimator, on_measure=lambda shards, batch, result: last.update(result))
     records = list(records)
     for r in range(rounds):
         added = 0
@@ -178,10 +177,11 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
                 shards = by_device.get(device.name)
                 if not shards:
                     continue
+                last.clear()
                 est.device_cost(shards, device, task)
-                if id(shards[0]) not in stages:
+                if not last:
                     continue   # measured before (a cached shard): already a record
-                forward_ms, backward_ms = stages.pop(id(shards[0]))
+                forward_ms, backward_ms = last["forward_ms"], last["backward_ms"]
                 records.append({"backend": "measured-plan", "batch_size": task.batch_size,
                                 "split": "train",   # the tasks are the first half's
                                 "tables": [{"name": s.table.name, "spec": s.table.to_dict(),
@@ -239,7 +239,8 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
     os.makedirs(out, exist_ok=True)
     if measure:
-        try:   # measurements must use the records' single TF thread: pin it before TF starts
+        try:   # registers "measured-cpu"; its measurements must use the records' single TF
+            # thread, so that is pinned before TF starts (the Keras fit below starts it)
             from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
             tf_cpu.set_threads(1)
         except ImportError:
@@ -271,11 +272,6 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
                        history=policy_history, log=log)
     log(f"policy trained in {time.time() - t0:.1f}s")
     measured = None
-    if measure and "measured-cpu" not in evaluate.list_estimators():
-        try:  # registers "measured-cpu" where the benchmark package exists
-            import tfra_dynamic_embedding.placement.benchmark  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-        except ImportError:
-            pass
     if measure and "measured-cpu" in evaluate.list_estimators():
         model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs,
                                                  rounds=refine_rounds,
