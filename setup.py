@@ -102,8 +102,8 @@ setup(
     package_data={
         # Shipped data (e.g. pretrained placement models). The op library is added by BuildOps.
         "tfra_dynamic_embedding": [
-            "**/*.json", "**/*.jsonl", "**/*.npz", "**/*.npy", "**/*.csv", "**/*.txt",
-            "**/*.keras", "**/*.h5",
+            "**/*.json", "**/*.jsonl", "**/*.jsonl.gz", "**/*.npz", "**/*.npy", "**/*.csv",
+            "**/*.txt", "**/*.keras", "**/*.h5",
         ],
     },
     install_requires=["numpy", "absl-py"],

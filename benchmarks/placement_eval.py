@@ -14,10 +14,11 @@ Scores (LABELLED in the output): by the "learned" cost model (always), and by me
 costs (the tf_cpu benchmark, one TF thread, the protocol of the shipped records) on the first
 --measured-tasks tasks; the goals are judged on the measured scores when there are any.
 Metrics: mean max device cost, degree of balance (min / max device cost), speedup over random,
-and the gap to a bound: max(heaviest pieces alone, all tables on one device / devices) -- a
-lower bound when the cost is monotone and sub-additive (sharing a device never costs more than
-running apart); measured too when scoring by measurement, and reported invalid if any plan
-beats it. cost-greedy is given the cost model, so it is the cost model's own greedy. Every
+and the gap to a bound: all tables on one device / devices -- a lower bound when sharing a
+device never costs more than running apart and cutting a table into row slices never makes its
+work cheaper (`learned` cuts hot tables, so the heaviest table alone is no bound); measured too
+when scoring by measurement, and reported invalid if any plan beats it. "learned-whole" is the
+learned strategy with tables kept whole, to show what cutting hot tables adds. cost-greedy is given the cost model, so it is the cost model's own greedy. Every
 measured device is also a record of unseen tables: the cost model's MAE on them is printed and
 `--records-out FILE` keeps them. The planning time of `learned` on 800 tables / 80 devices is
 measured on one core (BLAS threads 1, CPU affinity one core).
@@ -42,28 +43,28 @@ from tfra_dynamic_embedding.placement import policy  # noqa: E402,F401  (registe
 from tfra_dynamic_embedding.placement.types import PlacementError, Shard  # noqa: E402
 
 STRATEGIES = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
-              "capacity-balanced", "load-balanced", "nsbp", "cost-greedy", "learned"]
+              "capacity-balanced", "load-balanced", "nsbp", "cost-greedy", "learned-whole",
+              "learned"]
 TRANSFER_SEED = 101
-MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-greedy", "learned"]
+MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-greedy",
+                       "learned-whole", "learned"]
+
+
+@heuristics.register_strategy("learned-whole", "the learned strategy with every table kept "
+                              "whole (no cutting of hot tables): an ablation")
+def learned_whole(task, seed=0, estimator=None):
+    del estimator
+    return policy.plan_task(task, seed=seed, samples=policy.BEST_OF, hot_splits=(None,))
 
 
 def bound(task, est):
-    """max(largest piece alone, all pieces on one device / devices) by `est`."""
+    """All pieces on one device / devices, by `est`: a lower bound on any plan's max cost when
+    sharing a device never costs more than running apart and cutting a table into row slices
+    never makes its work cheaper (the learned strategy cuts hot tables, so the heaviest table
+    alone bounds only plans that keep it whole)."""
     items = heuristics.split_items(task)
     shards = [Shard(it.table, "", it.index, it.num_slices) for it in items]
-    largest = max(est.device_cost([s], None, task) for s in shards)
-    return max(largest, est.device_cost(shards, None, task) / task.num_devices)
-
-
-def measured_bound(task, mest, model_est, top=3):
-    """The bound by measurement: max(the `top` heaviest pieces (by the cost model) alone, all
-    pieces on one device / devices) -- a lower bound when sharing a device never costs more
-    than running apart (checked: no plan may beat it)."""
-    items = heuristics.split_items(task)
-    shards = [Shard(it.table, "", it.index, it.num_slices) for it in items]
-    heavy = sorted(shards, key=lambda s: -model_est.device_cost([s], None, task))[:top]
-    largest = max(mest.device_cost([s], None, task) for s in heavy)
-    return max(largest, mest.device_cost(shards, None, task) / task.num_devices)
+    return est.device_cost(shards, None, task) / task.num_devices
 
 
 def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None):
@@ -111,6 +112,7 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
                      "balance": float(np.mean(v["bal"])) if v["bal"] else None,
                      "speedup_over_random": float(np.mean(v["speed"])) if v["speed"] else None,
                      "gap": float(np.mean(v["gap"])) if v["gap"] else None,
+                     "min_gap": float(np.min(v["gap"])) if v["gap"] else None,
                      "lower_bound": None})
     return rows
 
@@ -118,9 +120,9 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
 def _goals(by):
     """The issue's goals for `learned` from rows by strategy (one scoring)."""
     learned, lookup = by["learned"], by["lookup-greedy"]
-    # a negative gap of any strategy shows the cost is not sub-additive there, so the bound is
-    # no bound and the goal cannot be judged
-    valid = all(r["gap"] is None or r["gap"] >= -1e-9 for r in by.values())
+    # a plan below the bound shows the cost is not sub-additive there (or slicing made work
+    # cheaper), so the bound is no bound and the goal cannot be judged
+    valid = all(r["min_gap"] is None or r["min_gap"] >= -1e-9 for r in by.values())
     return {"balance": learned["balance"], "balance_goal_met": learned["balance"] >= 0.95,
             "reduction_vs_lookup_greedy": 1 - learned["max_cost"] / lookup["max_cost"],
             "reduction_goal_met": learned["max_cost"] <= 0.9 * lookup["max_cost"],
@@ -146,10 +148,8 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
     records, where = [], {}
 
     def keep(shards, batch, result):
-        if any(getattr(s, "num_slices", 1) > 1 for s in shards):
-            return   # records describe whole tables
         records.append(collect.make_record(
-            [s.table for s in shards], result, batch, 0, split="test",
+            shards, result, batch, 0, split="test",
             source=f"eval:{where['strategy']}", pool_seed=pool["seed"],
             pool_tables=pool["num_tables"], row_scale=pool["row_scale"]))
 
@@ -166,7 +166,7 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
     rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                 bound_fn=lambda task: measured_bound(task, mest, model_est), on_task=on_task)
+                 bound_fn=lambda task: bound(task, mest), on_task=on_task)
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
           f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))

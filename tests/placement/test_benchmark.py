@@ -1,6 +1,7 @@
 """Kernel micro-benchmarks: the protocol, the tf_cpu backend, collection and the estimator."""
 
 import argparse
+import gzip
 import json
 import os
 
@@ -8,13 +9,15 @@ import numpy as np
 import pytest
 
 from tfra_dynamic_embedding.placement import benchmark, evaluate, workloads
+from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu, torch_cuda
 from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
 
 from tests.placement.helpers import run_python
 
-DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data", "cpu_shards.jsonl")
+DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data",
+                    "cpu_shards.jsonl.gz")
 
 
 # -- protocol ------------------------------------------------------------------------------------
@@ -153,8 +156,8 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
         assert all(len(t["features"]) == NUM_FEATURES for t in record["tables"])
         assert record["total_ms"] == pytest.approx(record["forward_ms"] + record["backward_ms"],
                                                    abs=1e-4)
-        specs = collect.record_tables(record)
-        assert tf_cpu.shard_key(specs, 32) == record["key"]   # round trip of the specs
+        shards = collect.record_shards(record)
+        assert tf_cpu.shard_key(shards, 32) == record["key"]  # round trip of the specs
     with open(out, "a", encoding="utf-8") as f:
         f.write('{"torn": ')                                  # an interrupted write
     assert _cli(base + ["--records", "4"]) == 0
@@ -174,6 +177,43 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     assert all(t["name"] in first for r in halves for t in r["tables"])
     with pytest.raises(ValueError, match="half"):
         collect.make_pool(half="middle")
+
+
+def test_sliced_source_records_row_slices(tmp_path, capsys):
+    out = str(tmp_path / "sliced.jsonl")
+    argv = ["benchmark", "collect", "--out", out, "--pool-tables", "40", "--batch-size", "64",
+            "--max-tables-per-shard", "4", "--warmup", "1", "--repeat", "3", "--no-flush",
+            "--quiet", "--row-scale", "0.001", "--pool-seed", "3", "--sources", "sliced",
+            "--records", "6"]
+    assert _cli(argv) == 0
+    records = collect.read_records(out)
+    assert len(records) == 6 and {r["source"] for r in records} == {"sliced"}
+    sliced = [(r, t) for r in records for t in r["tables"] if "slice" in t]
+    assert sliced, "half of the tables should be row slices"
+    for record, entry in sliced:
+        index, n = entry["slice"]
+        spec = TableSpec.from_dict(dict(entry["spec"], reuse_histogram=entry["features"][4:]))
+        assert 0 <= index < n and entry["fraction"] == pytest.approx(
+            spec.slice_rows(index, n) / spec.rows)
+        whole = cm.shard_features(spec)
+        np.testing.assert_allclose(entry["features"][1:4], whole[1:4] * entry["fraction"],
+                                   rtol=1e-5)                     # rows, pooling, size scale
+        np.testing.assert_allclose(entry["features"][4:], whole[4:], rtol=1e-5)
+    for record in records:   # the key round-trips, and a slice measured only its own keys
+        shards = collect.record_shards(record)
+        assert tf_cpu.shard_key(shards, 64) == record["key"]
+        kept = protocol.shard_batches(shards, 64, seed=0)
+        assert record["lookups"] == sum(len(ix) for ix, _ in kept)
+        assert all((ix % s.num_slices == s.index).all() for (ix, _), s in zip(kept, shards))
+    gz = str(tmp_path / "sliced.jsonl.gz")
+    with open(out, "rb") as src, gzip.open(gz, "wb") as dst:
+        dst.write(src.read())
+    assert collect.read_records(gz) == records                    # shipped data is gzipped
+    with pytest.raises(ValueError, match="sources"):
+        collect.collect(out, 1, sources=("sliced", "nope"))
+    with pytest.raises(ValueError, match="--out must be a plain JSONL"):
+        _cli(argv[:3] + [gz] + argv[4:])
+    capsys.readouterr()
 
 
 def test_shipped_data_file_is_well_formed():

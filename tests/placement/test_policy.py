@@ -157,3 +157,38 @@ def test_local_search_lowers_the_max_and_keeps_the_plan_legal(model, small_pool)
     moved, _ = pol.improve(split, np.arange(len(split.items)) % 3)
     slices = [d for it, d in zip(split.items, moved) if it.table.name == "big"]
     assert len(slices) == len(set(slices)) == 2
+
+
+def test_hot_tables_are_cut_into_row_slices_when_that_lowers_the_max(model):
+    # one table costs more than all the others together: whole, it alone sets the max
+    tables = [table("hot", 4000, dim=64, pooling=60.0)] + [
+        table(f"s{i}", 1000, dim=16, pooling=4.0) for i in range(6)]
+    task = make_task(tables, 4)
+    whole = pol.plan_task(task, model=model, hot_splits=(None,))
+    cut = pol.plan_task(task, model=model)
+    assert whole.num_slices("hot") == 1 and whole.meta["split_tables"] == []
+    assert cut.meta["split_tables"] == ["hot"] and cut.meta["hot_split"] is not None
+    devices = cut.devices_for("hot")
+    assert len(devices) == cut.num_slices("hot") >= 2 and len(set(devices)) == len(devices)
+    cut.validate(check_memory=True)
+    est = cm.LearnedEstimator(model)
+    by_model = {name: max(est.plan_costs(p).values()) for name, p in (("whole", whole),
+                                                                        ("cut", cut))}
+    assert by_model["cut"] < by_model["whole"]
+    assert cut.meta["predicted_max_ms"] == pytest.approx(by_model["cut"] * 1e3, rel=1e-6)
+    # every slice costs at most the limit it was cut for
+    L = sum(model.total(model.shard_embedding(t)[None])[0] for t in tables) / 4
+    items = pol.split_hot_items(heuristics.split_items(task),
+                                np.array([model.total(model.shard_embedding(t)[None])[0]
+                                          for t in tables]), model, 4, L)
+    hot = [it for it in items if it.table.name == "hot"]
+    assert len(hot) >= 2 and all(it.num_slices == len(hot) for it in hot)
+    costs = model.total(np.stack([model.shard_embedding(it.table, it.index, it.num_slices)
+                                  for it in hot]))
+    assert costs.max() <= L or len(hot) == 4
+    assert [it.table.name for it in items if it.table.name != "hot"] == [
+        f"s{i}" for i in range(6)]                       # the cool tables stay whole
+    # a task without hot tables is planned exactly as with tables whole
+    cool = make_task(tables[1:], 3)
+    assert (pol.plan_task(cool, model=model).assignment
+            == pol.plan_task(cool, model=model, hot_splits=(None,)).assignment)

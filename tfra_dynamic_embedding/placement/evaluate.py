@@ -150,7 +150,8 @@ def lower_bound(task, estimator):
     """max(cost of the largest unavoidable piece, total cost / devices), additive estimators only.
 
     A piece is a whole table, or the largest row slice of a table too big for any device.
-    It bounds plans that split only the tables they must; None for non-additive estimators.
+    It bounds plans that split only the tables they must (the "learned" strategy also cuts hot
+    tables and can go below it); None for non-additive estimators.
     """
     from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
     est = get_estimator(estimator)

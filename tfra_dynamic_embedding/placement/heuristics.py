@@ -122,13 +122,17 @@ def split_items(task):
 class _State:
     """Memory used, balance load and the placement so far, per device."""
 
-    def __init__(self, task):
+    def __init__(self, task, slices=None):
+        """`slices`: {table name: row slices} where a planner cuts a table finer than
+        `min_slices`."""
         self.task = task
+        slices = slices or {}
         self.capacity = [math.inf if d.memory_bytes is None else d.memory_bytes
                          for d in task.devices]
         self.used = [0] * task.num_devices
         self.load = [0.0] * task.num_devices
-        self.placed = {t.name: [None] * min_slices(t, task) for t in task.tables}
+        self.placed = {t.name: [None] * (slices[t.name] if t.name in slices
+                                         else min_slices(t, task)) for t in task.tables}
         self.unplaced = []
 
     def candidates(self, item):

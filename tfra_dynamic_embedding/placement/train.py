@@ -1,6 +1,6 @@
 """Training the learned planner: the cost model on benchmark records, the policy on tasks.
 
-    tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl --out DIR
+    tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl.gz --out DIR
 
 1. Cost model (`cost_model.fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
    MSE on forward / backward ms; MAE / MSE reported on train and unseen tables.
@@ -302,7 +302,8 @@ def add_parser(subparsers):
         "placement policy on tasks of the CPU pool's first half; writes cost_model_cpu.npz, "
         "policy_cpu.npz, training.json and training.png to --out. Use them with "
         "`tfra-de plan --strategy learned --weights DIR`.")
-    parser.add_argument("--data", required=True, help="benchmark records (JSONL)")
+    parser.add_argument("--data", required=True,
+                        help="benchmark records (JSONL, or gzipped .jsonl.gz)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--epochs", type=int, default=300, help="cost-model epochs")
     parser.add_argument("--iterations", type=int, default=300, help="policy iterations")

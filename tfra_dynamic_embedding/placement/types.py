@@ -364,7 +364,8 @@ class Plan:
     # -- checks -----------------------------------------------------------------------------
     def validate(self, check_memory=True):
         """Raises ValueError for unknown/missing tables or devices, PlacementError for memory."""
-        names = {t.name for t in self.task.tables}
+        rows = {t.name: t.rows for t in self.task.tables}
+        names = set(rows)
         devices = {d.name for d in self.task.devices}
         unknown = sorted(set(self.assignment) - names)
         missing = sorted(names - set(self.assignment))
@@ -381,8 +382,8 @@ class Plan:
             if len(set(placed)) != len(placed):
                 raise ValueError(f"row slices of table {name!r} must lie on distinct devices; "
                                  f"got {placed}")
-            if len(placed) > self.task.table(name).rows:
-                raise ValueError(f"table {name!r} has {self.task.table(name).rows} rows, fewer "
+            if len(placed) > rows[name]:
+                raise ValueError(f"table {name!r} has {rows[name]} rows, fewer "
                                  f"than its {len(placed)} slices")
         if check_memory:
             memory = self.memory_by_device()

@@ -10,14 +10,19 @@ its source cycling through:
   heuristic  a random task (2-6 devices, tables from the pool) placed by a greedy heuristic of
              heuristics.py; the shard is one device's tables;
   plan       the same with a random plan (heuristics' "random" strategy);
-  policy     the same placed by the learned policy (strategy "learned", its shipped weights).
-Each shard is measured by `tf_cpu.benchmark_shard` and written as one JSON line:
-  {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...}}],
+  policy     the same placed by the learned policy (strategy "learned", its shipped weights);
+  sliced     like random, but each table is, with probability 1/2, one row slice of 2-8 (the
+             pieces the learned policy cuts hot tables into).
+Shards keep their plans' row slices. Each shard is measured by `tf_cpu.benchmark_shard` and
+written as one JSON line:
+  {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...},
+   "fraction", "slice": [index, num_slices]}],
    "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
 "spec" is the TableSpec JSON without its reuse histogram (that is features[4:21]; see
 `record_tables`). Collection appends and is resumable: a record whose shard key is already in the file is skipped.
 """
 
+import gzip
 import json
 import os
 import sys
@@ -28,7 +33,8 @@ import numpy as np
 DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
 _MODULE = "tfra_dynamic_embedding.placement.benchmark.collect"
-SOURCES = ("random", "heuristic", "plan", "policy")
+SOURCES = ("random", "heuristic", "plan", "policy", "sliced")
+SLICE_COUNTS = (2, 3, 4, 6, 8)
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced")
@@ -53,16 +59,23 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
     return train if half == "train" else test
 
 
-def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024):
-    """(source, [TableSpec]) of record `index`: a pure function of (pool, index, pool_seed)."""
+def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=SOURCES):
+    """(source, [Shard]) of record `index`: a pure function of (pool, index, pool_seed,
+    sources); record `index` draws from `sources[index % len(sources)]`."""
     from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement.types import Task, make_devices  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement.types import Shard, Task, make_devices  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
-    source = SOURCES[index % len(SOURCES)]
-    if source == "random":
+    source = sources[index % len(sources)]
+    if source in ("random", "sliced"):
         k = int(rng.integers(1, max_tables + 1))
         chosen = sorted(rng.choice(len(pool), k, replace=False))
-        return source, [pool[i] for i in chosen]
+        shards = []
+        for i in chosen:
+            n = int(rng.choice(SLICE_COUNTS))
+            cut = source == "sliced" and rng.random() < 0.5 and pool[i].rows >= n
+            shards.append(Shard(pool[i], "", int(rng.integers(0, n)), n) if cut
+                          else Shard(pool[i], ""))
+        return source, shards
     devices = int(rng.integers(2, 7))
     count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
     chosen = sorted(rng.choice(len(pool), count, replace=False))
@@ -73,29 +86,38 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024):
         from tfra_dynamic_embedding.placement import policy  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     device = task.devices[int(rng.integers(0, devices))].name
-    tables = [s.table for s in plan.shards_on(device)]
-    if not tables:  # an empty device: take the fullest one
+    shards = plan.shards_on(device)
+    if not shards:  # an empty device: take the fullest one
         device = max(task.devices, key=lambda d: len(plan.shards_on(d.name))).name
-        tables = [s.table for s in plan.shards_on(device)]
-    if len(tables) > max_tables:
-        keep = sorted(rng.choice(len(tables), max_tables, replace=False))
-        tables = [tables[i] for i in keep]
-    return f"{source}:{strategy}", tables
+        shards = plan.shards_on(device)
+    if len(shards) > max_tables:
+        keep = sorted(rng.choice(len(shards), max_tables, replace=False))
+        shards = [shards[i] for i in keep]
+    return f"{source}:{strategy}", shards
 
 
-def make_record(tables, result, batch_size, seed, **extra):
-    """One JSONL record of a measured shard."""
-    from tfra_dynamic_embedding.placement import features  # pylint: disable=import-outside-toplevel
+def make_record(shards, result, batch_size, seed, **extra):
+    """One JSONL record of a measured shard (`Shard`s, or TableSpecs for whole tables); a row
+    slice's features scale with its share of rows (`cost_model.shard_features`)."""
+    from tfra_dynamic_embedding.placement import cost_model  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+    entries = []
+    for shard in shards:
+        table = getattr(shard, "table", shard)
+        entry = {"name": table.name, "spec": _compact_spec(table)}
+        index, num_slices = getattr(shard, "index", 0), getattr(shard, "num_slices", 1)
+        fraction = table.slice_rows(index, num_slices) / table.rows
+        entry["features"] = _round(cost_model.shard_features(table, fraction))
+        if num_slices > 1:
+            entry.update(fraction=fraction, slice=[int(index), int(num_slices)])
+        entries.append(entry)
     record = {
-        "backend": tf_cpu.BACKEND, "batch_size": int(batch_size),
-        "tables": [{"name": t.name, "features": _round(features.table_features(t)),
-                    "spec": _compact_spec(t)} for t in tables],
+        "backend": tf_cpu.BACKEND, "batch_size": int(batch_size), "tables": entries,
         "forward_ms": round(float(result["forward_ms"]), 5),
         "backward_ms": round(float(result["backward_ms"]), 5),
         "total_ms": round(float(result["total_ms"]), 5),
         "seed": int(seed), "threads": int(result["threads"]),
-        "key": tf_cpu.shard_key(tables, batch_size), "lookups": int(result["lookups"])}
+        "key": tf_cpu.shard_key(shards, batch_size), "lookups": int(result["lookups"])}
     record.update(extra)
     return record
 
@@ -111,25 +133,29 @@ def _compact_spec(spec):
     return out
 
 
-def record_tables(record):
-    """The TableSpecs of a record (reuse histograms restored from the features)."""
-    from tfra_dynamic_embedding.placement.types import TableSpec  # pylint: disable=import-outside-toplevel
+def record_shards(record):
+    """The `Shard`s (tables and row slices) of a record; reuse histograms are restored from the
+    features."""
+    from tfra_dynamic_embedding.placement.types import Shard, TableSpec  # pylint: disable=import-outside-toplevel
     out = []
     for table in record["tables"]:
         spec = dict(table["spec"])
         hist = table["features"][4:]
         if "reuse_histogram" not in spec and sum(hist) > 0:
             spec["reuse_histogram"] = list(hist)
-        out.append(TableSpec.from_dict(spec))
+        index, num_slices = table.get("slice", (0, 1))
+        out.append(Shard(TableSpec.from_dict(spec), "", int(index), int(num_slices)))
     return out
 
 
 def read_records(path):
-    """The records of a JSONL file (a torn last line from an interrupted run is skipped)."""
+    """The records of a JSONL file, or of a gzipped one (`.gz`: how the package ships its data);
+    a torn last line from an interrupted run is skipped."""
     out = []
     if not os.path.exists(path):
         return out
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if not line:
@@ -165,10 +191,14 @@ def _progress(done, total, start, skipped, stream=sys.stderr):
 
 def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, threads=1,
             warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
-            time_limit=None, flush=None, progress=True, start_index=0, half="all"):
+            time_limit=None, flush=None, progress=True, start_index=0, half="all",
+            sources=SOURCES):
     """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
     whose key is already there. Stops early after `time_limit` seconds. Returns
-    {"written", "skipped", "seconds"}."""
+    {"written", "skipped", "seconds"}. `sources`: the shard sources to cycle through."""
+    bad = [x for x in sources if x not in SOURCES]
+    if not sources or bad:
+        raise ValueError(f"sources must be some of {SOURCES}; got {list(sources)}")
     from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     tf_cpu.set_threads(threads)
     pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half)
@@ -183,15 +213,16 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
         for r in range(start_index, start_index + records):
             if time_limit and time.time() - start > time_limit:
                 break
-            source, tables = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size)
-            key = tf_cpu.shard_key(tables, batch_size)
+            source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
+                                        sources)
+            key = tf_cpu.shard_key(shards, batch_size)
             if key in present:
                 skipped += 1
             else:
                 began = time.time()
-                result = tf_cpu.benchmark_shard(tables, batch_size, seed=seed, warmup=warmup,
+                result = tf_cpu.benchmark_shard(shards, batch_size, seed=seed, warmup=warmup,
                                                 repeat=repeat, flush=flush)
-                record = make_record(tables, result, batch_size, seed, source=source, index=r,
+                record = make_record(shards, result, batch_size, seed, source=source, index=r,
                                      pool_seed=pool_seed, row_scale=row_scale,
                                      pool_tables=pool_tables, half=half, warmup=warmup,
                                      repeat=repeat, wall_s=round(time.time() - began, 3))
@@ -221,6 +252,8 @@ def add_parser(subparsers):
     col.add_argument("--pool-tables", type=int, default=DEFAULT_POOL_TABLES)
     col.add_argument("--half", choices=HALVES, default="all",
                      help="draw shards from this half of the pool (workloads.split_pool)")
+    col.add_argument("--sources", default=",".join(SOURCES),
+                     help=f"comma-separated shard sources to cycle through (of {','.join(SOURCES)})")
     col.add_argument("--row-scale", type=float, default=DEFAULT_ROW_SCALE,
                      help="hash sizes are MetaSyn's times this")
     col.add_argument("--threads", type=int, default=1, help="TF intra/inter-op threads")
@@ -268,7 +301,7 @@ def _run_chunks(args, argv):
 def _child_argv(args):
     argv = []
     for action in ("pool_seed", "batch_size", "max_tables_per_shard", "pool_tables", "row_scale",
-                   "threads", "warmup", "repeat", "seed", "half"):
+                   "threads", "warmup", "repeat", "seed", "half", "sources"):
         argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
     argv += ["--out", args.out]
     argv += ["--no-flush"] if args.no_flush else []
@@ -277,6 +310,8 @@ def _child_argv(args):
 
 
 def _run_collect(args):
+    if args.out.endswith(".gz"):
+        raise ValueError(f"--out must be a plain JSONL file (gzip it when done); got {args.out!r}")
     if args.records < 1:
         raise ValueError(f"--records must be >= 1; got {args.records}")
     if args.max_tables_per_shard < 1:
@@ -291,7 +326,8 @@ def _run_collect(args):
                       seed=args.seed, threads=args.threads, warmup=args.warmup,
                       repeat=args.repeat, pool_tables=args.pool_tables, row_scale=args.row_scale,
                       time_limit=args.time_limit, flush=False if args.no_flush else None,
-                      progress=not args.quiet, start_index=args.start_index, half=args.half)
+                      progress=not args.quiet, start_index=args.start_index, half=args.half,
+                      sources=tuple(x.strip() for x in args.sources.split(",") if x.strip()))
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
                                          for k, v in summary.items()}}))
     return 0
