@@ -18,9 +18,12 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "BuiltinKVCreator": "tfra_dynamic_embedding.tables",
+    "CuckooHashTableConfig": "tfra_dynamic_embedding.tables",
+    "CuckooHashTableCreator": "tfra_dynamic_embedding.tables",
     "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",
     "KVCreator": "tfra_dynamic_embedding.tables",
     "KVTable": "tfra_dynamic_embedding.tables",
+    "NativeKVCreator": "tfra_dynamic_embedding.tables",
     "ModelMode": "tfra_dynamic_embedding.trainable",
     "TrainableWrapper": "tfra_dynamic_embedding.trainable",
     "enable_inference_mode": "tfra_dynamic_embedding.trainable",

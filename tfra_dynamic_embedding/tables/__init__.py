@@ -1,12 +1,42 @@
 """Key-value backends behind the `KVTable` interface (see base.py)."""
 
-__all__ = ["BuiltinKVCreator", "BuiltinKVTable", "KVCreator", "KVTable", "default_kv_creator"]
+__all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTableConfig",
+           "CuckooHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
+           "default_kv_creator"]
 
 from tfra_dynamic_embedding.tables import native
 from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
+from tfra_dynamic_embedding.tables.native import NativeKVCreator
 
 
 def default_kv_creator():
     """The native backend when its op library loads, else the built-in one."""
     return native.NativeKVCreator() if native.is_available() else BuiltinKVCreator()
+
+
+class CuckooHashTableConfig:
+    """TFRA's config of its default table. It has no settings; it exists so that TFRA code
+    (`de.CuckooHashTableCreator(config=de.CuckooHashTableConfig())`) runs unchanged."""
+
+
+class CuckooHashTableCreator(KVCreator):
+    """TFRA's name for the default backend: this project's native table when its op library
+    is built, else the built-in one (`default_kv_creator`).
+
+    Example:
+        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(de.CuckooHashTableConfig()))
+    """
+
+    def __init__(self, config=None, saver=None):
+        if config is not None and not isinstance(config, CuckooHashTableConfig):
+            raise TypeError(f"config must be a de.CuckooHashTableConfig; got {config!r}")
+        if saver is not None:
+            raise ValueError(f"saver={saver!r} is not supported: checkpoints save the tables, "
+                             "and NativeKVTable.save_to / load_from write per-shard files")
+        self.config = config or CuckooHashTableConfig()
+        self.saver = None
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        return default_kv_creator().create(key_dtype, value_dtype, dim, name, device,
+                                           shared_name, init_size)
