@@ -39,6 +39,15 @@ def test_embedding_lookup_matches_tf_nn(tables, shape, max_norm):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_embedding_lookup_unique_is_tfras_name_for_the_deduplicating_lookup(tables):
+    w, dense = tables
+    ids = tf.constant([[3, 7, 3], [7, 7, 1]], tf.int64)
+    got, wrapper = de.embedding_lookup_unique(w, ids, return_trainable=True)
+    np.testing.assert_allclose(got.numpy(), tf.nn.embedding_lookup(dense, ids).numpy(),
+                               rtol=1e-6)
+    assert sorted(wrapper.batch_ids().numpy().tolist()) == [1, 3, 7]   # each id fetched once
+
+
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_embedding_lookup_sparse_matches_tf_nn(tables, combiner, weighted):
@@ -164,3 +173,15 @@ def test_wrong_id_dtype_and_params(tables):
         de.embedding_lookup_sparse(w, _sparse({(0, 0): 1}, [1, 1], dtype=tf.int32), None)
     with pytest.raises(TypeError, match="params must be a de.Variable"):
         de.embedding_lookup(dense, tf.constant([1], tf.int64))
+
+
+def test_de_math_has_tfras_sparse_helpers():
+    data = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    got = de.math.sparse_segment_sum(data, tf.constant([0, 2, 1]), tf.constant([0, 0, 2]),
+                                     num_segments=4)
+    np.testing.assert_array_equal(got.numpy(), [[6, 8], [0, 0], [3, 4], [0, 0]])
+    sp = tf.SparseTensor([[0, 1], [2, 0]], tf.constant([7, 8], tf.int64), [3, 2])
+    filled, empty = de.math.sparse_fill_empty_rows(sp, tf.constant(-1, tf.int64))
+    np.testing.assert_array_equal(tf.sparse.to_dense(filled).numpy(), [[0, 7], [-1, 0], [8, 0]])
+    np.testing.assert_array_equal(empty.numpy(), [False, True, False])
+    assert de.math.sparse_reshape(sp, [6]).dense_shape.numpy().tolist() == [6]

@@ -159,6 +159,10 @@ def test_graph_mode_session():
             np.testing.assert_array_equal(got, [[1, 1], [0.5, 0.5]])
             np.testing.assert_array_equal(ok, [True, False])
             assert sess.run(w.size()) == 3
+        frozen = de.Variable(dim=2, trainable=False, name="frozen")
+        assert tf.compat.v1.get_collection(de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES) == [w, frozen]
+        assert tf.compat.v1.get_collection(
+            de.GraphKeys.TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES) == [w]
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -167,7 +171,8 @@ def test_graph_mode_session():
     (dict(dim=-3), "dim"),
     (dict(dim=2.5), "dim"),
     (dict(key_dtype=tf.float32), "key_dtype"),
-    (dict(value_dtype=tf.int32), "value_dtype"),
+    (dict(value_dtype=tf.bool), "value_dtype"),
+    (dict(value_dtype=tf.string), "value_dtype"),
     (dict(initializer=np.zeros(5), dim=3), "initializer"),
     (dict(partitioner="mod"), "partitioner"),
 ])
@@ -274,3 +279,25 @@ def test_initializer_is_called_for_exactly_the_missing_keys(kv_creator):
     assert sorted(shapes) == [[1, 3], [2, 3]]
     np.testing.assert_array_equal(rows.numpy()[1], rows.numpy()[2])  # one key, one draw
     np.testing.assert_array_equal(rows.numpy()[[0, 4]], np.ones([2, 3]))
+
+
+def test_trainable_wrappers_by_lookup_name():
+    w = de.Variable(dim=2, name="by_name", initializer=0.5)
+    assert w.get_trainable_by_name("user") is None and w.trainable_store == {}
+    with tf.GradientTape():
+        _, wrapper = de.embedding_lookup(w, tf.constant([1, 2], tf.int64), name="user",
+                                         return_trainable=True)
+    assert w.get_trainable_by_name("user") is wrapper
+    [(key, stored)] = w.trainable_store.items()
+    assert stored is wrapper and w.get_trainable_by_name(key) is wrapper
+
+
+def test_accum_tfra_form_adds_changes_of_existing_keys_and_sets_new_ones(kv_creator):
+    w = de.Variable(dim=1, kv_creator=kv_creator, name="accum_tfra")
+    w.upsert(tf.constant([1, 2], tf.int64), tf.constant([[10.0], [20.0]]))
+    w.accum(tf.constant([1, 2, 3], tf.int64), tf.constant([[1.0], [2.0], [0.0]]),
+            tf.constant([[4.0], [2.0], [9.0]]), tf.constant([True, True, False]))
+    np.testing.assert_array_equal(w.lookup(tf.constant([1, 2, 3], tf.int64)).numpy(),
+                                  [[13.0], [20.0], [9.0]])
+    with pytest.raises(ValueError, match="needs both new_values and exists"):
+        w.accum(tf.constant([1], tf.int64), tf.ones([1, 1]), new_values=tf.ones([1, 1]))

@@ -21,10 +21,14 @@ _EXPORTS = {
     "CuckooHashTableConfig": "tfra_dynamic_embedding.tables",
     "CuckooHashTableCreator": "tfra_dynamic_embedding.tables",
     "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",
+    "GraphKeys": "tfra_dynamic_embedding.variable",
     "KVCreator": "tfra_dynamic_embedding.tables",
     "KVTable": "tfra_dynamic_embedding.tables",
     "NativeKVCreator": "tfra_dynamic_embedding.tables",
     "ModelMode": "tfra_dynamic_embedding.trainable",
+    "FrequencyRestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
+    "RestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
+    "TimestampRestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
     "TrainableWrapper": "tfra_dynamic_embedding.trainable",
     "enable_inference_mode": "tfra_dynamic_embedding.trainable",
     "enable_train_mode": "tfra_dynamic_embedding.trainable",
@@ -33,10 +37,13 @@ _EXPORTS = {
     "default_partition_fn": "tfra_dynamic_embedding.variable",
     "embedding_lookup": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
+    "embedding_lookup_unique": "tfra_dynamic_embedding.embedding_ops",
     "get_variable": "tfra_dynamic_embedding.variable",
     "safe_embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
 }
-_SUBMODULES = ("keras",)
+# public submodule name -> module
+_SUBMODULES = {"keras": "tfra_dynamic_embedding.keras",
+               "math": "tfra_dynamic_embedding.math_ops"}
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
@@ -45,7 +52,7 @@ def __getattr__(name):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
+        value = importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'tfra_dynamic_embedding' has no attribute {name!r}")
     globals()[name] = value  # later accesses skip this function

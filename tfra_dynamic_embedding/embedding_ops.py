@@ -42,6 +42,14 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
         return (embeddings, wrapper) if return_trainable else embeddings
 
 
+def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
+                            validate_indices=None, max_norm=None, return_trainable=False):
+    """TFRA's de-duplicating lookup: `embedding_lookup` already fetches each unique id once, so
+    this is the same lookup under TFRA's name (default op name "embedding_lookup_unique")."""
+    return embedding_lookup(params, ids, partition_strategy, name or "embedding_lookup_unique",
+                            validate_indices, max_norm, return_trainable)
+
+
 def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name=None,
                             combiner="mean", max_norm=None, return_trainable=False):
     """Like `tf.nn.embedding_lookup_sparse`: combines the rows of each row of `sp_ids`.

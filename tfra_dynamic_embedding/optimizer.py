@@ -37,9 +37,21 @@ from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
 
-def DynamicEmbeddingOptimizer(self):  # pylint: disable=invalid-name  (TFRA's public name)
-    """Returns `self`, re-classed so that it also trains `de.Variable`s (see module docstring)."""
+# pylint: disable-next=invalid-name  (TFRA's public name)
+def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
+    """Returns `self`, re-classed so that it also trains `de.Variable`s (see module docstring).
+
+    bp_v2: None (each variable's own `bp_v2`), or True / False for every variable it trains:
+      True adds each step's row updates to the tables instead of overwriting the rows.
+    synchronous: TFRA's Horovod all-reduce of dense gradients; not available here (False).
+    """
+    if bp_v2 is not None and not isinstance(bp_v2, bool):
+        raise ValueError(f"bp_v2 must be None or a bool; got {bp_v2!r}")
+    if synchronous:
+        raise ValueError("synchronous=True (TFRA's Horovod all-reduce) is not supported; use "
+                         "tf.distribute or parameter-server training")
     if isinstance(self, _DynamicEmbeddingMixin):
+        object.__setattr__(self, "_de_bp_v2", bp_v2)
         return self
     mixin = _mixin_for(self)
     base = type(self)
@@ -48,6 +60,7 @@ def DynamicEmbeddingOptimizer(self):  # pylint: disable=invalid-name  (TFRA's pu
                           {"__module__": base.__module__, "__qualname__": base.__qualname__})
     object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
     object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
+    object.__setattr__(self, "_de_bp_v2", bp_v2)
     return self
 
 
@@ -97,20 +110,34 @@ class _DynamicEmbeddingMixin:
         create_slots([v for g, v in grads_and_vars if g is not None])
         prefetch = [buffer.prefetch(w.batch_ids())
                     for w in wrappers for buffer in self._de_buffers.get(w.ref(), [])]
+        # bp_v2 writes back the change: keep the rows as looked up, read before the update.
+        looked_up = {w.ref(): tf.identity(w.held_rows()) for w in wrappers
+                     if (w.params.bp_v2 if self._de_bp_v2 is None else self._de_bp_v2)}
         grads_and_vars = [
             (self._de_gradient(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
             for g, v in grads_and_vars]
-        with tf.control_dependencies(prefetch):
+        with tf.control_dependencies(prefetch + list(looked_up.values())):
             result = apply(grads_and_vars)
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
-            writes = [w.write_back() for w in wrappers]
+            writes = [w.write_back(looked_up.get(w.ref())) for w in wrappers]
             writes += [b.write_back() for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
+            writes += [self._de_restrict_update(w) for w in wrappers]
         if tf.compat.v1.executing_eagerly_outside_functions():
             return result  # eager runs in order; tf.function orders and runs stateful ops itself
         # A tf.compat.v1 graph: the returned op must also run the write-back.
         with tf.control_dependencies([op for op in writes if op is not None]):
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
+
+    def _de_restrict_update(self, wrapper):
+        """Updates the restrict policy's status of the trained ids (None without a policy);
+        the policy learns the slot tables it must evict from too."""
+        policy = wrapper.params.restrict_policy
+        if policy is None:
+            return None
+        policy._track_params_in_slots(  # pylint: disable=protected-access
+            [b.params for b in self._de_buffers.get(wrapper.ref(), [])])
+        return policy.apply_update(wrapper.batch_ids())
 
     def _de_gradient(self, grad, wrapper):
         """The wrapper's gradient as the family wants it (default: as given)."""

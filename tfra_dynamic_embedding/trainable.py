@@ -42,6 +42,11 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             self.ids = tf.Variable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
                 name=name + "_ids", validate_shape=False, collections=[])
+            # Whether each id was in the table when looked up: a bp_v2 write-back adds the
+            # update to existing rows and stores the trained rows of new ids.
+            self.exists = tf.Variable(
+                tf.zeros([0], tf.bool), shape=tf.TensorShape([None]), trainable=False,
+                name=name + "_exists", validate_shape=False, collections=[])
         if track:
             # A checkpoint dependency of `params` (saving only a placeholder): a restore then
             # also matches the wrappers that optimizers list among their variables and slots.
@@ -60,8 +65,9 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
         Returns an op (graph mode) that later reads of this wrapper must depend on.
         """
-        rows = self.params.lookup(unique_ids)
+        rows, exists = self.params.lookup(unique_ids, return_exists=True)
         loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
+                          self.exists.assign(exists, read_value=False),
                           self.assign(rows, read_value=False))
         if loaded is not None:  # graph building: remember it for batch_ids()
             self._loaded = loaded
@@ -69,15 +75,28 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
     def batch_ids(self):
         """The ids of the rows held, read after this step's lookup loaded them."""
+        return self._read_loaded(self.ids)
+
+    def held_rows(self):
+        """The rows held, read after this step's lookup loaded them."""
+        return self._read_loaded(self)
+
+    def _read_loaded(self, variable):
         loaded = getattr(self, "_loaded", None)
         if loaded is not None and loaded.graph is tf.compat.v1.get_default_graph():
             with tf.control_dependencies([loaded]):
-                return self.ids.read_value()
-        return self.ids.read_value()
+                return variable.read_value()
+        return variable.read_value()
 
-    def write_back(self):
-        """Stores the rows held (e.g. after an optimizer update) into `params`."""
-        return self.params.upsert(self.batch_ids(), self.read_value())
+    def write_back(self, looked_up=None):
+        """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows
+        as `looked_up` before the update (bp_v2), adds the change to the rows of ids that
+        existed then instead, so concurrent writers' updates add up; new ids get the rows."""
+        if looked_up is None:
+            return self.params.upsert(self.batch_ids(), self.read_value())
+        before = tf.where(self._read_loaded(self.exists)[:, None], looked_up,
+                          tf.zeros_like(looked_up))
+        return self.params.accum(self.batch_ids(), self.read_value() - before)
 
     # Checkpoints save the held rows like any variable's value: they are only the last batch's
     # cache (the tables are what matters), but the standard entry keeps the wrapper loadable

@@ -25,6 +25,14 @@ from tfra_dynamic_embedding import tables as tables_lib
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# Integer rows (e.g. a restrict policy's status) live in the built-in backend only.
+INT_VALUE_DTYPES = (tf.int32, tf.int64)
+
+
+class GraphKeys:
+    """Graph collections (TFRA's names) that tf.compat.v1 graphs add `de.Variable`s to."""
+    DYNAMIC_EMBEDDING_VARIABLES = "dynamic_embedding_variables"
+    TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
 
 
 class DTypeError(TypeError, ValueError):
@@ -46,7 +54,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     Args:
       key_dtype: tf.int32, tf.int64 or tf.string.
-      value_dtype: tf.float16, tf.bfloat16, tf.float32 or tf.float64.
+      value_dtype: tf.float16, tf.bfloat16, tf.float32 or tf.float64 (tf.int32 / tf.int64 for
+        non-trainable tables on the built-in backend, e.g. a restrict policy's status).
       dim: row length, > 0.
       devices: a device string or list of them, one shard table per entry (default: the current
         device).
@@ -58,6 +67,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
       checkpoint: whether checkpoints save it.
       init_size: expected number of keys (a sizing hint for backends that pre-allocate).
       kv_creator: a `KVCreator` choosing the backend (default: native if built, else built-in).
+      restrict_policy: None or a `de.RestrictPolicy` class (`de.TimestampRestrictPolicy`,
+        `de.FrequencyRestrictPolicy`); `restrict(n)` then evicts down to n keys.
+      bp_v2: training adds each step's change to the rows (accum) instead of overwriting them,
+        so asynchronous workers that update the same keys do not undo each other.
     """
 
     def __init__(self,
@@ -72,9 +85,12 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                  trainable=True,
                  checkpoint=True,
                  init_size=0,
-                 kv_creator=None):
+                 kv_creator=None,
+                 restrict_policy=None,
+                 bp_v2=False):
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
-        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES, "value_dtype")
+        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + INT_VALUE_DTYPES,
+                                           "value_dtype")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int; got {dim!r}")
         if not callable(partitioner):
@@ -93,9 +109,14 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         # Lookup-site name -> TrainableWrapper (trainable.py). Not a checkpoint dependency: the
         # wrappers hold a per-step copy of rows, and the tables are what is saved.
         object.__setattr__(self, "_trainable_store", {})
-        self._kv_creator = kv_creator or tables_lib.default_kv_creator()
+        self._kv_creator = kv_creator or tables_lib.default_kv_creator(self._value_dtype)
         if not isinstance(self._kv_creator, tables_lib.KVCreator):
             raise ValueError(f"kv_creator must be a de.KVCreator; got {kv_creator!r}")
+        if self._value_dtype in INT_VALUE_DTYPES and isinstance(self._kv_creator,
+                                                               tables_lib.NativeKVCreator):
+            raise ValueError(f"value_dtype {self._value_dtype.name} needs the built-in backend "
+                             f"(kv_creator=de.BuiltinKVCreator()); native tables hold "
+                             f"floating rows")
 
         # Tables are created outside any tf.function being traced, like tf.Variable's storage.
         with tf.init_scope():
@@ -116,6 +137,24 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 ]
             if checkpoint and not tf.executing_eagerly():
                 checkpoint_lib.register_graph_saveable(self, self._unique_name)
+            if not tf.executing_eagerly():
+                tf.compat.v1.add_to_collection(GraphKeys.DYNAMIC_EMBEDDING_VARIABLES, self)
+                if trainable:
+                    tf.compat.v1.add_to_collection(
+                        GraphKeys.TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES, self)
+        if not isinstance(bp_v2, bool):
+            raise ValueError(f"bp_v2 must be a bool; got {bp_v2!r}")
+        self._bp_v2 = bp_v2
+        self._restrict_policy = None
+        if restrict_policy is not None:
+            from tfra_dynamic_embedding import restrict_policies  # pylint: disable=import-outside-toplevel
+            if not (isinstance(restrict_policy, type)
+                    and issubclass(restrict_policy, restrict_policies.RestrictPolicy)):
+                raise TypeError(f"restrict_policy must be a de.RestrictPolicy subclass such as "
+                                f"de.TimestampRestrictPolicy; got {restrict_policy!r}")
+            self._restrict_policy = restrict_policy(self)
+            if checkpoint:   # the status is saved and restored with the variable
+                self._track_trackable(self._restrict_policy.status, name="restrict_status")
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -163,6 +202,31 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return self._init_size
 
     @property
+    def trainable_store(self):
+        """{wrapper name: TrainableWrapper} of this variable's lookup sites."""
+        return dict(self._trainable_store)
+
+    def get_trainable_by_name(self, name):
+        """The TrainableWrapper of the lookup called `name` (e.g. in eager mode or a
+        tf.function, where a lookup site is known by its name), or None."""
+        from tfra_dynamic_embedding import trainable as trainable_lib  # pylint: disable=import-outside-toplevel
+        store = self._trainable_store
+        if name in store:
+            return store[name]
+        return store.get(trainable_lib.wrapper_name(self, name))
+
+    @property
+    def bp_v2(self):
+        """Whether training adds each step's row updates (accum) instead of overwriting rows,
+        so that asynchronous workers updating the same keys do not undo each other."""
+        return self._bp_v2
+
+    @property
+    def restrict_policy(self):
+        """The `de.RestrictPolicy` instance made from `restrict_policy=`, or None."""
+        return self._restrict_policy
+
+    @property
     def kv_creator(self):
         return self._kv_creator
 
@@ -172,6 +236,15 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return tuple(self._tables)
 
     # -- data plane -------------------------------------------------------------------------
+    def restrict(self, num_reserved, **kwargs):
+        """Evicts keys by the restrict policy (`trigger=` keys at most before it acts; see
+        restrict_policies.py); without a policy, a no-op with a warning."""
+        if self._restrict_policy is None:
+            tf.get_logger().warning("restrict() called on %s, which has no restrict_policy",
+                                    self._name)
+            return tf.no_op()
+        return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+
     def lookup(self, keys, return_exists=False, name=None):
         """Rows for `keys` (any shape) -> `keys.shape + [dim]`; missing keys get initializer rows.
 
@@ -219,10 +292,32 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return self._write(keys, values, "values", lambda t, k, v: t.insert(k, v),
                            name or self._name + "_upsert")
 
-    def accum(self, keys, deltas, name=None):
-        """Add `deltas` (shaped `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0."""
-        return self._write(keys, deltas, "deltas", lambda t, k, v: t.accum(k, v),
-                           name or self._name + "_accum")
+    def accum(self, keys, deltas, new_values=None, exists=None, name=None):
+        """Add `deltas` (shaped `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0.
+
+        TFRA's form `accum(keys, old_values, new_values, exists)`: keys with `exists` True get
+        `new_values - old_values` added, the others are set to `new_values`.
+        """
+        if new_values is None and exists is None:
+            return self._write(keys, deltas, "deltas", lambda t, k, v: t.accum(k, v),
+                               name or self._name + "_accum")
+        if new_values is None or exists is None:
+            raise ValueError("accum(keys, old_values, new_values, exists) needs both new_values "
+                             "and exists")
+        keys = self._keys_tensor(keys)
+        old = self._values_tensor(deltas, keys, "old_values")
+        new = self._values_tensor(new_values, keys, "new_values")
+        exists = tf.convert_to_tensor(exists, tf.bool)
+        if not exists.shape.is_compatible_with(keys.shape):
+            raise ValueError(f"exists must have the shape of keys {keys.shape}; got {exists.shape}")
+        with tf.name_scope(scope_name(name or self._name + "_accum")):
+            exists = tf.broadcast_to(exists, tf.shape(keys))
+            added = self.accum(tf.boolean_mask(keys, exists),
+                               tf.boolean_mask(new - old, exists))
+            with tf.control_dependencies([added] if added is not None else []):
+                missing = tf.logical_not(exists)
+                return self.upsert(tf.boolean_mask(keys, missing),
+                                   tf.boolean_mask(new, missing))
 
     def remove(self, keys, name=None):
         """Delete `keys` from the table (missing keys are ignored)."""
@@ -428,7 +523,9 @@ def get_variable(name,
                  trainable=True,
                  checkpoint=True,
                  init_size=0,
-                 kv_creator=None):
+                 kv_creator=None,
+                 restrict_policy=None,
+                 bp_v2=False):
     """Gets an existing `de.Variable` or creates a new one, honouring the variable scope.
 
     Under `tf.compat.v1.variable_scope(..., reuse=True)` the variable must exist; with
@@ -468,7 +565,8 @@ def get_variable(name,
         key_dtype=key_dtype, value_dtype=value_dtype, dim=dim, devices=devices,
         partitioner=partitioner, shared_name=f"{shared_name}/{full_name}" if shared_name else None,
         name=full_name, initializer=initializer, trainable=trainable, checkpoint=checkpoint,
-        init_size=init_size, kv_creator=kv_creator)
+        init_size=init_size, kv_creator=kv_creator, restrict_policy=restrict_policy,
+        bp_v2=bp_v2)
     registry[full_name] = variable
     return variable
 

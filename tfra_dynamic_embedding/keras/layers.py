@@ -1,4 +1,5 @@
-"""`de.keras.layers.Embedding`: a Keras layer over a `de.Variable`.
+"""`de.keras.layers.Embedding` (alias `BasicEmbedding`), `SquashedEmbedding` and
+`FieldWiseEmbedding`: Keras layers over a `de.Variable`.
 
 Looks up int or string ids of any shape (dense, `tf.RaggedTensor` or `tf.SparseTensor`), trains
 through `model.fit` with a `de.DynamicEmbeddingOptimizer`-wrapped optimizer, and is saved by
@@ -35,26 +36,37 @@ class Embedding(tf.keras.layers.Layer):
       devices: devices of the shard tables (default: the placement plan in scope, else the
         current device).
       kv_creator: the table backend (default: native if built, else built-in).
+      restrict_policy: a `de.RestrictPolicy` class (e.g. `de.FrequencyRestrictPolicy`); then
+        `layer.params.restrict(n)` evicts down to n keys.
+      bp_v2: training adds row updates instead of overwriting rows (see `de.Variable`).
     """
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
-                 kv_creator=None, **kwargs):
+                 kv_creator=None, restrict_policy=None, bp_v2=False, init_capacity=0,
+                 partitioner=None, with_unique=True, checkpoint=True, max_norm=None, **kwargs):
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
-        if combiner is not None and combiner not in COMBINERS:
-            raise ValueError(f"combiner must be None or one of {list(COMBINERS)}; got {combiner!r}")
-        self.embedding_size = embedding_size
+        self._check_combiner(combiner)
+        try:
+            self.embedding_size = int(embedding_size)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"embedding_size must be convertible to int; got "
+                            f"{embedding_size!r}") from error
         self.combiner = combiner
+        self.with_unique = with_unique   # lookups always fetch each unique id once
+        self.max_norm = max_norm
         self.supports_jit = False  # hash-table kernels have no XLA implementation
-        partitioner = variable_lib.default_partition_fn
+        partitioner = partitioner or variable_lib.default_partition_fn
         placed = variable_lib.resolve_placement(self.name) if devices is None else None
         if placed is not None:  # inside a placement plan's scope (placement/apply.py)
             devices, partitioner = placed[0], placed[1] or partitioner
         self.params = variable_lib.Variable(
-            key_dtype=key_dtype, value_dtype=value_dtype, dim=embedding_size, devices=devices,
-            partitioner=partitioner, name=self.name,
-            initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator)
+            key_dtype=key_dtype, value_dtype=value_dtype, dim=self.embedding_size,
+            devices=devices, partitioner=partitioner, name=self.name,
+            initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator,
+            trainable=kwargs.get("trainable", True), checkpoint=checkpoint,
+            init_size=int(init_capacity), restrict_policy=restrict_policy, bp_v2=bp_v2)
         # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
         # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
         # before and after training). It is transient: save_own_variables stores the table.
@@ -78,8 +90,14 @@ class Embedding(tf.keras.layers.Layer):
             ids = tf.cast(ids, self.params.key_dtype)
         return ids
 
+    @staticmethod
+    def _check_combiner(combiner):
+        if combiner is not None and combiner not in COMBINERS:
+            raise ValueError(f"combiner must be None or one of {list(COMBINERS)}; got {combiner!r}")
+
     def _lookup(self, ids):
-        return embedding_ops.embedding_lookup(self.params, ids, name=self.name)
+        return embedding_ops.embedding_lookup(self.params, ids, name=self.name,
+                                              max_norm=self.max_norm)
 
     def _lookup_sparse(self, sp_ids):
         sp_ids = tf.SparseTensor(sp_ids.indices, self._keys(sp_ids.values), sp_ids.dense_shape)
@@ -97,7 +115,9 @@ class Embedding(tf.keras.layers.Layer):
         config.update(embedding_size=self.embedding_size,
                       key_dtype=self.params.key_dtype.name,
                       value_dtype=self.params.value_dtype.name,
-                      combiner=self.combiner, devices=self.params.devices)
+                      combiner=self.combiner, devices=self.params.devices,
+                      bp_v2=self.params.bp_v2, init_capacity=self.params.init_size,
+                      with_unique=self.with_unique, max_norm=self.max_norm)
         return config
 
     # Keras 3 `save_weights` / `load_weights`: the whole table, re-sharded on load.
@@ -112,6 +132,112 @@ class Embedding(tf.keras.layers.Layer):
         self.params.import_(tf.constant(keys, dtype=self.params.key_dtype),
                             tf.constant(np.asarray(store["values"]),
                                         dtype=self.params.value_dtype))
+
+
+# TFRA's name of the plain layer.
+BasicEmbedding = Embedding
+
+
+class SquashedEmbedding(Embedding):
+    """Looks up ids of any shape and reduces every axis but the first with `combiner`: a
+    `[batch, ...]` input gives `[batch, embedding_size]`, a 1-D input `[embedding_size]`.
+
+    Example:
+        layer = de.keras.layers.SquashedEmbedding(8)          # combiner "sum"
+        layer(tf.constant([[15, 2], [4, 92], [22, 4]], tf.int64))   # [3, 8]
+    """
+
+    SQUASH = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max,
+              "min": tf.reduce_min, "prod": tf.reduce_prod, "std": tf.math.reduce_std}
+
+    def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
+                 combiner="sum", initializer=None, devices=None,
+                 name="SquashedDynamicEmbeddingLayer", **kwargs):
+        self.squash = combiner
+        super().__init__(embedding_size, key_dtype, value_dtype, None, initializer, devices,
+                         name, **kwargs)
+
+    def _check_combiner(self, combiner):
+        del combiner
+        if self.squash not in self.SQUASH:
+            raise ValueError(f"combiner must be one of {sorted(self.SQUASH)}; "
+                             f"got {self.squash!r}")
+
+    def call(self, ids):
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank is not None and ids.shape.rank < 1:
+            raise ValueError(f"ids must have rank >= 1; got shape {ids.shape}")
+        rows = self._lookup(self._keys(ids))
+        reduce = self.SQUASH[self.squash]
+        if ids.shape.rank == 1:
+            return reduce(rows, axis=0)
+        return reduce(rows, axis=list(range(1, ids.shape.rank)))
+
+    def compute_output_shape(self, input_shape):
+        if len(input_shape) == 1:
+            return (self.embedding_size,)
+        return (input_shape[0], self.embedding_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config["combiner"] = self.squash
+        return config
+
+
+class FieldWiseEmbedding(Embedding):
+    """Ids of `[batch, n]` mapped to `nslots` fields by `slot_map_fn` (an element-wise
+    function of the ids giving ints in [0, nslots)); the rows of each field are combined
+    ("sum", "mean" or "sqrtn"), giving `[batch, nslots, embedding_size]` (empty fields: zeros).
+
+    Example:
+        layer = de.keras.layers.FieldWiseEmbedding(4, 3, slot_map_fn=lambda x: x % 3)
+        layer(tf.constant([[23, 12, 0], [9, 13, 10]], tf.int64))    # [2, 3, 4]
+    """
+
+    SEGMENT = {"sum": tf.math.unsorted_segment_sum, "mean": tf.math.unsorted_segment_mean,
+               "sqrtn": tf.math.unsorted_segment_sqrt_n}
+
+    def __init__(self, embedding_size, nslots, slot_map_fn=None, key_dtype=tf.int64,
+                 value_dtype=tf.float32, combiner="sum", initializer=None, devices=None,
+                 name="SlotDynamicEmbeddingLayer", **kwargs):
+        if not callable(slot_map_fn):
+            raise ValueError(f"slot_map_fn must be callable; got {slot_map_fn!r}")
+        try:
+            self.nslots = int(nslots)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"nslots must be convertible to int; got {nslots!r}") from error
+        if self.nslots < 1:
+            raise ValueError(f"nslots must be >= 1; got {nslots!r}")
+        if combiner not in self.SEGMENT:
+            raise ValueError(f"combiner must be one of {sorted(self.SEGMENT)}; got {combiner!r}")
+        self.slot_map_fn = slot_map_fn
+        super().__init__(embedding_size, key_dtype, value_dtype, combiner, initializer, devices,
+                         name, **kwargs)
+
+    def call(self, ids):
+        ids = self._keys(tf.convert_to_tensor(ids))
+        if ids.shape.rank != 2:
+            raise ValueError(f"ids must be [batch, n]; got shape {ids.shape}")
+        rows = self._lookup(tf.reshape(ids, [-1]))
+        slots = tf.cast(self.slot_map_fn(ids), tf.int64)
+        checks = [tf.debugging.assert_non_negative(slots, message="slot_map_fn gave a slot < 0"),
+                  tf.debugging.assert_less(slots, tf.constant(self.nslots, tf.int64),
+                                           message=f"slot_map_fn gave a slot >= nslots "
+                                                   f"({self.nslots})")]
+        batch = tf.shape(ids, out_type=tf.int64)[0]
+        with tf.control_dependencies(checks):
+            segments = slots + tf.range(batch)[:, None] * self.nslots
+        pooled = self.SEGMENT[self.combiner](rows, tf.reshape(segments, [-1]),
+                                             batch * self.nslots)
+        return tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.nslots, self.embedding_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config["nslots"] = self.nslots
+        return config
 
 
 def _trainable_weight_list(layer):

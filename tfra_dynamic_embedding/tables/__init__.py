@@ -4,15 +4,19 @@ __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTableConfig",
            "CuckooHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
            "default_kv_creator"]
 
+import tensorflow as tf
+
 from tfra_dynamic_embedding.tables import native
 from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
 from tfra_dynamic_embedding.tables.native import NativeKVCreator
 
 
-def default_kv_creator():
-    """The native backend when its op library loads, else the built-in one."""
-    return native.NativeKVCreator() if native.is_available() else BuiltinKVCreator()
+def default_kv_creator(value_dtype=None):
+    """The native backend when its op library loads and `value_dtype` is floating (or not
+    given), else the built-in one."""
+    floating = value_dtype is None or tf.as_dtype(value_dtype).is_floating
+    return native.NativeKVCreator() if native.is_available() and floating else BuiltinKVCreator()
 
 
 class CuckooHashTableConfig:
@@ -38,5 +42,5 @@ class CuckooHashTableCreator(KVCreator):
         self.saver = None
 
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
-        return default_kv_creator().create(key_dtype, value_dtype, dim, name, device,
-                                           shared_name, init_size)
+        return default_kv_creator(value_dtype).create(key_dtype, value_dtype, dim, name, device,
+                                                      shared_name, init_size)

@@ -1,0 +1,142 @@
+"""TFRA's layer family: BasicEmbedding (TFRA kwargs), SquashedEmbedding, FieldWiseEmbedding."""
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_recommenders_addons.dynamic_embedding as de
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _sequential(layer, flatten=False):
+    layers = [tf.keras.layers.InputLayer(shape=(None,), dtype=tf.int64), layer]
+    layers += [tf.keras.layers.Flatten()] if flatten else []
+    layers += [tf.keras.layers.Dense(8, activation="relu"),
+               tf.keras.layers.Dense(1, activation="sigmoid")]
+    return tf.keras.Sequential(layers)
+
+
+def _fit_new_ids_each_step(model, layer):
+    """Fits batches of ever new ids (10 samples of i ids in step i): every id gets a row."""
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-4)),
+                  loss="binary_crossentropy")
+    start = 0
+    for i in range(1, 5):
+        x = tf.reshape(tf.range(start, start + 10 * i, dtype=tf.int64), (10, -1))
+        start += 10 * i
+        model.fit(x, tf.zeros((10, 1)), verbose=0)
+        assert int(layer.params.size()) == start
+
+
+def test_basic_embedding_takes_tfra_arguments():
+    assert de.keras.layers.BasicEmbedding is de.keras.layers.Embedding
+    options = itertools.product([1, 4], [tf.int32, tf.int64], [True, False], [True, False],
+                                [None, de.TimestampRestrictPolicy, de.FrequencyRestrictPolicy])
+    for k, (dim, key_dtype, trainable, bp_v2, policy) in enumerate(options):
+        layer = de.keras.layers.BasicEmbedding(
+            dim, key_dtype=key_dtype, initializer=tf.keras.initializers.RandomNormal(),
+            trainable=trainable, bp_v2=bp_v2, restrict_policy=policy, init_capacity=64,
+            name=f"tfra_create_{k}")
+        assert layer.name == f"tfra_create_{k}" and int(layer.params.size()) == 0
+        assert (layer.params.trainable, layer.trainable) == (trainable, trainable)
+        assert layer.params.bp_v2 is bp_v2 and layer.params.init_size == 64
+        assert type(layer.params.restrict_policy) is (policy or type(None))   # noqa: E721
+        assert bool(layer.trainable_weights) == trainable
+    with pytest.raises(TypeError, match="embedding_size"):
+        de.keras.layers.BasicEmbedding("eight")
+
+
+def test_basic_embedding_forward_matches_keras_embedding_and_fit_inserts_every_id():
+    layer = de.keras.layers.BasicEmbedding(4, initializer=tf.keras.initializers.RandomNormal(0),
+                                           name="tfra_forward")
+    ids = tf.range(200, dtype=tf.int64)
+    layer.params.upsert(ids, tf.fill([200, 4], 0.25))
+    dense = tf.keras.layers.Embedding(1000, 4, embeddings_initializer=tf.keras.initializers
+                                      .Constant(0.25))
+    grid = tf.reshape(ids, (25, 8))
+    np.testing.assert_allclose(layer(grid).numpy(), dense(grid).numpy())
+    for bp_v2 in (False, True):
+        layer = de.keras.layers.BasicEmbedding(4, bp_v2=bp_v2, name=f"tfra_fit_{bp_v2}")
+        model = _sequential(layer)
+        _fit_new_ids_each_step(model, layer)
+
+
+def test_squashed_embedding_reduces_all_but_the_batch_axis():
+    layer = de.keras.layers.SquashedEmbedding(2, initializer=tf.keras.initializers.Zeros(),
+                                              key_dtype=tf.int32, name="tfra_squash")
+    layer.params.upsert(tf.constant([3, 0, 1], tf.int32), tf.constant([[1., 2.], [3., 4.],
+                                                                       [5., 6.]]))
+    np.testing.assert_allclose(layer(tf.constant([3, 0, 1, 2], tf.int32)).numpy(), [9., 12.])
+    batched = layer(tf.constant([[[3, 0], [1, 2]], [[2, 2], [0, 0]]], tf.int32)).numpy()
+    np.testing.assert_allclose(batched, [[9., 12.], [6., 8.]])
+    mean = de.keras.layers.SquashedEmbedding(2, combiner="mean", initializer=1.0,
+                                             name="tfra_squash_mean")
+    np.testing.assert_allclose(mean(tf.constant([[1, 2, 3]], tf.int64)).numpy(), [[1., 1.]])
+    with pytest.raises(ValueError, match="combiner must be one of"):
+        de.keras.layers.SquashedEmbedding(2, combiner="median")
+
+
+def test_field_wise_embedding_pools_ids_by_slot():
+    def to_slot(x):
+        return tf.math.floormod(x, 3)
+
+    layer = de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=to_slot,
+                                               initializer=tf.keras.initializers.Zeros(),
+                                               name="tfra_field")
+    ids = tf.constant([[23, 12, 0], [9, 13, 10]], tf.int64)
+    np.testing.assert_array_equal(layer(ids).numpy(), np.zeros((2, 3, 2)))
+    layer.params.upsert(tf.range(100, dtype=tf.int64), tf.ones((100, 2)))
+    np.testing.assert_array_equal(layer(ids).numpy(),
+                                  [[[2, 2], [0, 0], [1, 1]], [[1, 1], [2, 2], [0, 0]]])
+    mean = de.keras.layers.FieldWiseEmbedding(1, 2, slot_map_fn=lambda x: x % 2,
+                                              combiner="mean", name="tfra_field_mean")
+    mean.params.upsert(tf.constant([1, 2, 3], tf.int64), tf.constant([[1.], [2.], [5.]]))
+    np.testing.assert_allclose(mean(tf.constant([[1, 2, 3]], tf.int64)).numpy(),
+                               [[[2.], [3.]]])           # slot 0: id 2; slot 1: ids 1, 3
+    identity = de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=lambda x: x,
+                                                  name="tfra_bad_slots")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="slot >= nslots"):
+        identity(tf.constant([[1, 7]], tf.int64))       # slot 7 of 3 would be the next row's
+    with pytest.raises(ValueError, match=r"ids must be \[batch, n\]"):
+        layer(tf.constant([[[1]]], tf.int64))
+    with pytest.raises(ValueError, match="slot_map_fn must be callable"):
+        de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=None)
+    with pytest.raises(ValueError, match="combiner must be one of"):
+        de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=to_slot, combiner="max")
+
+
+def test_field_wise_embedding_trains_in_a_sequential_model():
+    layer = de.keras.layers.FieldWiseEmbedding(4, 2, tf.function(lambda x: x % 2), bp_v2=True,
+                                               initializer=tf.keras.initializers
+                                               .RandomNormal(seed=0), name="tfra_field_fit")
+    model = _sequential(layer, flatten=True)
+    _fit_new_ids_each_step(model, layer)
+    assert model.predict(tf.zeros((3, 4), tf.int64), verbose=0).shape == (3, 1)
+
+
+def test_tfra_layers_under_tf_keras():
+    script = textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+        import tf_keras
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        squash = de.keras.layers.SquashedEmbedding(2, initializer=1.0)
+        field = de.keras.layers.FieldWiseEmbedding(2, 2, slot_map_fn=lambda x: x % 2,
+                                                   initializer=1.0)
+        assert isinstance(squash, tf_keras.layers.Layer)
+        ids = tf.constant([[1, 2, 3]], tf.int64)
+        np.testing.assert_allclose(squash(ids).numpy(), [[3., 3.]])
+        np.testing.assert_allclose(field(ids).numpy(), [[[1., 1.], [2., 2.]]])
+        print("OK")
+    """)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
