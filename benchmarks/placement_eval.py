@@ -153,8 +153,10 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
             source=f"eval:{where['strategy']}", pool_seed=pool["seed"],
             pool_tables=pool["num_tables"], row_scale=pool["row_scale"]))
 
+    # Measured in a child process replaced every 100 shards: TF keeps memory per traced shard.
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
-                                    on_measure=keep, cache_size=1 << 20)
+                                    on_measure=keep, cache_size=1 << 20, threads=1,
+                                    isolate=100)
     reused = collect.read_records(reuse) if reuse else []
     for record in reused:
         mest.cache[record["key"]] = record["total_ms"] / 1e3   # measured before: same shard key

@@ -62,7 +62,9 @@ def _ctr_data(n=1024, seed=0):
 def _model(layer):
     inputs = tf.keras.Input(shape=(2,), dtype=tf.int64)
     hidden = tf.keras.layers.Flatten()(layer(inputs))
-    out = tf.keras.layers.Dense(1, kernel_initializer="ones", name="head")(hidden)
+    # a probability, so that binary cross-entropy is well defined (raw outputs were clipped)
+    out = tf.keras.layers.Dense(1, kernel_initializer="ones", activation="sigmoid",
+                                name="head")(hidden)
     return tf.keras.Model(inputs, out)
 
 
@@ -89,7 +91,8 @@ def test_fit_equals_dense_keras_embedding():
 
 def test_fit_save_load_and_continue(tmp_path):
     ids, labels = _ctr_data()
-    layer = de.keras.layers.Embedding(4, name="emb")
+    layer = de.keras.layers.Embedding(
+        4, name="emb", initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=1))
     model = _model(layer)
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
                   loss="binary_crossentropy")

@@ -132,6 +132,23 @@ def test_measured_estimator_scores_a_tiny_plan():
     assert est.device_cost([], None, task) == 0.0
 
 
+def test_measuring_in_a_child_process_that_is_replaced():
+    est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False, threads=1,
+                                   isolate=2, on_measure=lambda *args: seen.append(args[2]))
+    seen = []
+    shards = [[TINY[0]], [TINY[1]], TINY]
+    costs = [est.device_cost(s, None, None) for s in shards]
+    assert est.measurements == 3 and est.worker.started == 2      # replaced after 2 shards
+    assert all(c > 0 for c in costs) and len(seen) == 3
+    assert all(r["lookups"] > 0 and r["threads"] == 1 for r in seen)
+    assert seen[2]["lookups"] == seen[0]["lookups"] + seen[1]["lookups"]
+    with pytest.raises(RuntimeError, match="child process failed"):
+        est.worker.measure(["not a shard"], 16, 0, 1, 3)
+    est.worker.close()
+    with pytest.raises(ValueError, match="limit"):
+        tf_cpu.MeasuringProcess(0)
+
+
 # -- collection ------------------------------------------------------------------------------------
 def _cli(argv):
     parser = argparse.ArgumentParser(prog="tfra-de")
