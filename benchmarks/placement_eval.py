@@ -167,8 +167,11 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
         print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
-    rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                 bound_fn=lambda task: bound(task, mest), on_task=on_task)
+    try:
+        rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
+                     bound_fn=lambda task: bound(task, mest), on_task=on_task)
+    finally:
+        mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
           f"{mest.measurements} shards, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
