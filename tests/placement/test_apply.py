@@ -89,3 +89,22 @@ def test_keras_embedding_takes_devices_from_the_plan():
     with plan.scope():
         layer = de.keras.layers.Embedding(4, name="k_item")
     assert [cpu_of(d) for d in apply.shard_devices(layer.params)] == ["/CPU:2", "/CPU:3", "/CPU:0"]
+
+
+def test_a_learned_plan_that_cuts_a_hot_table_applies_to_de_variables():
+    from tfra_dynamic_embedding.placement import policy  # noqa: F401  (registers "learned")
+    from tfra_dynamic_embedding.placement import heuristics
+    tables = [TableSpec("hot_t", rows=4000, dim=64, pooling_factor=60.0)] + [
+        TableSpec(f"cool_{i}", rows=1000, dim=16, pooling_factor=4.0) for i in range(6)]
+    plan = heuristics.propose(Task(tables, [DeviceSpec(c) for c in CPUS]), "learned")
+    assert plan.meta["split_tables"] == ["hot_t"]
+    with plan.scope():
+        hot = de.get_variable("hot_t", dim=4)
+    devices = plan.devices_for("hot_t")
+    assert len(devices) >= 2 and hot.devices == devices
+    keys = tf.range(40, dtype=tf.int64)
+    hot.upsert(keys, tf.ones([40, 4]))
+    for i, device in enumerate(devices):   # slice i holds the keys with key % n == i
+        assert cpu_of(apply.shard_devices(hot)[i]) == device
+        held = np.sort(hot.tables[i].export()[0].numpy())
+        np.testing.assert_array_equal(held, np.arange(i, 40, len(devices)))
