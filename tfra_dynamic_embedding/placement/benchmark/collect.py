@@ -19,7 +19,8 @@ written as one JSON line:
    "fraction", "slice": [index, num_slices]}],
    "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
 "spec" is the TableSpec JSON without its reuse histogram (that is features[4:21]; see
-`record_tables`). Collection appends and is resumable: a record whose shard key is already in the file is skipped.
+`record_shards`); "fraction" and "slice" only for row slices. Collection appends and is
+resumable: a record whose shard key is already in the file is skipped.
 """
 
 import gzip
