@@ -17,12 +17,14 @@ shard -- those with the lowest status -- from the variable, the status and the s
 Keys written without training (e.g. `upsert`) have no status and are never evicted.
 """
 
+import abc
+
 import tensorflow as tf
 
 from tfra_dynamic_embedding import variable as variable_lib
 
 
-class RestrictPolicy:
+class RestrictPolicy(abc.ABC):
     """Base class: `apply_update(ids)` tracks the status of keys, `apply_restriction(residue,
     trigger=...)` evicts down to `residue` keys. Subclasses define `_fresh_status(keys)`."""
 
@@ -49,8 +51,9 @@ class RestrictPolicy:
         keys, _ = tf.unique(tf.reshape(tf.convert_to_tensor(indices, self.var.key_dtype), [-1]))
         return self._status.upsert(keys, self._fresh_status(keys))
 
+    @abc.abstractmethod
     def _fresh_status(self, keys):
-        raise NotImplementedError
+        """[len(keys), 1] int32 status of `keys` after this update (higher = kept longer)."""
 
     def apply_restriction(self, residue, **kwargs):
         """Evicts, when the variable holds more than `trigger` (default `residue`) keys, all but

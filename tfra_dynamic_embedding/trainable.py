@@ -42,11 +42,6 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             self.ids = tf.Variable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
                 name=name + "_ids", validate_shape=False, collections=[])
-            # Whether each id was in the table when looked up: a bp_v2 write-back adds the
-            # update to existing rows and stores the trained rows of new ids.
-            self.exists = tf.Variable(
-                tf.zeros([0], tf.bool), shape=tf.TensorShape([None]), trainable=False,
-                name=name + "_exists", validate_shape=False, collections=[])
         if track:
             # A checkpoint dependency of `params` (saving only a placeholder): a restore then
             # also matches the wrappers that optimizers list among their variables and slots.
@@ -65,9 +60,8 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
         Returns an op (graph mode) that later reads of this wrapper must depend on.
         """
-        rows, exists = self.params.lookup(unique_ids, return_exists=True)
+        rows = self.params.lookup(unique_ids)
         loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
-                          self.exists.assign(exists, read_value=False),
                           self.assign(rows, read_value=False))
         if loaded is not None:  # graph building: remember it for batch_ids()
             self._loaded = loaded
@@ -90,13 +84,16 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
     def write_back(self, looked_up=None):
         """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows
-        as `looked_up` before the update (bp_v2), adds the change to the rows of ids that
-        existed then instead, so concurrent writers' updates add up; new ids get the rows."""
+        as `looked_up` before the update (bp_v2), adds the change instead to the ids the table
+        holds now, so concurrent writers' updates add up; ids it lacks get the rows held."""
+        ids = self.batch_ids()
         if looked_up is None:
-            return self.params.upsert(self.batch_ids(), self.read_value())
-        before = tf.where(self._read_loaded(self.exists)[:, None], looked_up,
-                          tf.zeros_like(looked_up))
-        return self.params.accum(self.batch_ids(), self.read_value() - before)
+            return self.params.upsert(ids, self.read_value())
+        # Only bp_v2 pays for this check, at write time: an id another writer inserted since
+        # the lookup also gets the change added rather than overwritten.
+        _, exists = self.params.lookup(ids, return_exists=True)
+        before = tf.where(exists[:, None], looked_up, tf.zeros_like(looked_up))
+        return self.params.accum(ids, self.read_value() - before)
 
     # Checkpoints save the held rows like any variable's value: they are only the last batch's
     # cache (the tables are what matters), but the standard entry keeps the wrapper loadable

@@ -47,7 +47,8 @@ class Embedding(tf.keras.layers.Layer):
                  partitioner=None, with_unique=True, checkpoint=True, max_norm=None, **kwargs):
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
-        self._check_combiner(combiner)
+        if combiner is not None and combiner not in COMBINERS:
+            raise ValueError(f"combiner must be None or one of {list(COMBINERS)}; got {combiner!r}")
         try:
             self.embedding_size = int(embedding_size)
         except (TypeError, ValueError) as error:
@@ -89,11 +90,6 @@ class Embedding(tf.keras.layers.Layer):
         if ids.dtype != self.params.key_dtype and ids.dtype.is_integer:
             ids = tf.cast(ids, self.params.key_dtype)
         return ids
-
-    @staticmethod
-    def _check_combiner(combiner):
-        if combiner is not None and combiner not in COMBINERS:
-            raise ValueError(f"combiner must be None or one of {list(COMBINERS)}; got {combiner!r}")
 
     def _lookup(self, ids):
         return embedding_ops.embedding_lookup(self.params, ids, name=self.name,
@@ -153,15 +149,11 @@ class SquashedEmbedding(Embedding):
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner="sum", initializer=None, devices=None,
                  name="SquashedDynamicEmbeddingLayer", **kwargs):
+        if combiner not in self.SQUASH:
+            raise ValueError(f"combiner must be one of {sorted(self.SQUASH)}; got {combiner!r}")
         self.squash = combiner
         super().__init__(embedding_size, key_dtype, value_dtype, None, initializer, devices,
                          name, **kwargs)
-
-    def _check_combiner(self, combiner):
-        del combiner
-        if self.squash not in self.SQUASH:
-            raise ValueError(f"combiner must be one of {sorted(self.SQUASH)}; "
-                             f"got {self.squash!r}")
 
     def call(self, ids):
         ids = tf.convert_to_tensor(ids)
