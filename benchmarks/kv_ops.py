@@ -10,7 +10,9 @@ present and half missing (fresh keys per repeat, so upserts really insert). Rows
   find_or_insert  rows, inserting missing keys with random-normal rows (built-in: find with
                   random defaults, then insert the batch)
 Memory (`--memory`): resident and peak bytes/key after inserting 1M and 4M keys of dim 64, each
-in a fresh process. Prints a table, then one JSON line. Timings are medians of `--repeats`.
+in a fresh process. Also the bandwidth of a first touch of fresh memory (what new rows cost
+before their bytes are written). Prints a table, then one JSON line. Timings are medians of
+`--repeats`.
 
     python benchmarks/kv_ops.py [--keys 1000000] [--batch 65536] [--dims 8 64] [--memory]
 """
@@ -171,6 +173,23 @@ print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
 '''
 
 
+TOUCH_CHILD = r'''
+import json, time, numpy as np
+start = time.perf_counter(); a = np.ones(1 << 25); first = time.perf_counter() - start
+start = time.perf_counter(); a[:] = 2.0; again = time.perf_counter() - start
+print(json.dumps({"first_touch_gbps": a.nbytes / first / 1e9, "rewrite_gbps": a.nbytes / again / 1e9}))
+'''
+
+
+def touch_bandwidth():
+    """GB/s of writing 256 MiB of fresh memory in a new process, then rewriting it. Inserts put
+    new rows on fresh pages, so a slow first touch (a VM whose host backs guest pages lazily:
+    measured 0.4 vs 6-15 GB/s) caps upsert / find_or_insert throughput."""
+    out = subprocess.run([sys.executable, "-c", TOUCH_CHILD], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_memory(n, backend):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(n), backend, repo],
@@ -194,6 +213,9 @@ def main():
     report = {"keys": args.keys, "batch": args.batch, "cpus": os.cpu_count(),
               "unit": "M keys/s", "throughput": {}, "memory": {}}
     ops = ["lookup+init", "lookup+init (TF draws)", "lookup present", "upsert", "find_or_insert"]
+    report["memory_touch"] = touch = touch_bandwidth()
+    print(f"fresh memory: first touch {touch['first_touch_gbps']:.2f} GB/s, rewrite "
+          f"{touch['rewrite_gbps']:.2f} GB/s (new rows land on fresh pages)")
     for dim in args.dims:
         res = run_dim(dim, args.keys, args.batch, args.repeats, args.backends)
         report["throughput"][dim] = res

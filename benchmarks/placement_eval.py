@@ -1,7 +1,7 @@
 """Learned placement vs random and the heuristics on unseen tables; transfer to larger tasks.
 
     python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--measured-transfer 0]
-        [--records-out F] [--plot placement_eval.png]
+        [--remeasure 0] [--records-out F] [--plot placement_eval.png]
 
 Setup (down-scaled for CPU, the pool the CPU benchmark records come from): a MetaSyn-like pool of
 256 tables (batch 1024, hash sizes / 64, seed 0), split in halves; the cost model learned from
@@ -20,7 +20,9 @@ work cheaper (`learned` cuts hot tables, so the heaviest table alone is no bound
 when scoring by measurement, and reported invalid if any plan beats it. "learned-whole" is the
 learned strategy with tables kept whole, to show what cutting hot tables adds. cost-greedy is given the cost model, so it is the cost model's own greedy. Every
 measured device is also a record of unseen tables: the cost model's MAE on them is printed and
-`--records-out FILE` keeps them. The planning time of `learned` on 800 tables / 80 devices is
+`--records-out FILE` keeps them. `--remeasure N` measures the learned plans of N tasks again in
+a fresh process: the noise of one measurement, and the balance a perfectly balanced plan would
+show under it (the ceiling for the balance goal on this machine). The planning time of `learned` on 800 tables / 80 devices is
 measured on one core (BLAS threads 1, CPU affinity one core).
 
 Prints a table and one JSON line.
@@ -170,6 +172,9 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
     try:
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
                      bound_fn=lambda task: bound(task, mest), on_task=on_task)
+        # the learned plans' device costs (cached: measured above), for `repeatability`
+        learned_costs = [mest.plan_costs(heuristics.propose(task, "learned", 0, model_est))
+                         for task in tasks] if "learned" in strategies else None
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
@@ -187,7 +192,43 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
         with open(records_out, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
         print(f"wrote {len(records)} measured records to {records_out}")
-    return {"rows": rows, "cost_model_on_measured_devices": cm_metrics}
+    return {"rows": rows, "cost_model_on_measured_devices": cm_metrics,
+            "learned_costs": learned_costs}
+
+
+def repeatability(tasks, first, strategy="learned", seed=0):
+    """Re-measures `strategy`'s plans of `tasks` in a fresh measuring process and compares with
+    `first` (strategy -> {task index: {device: seconds}}, the first measurement): the noise of one
+    device measurement (relative; std of the pair difference / sqrt 2), the plans' balance by
+    the second measurement, and the balance a perfectly balanced plan would show under that
+    noise (mean min / max of `devices` draws of 1 + noise; Monte Carlo) -- the ceiling any
+    measured balance figure is up against on this machine."""
+    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
+    mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
+                                    cache_size=1 << 20, threads=1, isolate=100)
+    diffs, balances = [], []
+    try:
+        for k, task in enumerate(tasks):
+            again = mest.plan_costs(heuristics.propose(task, strategy, seed))
+            before = first[k]
+            for device, cost in again.items():
+                if before.get(device):
+                    diffs.append((cost - before[device]) / (0.5 * (cost + before[device])))
+            balances.append(evaluate.balance(again))
+    finally:
+        mest.worker.close()
+    noise = float(np.std(diffs) / np.sqrt(2)) if diffs else float("nan")
+    draws = 1 + noise * np.random.default_rng(seed).standard_normal((20000, tasks[0].num_devices))
+    ceiling = float(np.mean(draws.min(axis=1) / draws.max(axis=1)))
+    out = {"devices": len(diffs), "noise_cv": noise,
+           "mean_abs_change": float(np.mean(np.abs(diffs))) if diffs else float("nan"),
+           "balance_first": float(np.mean([evaluate.balance(first[k]) for k in range(len(tasks))])),
+           "balance_again": float(np.mean(balances)), "balance_ceiling": ceiling}
+    print(f"\nrepeatability ({strategy}'s {len(diffs)} devices re-measured in a fresh process): "
+          f"one measurement's noise {noise:.1%} (mean |change| {out['mean_abs_change']:.1%}); "
+          f"balance {out['balance_first']:.3f} first, {out['balance_again']:.3f} again; a "
+          f"perfectly balanced plan would measure {ceiling:.3f} under this noise")
+    return out
 
 
 def planning_time(task, repeats=5):
@@ -226,6 +267,9 @@ def main(argv=None):
     parser.add_argument("--reuse-records", default=None, metavar="FILE",
                         help="take the cost of shards already in this JSONL (an earlier "
                         "--records-out) instead of measuring them again")
+    parser.add_argument("--remeasure", type=int, default=0, metavar="N",
+                        help="re-measure the learned plans of the first N measured tasks in a "
+                        "fresh process: the measurement noise and the balance it allows")
     parser.add_argument("--plot", default="placement_eval.png")
     args = parser.parse_args(argv)
 
@@ -252,6 +296,9 @@ def main(argv=None):
             results["unseen_tables_cost_model"] = measured["cost_model_on_measured_devices"]
             mb = {r["strategy"]: r for r in measured["rows"]}
             goals = {"scored_by": "measured CPU costs", **_goals(mb), "cost_model": goals}
+            if args.remeasure:
+                n = min(args.remeasure, args.measured_tasks)
+                results["repeatability"] = repeatability(tasks[:n], measured["learned_costs"])
     else:
         print("\n(no measured scoring: --measured-tasks 0)")
 

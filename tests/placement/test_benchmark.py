@@ -278,3 +278,20 @@ def test_benchmark_package_and_parser_do_not_import_tensorflow():
               "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules\n"
               "print('ok')\n")
     assert run_python(script) == "ok"
+
+
+def test_task_source_takes_whole_devices_of_eval_shaped_tasks():
+    pool = collect.make_pool(3, 64, 40, 0.001)
+    names = {t.name for t in pool}
+    drawn = [collect.draw_shard(pool, i, 3, max_tables=2, batch_size=64, sources=("task",))
+             for i in range(len(collect.TASK_STRATEGIES))]
+    # one strategy per draw, in TASK_STRATEGIES' order; the learned policy's plans included
+    assert [src for src, _ in drawn] == [f"task:{s}" for s in collect.TASK_STRATEGIES]
+    for _, shards in drawn:
+        assert shards and {s.table.name for s in shards} <= names
+        assert len({s.device for s in shards}) == 1          # one device of the plan
+    # a device of a 40-table task on 8 devices holds ~5 pieces: no max_tables cap here
+    assert max(len(shards) for _, shards in drawn) > 2
+    again = collect.draw_shard(pool, 2, 3, max_tables=2, batch_size=64, sources=("task",))
+    assert [(s.table.name, s.index, s.num_slices) for s in again[1]] == \
+        [(s.table.name, s.index, s.num_slices) for s in drawn[2][1]]   # a pure function

@@ -124,25 +124,42 @@ def test_split_by_tables_uses_the_pool_halves_of_the_placement_tasks():
     assert cm.split_by_tables([forced])[1] == [forced]
 
 
+class FakeMeasured(evaluate.CostEstimator):
+    """Reports a known cost per device (2 ms per table forward, 3 ms backward)."""
+    name, measured, additive = "fake-measured", True, False
+    calls = []
+
+    def __init__(self, on_measure=None):
+        self.on_measure = on_measure
+
+    def device_cost(self, shards, device, task):
+        shards = list(shards)
+        result = {"forward_ms": 2.0 * len(shards), "backward_ms": 3.0 * len(shards)}
+        self.calls.append(len(shards))
+        self.on_measure(shards, task.batch_size, result)
+        return 5e-3 * len(shards)
+
+
+def test_train_planner_keeps_the_measured_plans_as_records(tmp_path, halves, monkeypatch):
+    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    monkeypatch.setitem(evaluate._ESTIMATORS, "measured-cpu", FakeMeasured)  # pylint: disable=protected-access
+    monkeypatch.setattr(FakeMeasured, "calls", [])
+    data = tmp_path / "shards.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in
+                            train.synthetic_records(halves[0], 30, max_tables=2, seed=1)))
+    summary = train.train_planner(str(data), str(tmp_path / "w"), epochs=2, iterations=2,
+                                  tasks=1, samples=2, log=lambda *_: None, refine_rounds=1,
+                                  plans_per_round=1)
+    assert summary["refined_with"] == "measured-cpu"
+    kept = cm.load_records(str(tmp_path / "w" / "measured_plans.jsonl"))
+    assert len(kept) == len(FakeMeasured.calls) >= 2       # every measured device, once
+    assert all(r["split"] == "train" and r["forward_ms"] == 2.0 * len(r["tables"]) for r in kept)
+
+
 def test_refinement_measures_the_policys_own_plans_and_refits(halves, monkeypatch):
     from tfra_dynamic_embedding.placement import policy as pol  # pylint: disable=import-outside-toplevel
     seen, _ = halves
-
-    class FakeMeasured(evaluate.CostEstimator):
-        """Reports a known cost per device (2 ms per table forward, 3 ms backward)."""
-        name, measured, additive = "fake-measured", True, False
-        calls = []
-
-        def __init__(self, on_measure=None):
-            self.on_measure = on_measure
-
-        def device_cost(self, shards, device, task):
-            shards = list(shards)
-            result = {"forward_ms": 2.0 * len(shards), "backward_ms": 3.0 * len(shards)}
-            self.calls.append(len(shards))
-            self.on_measure(shards, task.batch_size, result)
-            return 5e-3 * len(shards)
-
+    monkeypatch.setattr(FakeMeasured, "calls", [])
     monkeypatch.setitem(evaluate._ESTIMATORS, "fake-measured", FakeMeasured)  # pylint: disable=protected-access
     records = train.synthetic_records(seen, 60, max_tables=4, seed=1)
     model = cm.fit(records, epochs=2, seed=0, early_stop=0)

@@ -11,7 +11,8 @@
 3. When a measuring estimator ("measured-cpu") is registered, a small loop measures the
    policy's own greedy plans, adds them as records, refits the cost model and fine-tunes the
    policy (`refine_with_measurements`).
-Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --out.
+Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --out, and the
+measured devices of step 3 as records (measured_plans.jsonl) that can join the data file.
 
 `synthetic_records` makes records from a known nonlinear multi-table cost for tests and
 development only; they are never shipped as measurements (their backend is "synthetic").
@@ -273,10 +274,13 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     log(f"policy trained in {time.time() - t0:.1f}s")
     measured = None
     if measure and "measured-cpu" in evaluate.list_estimators():
-        model, pol, _ = refine_with_measurements(model, pol, train_tasks, train_recs,
-                                                 rounds=refine_rounds,
-                                                 plans_per_round=plans_per_round, log=log)
+        model, pol, refined = refine_with_measurements(model, pol, train_tasks, train_recs,
+                                                       rounds=refine_rounds,
+                                                       plans_per_round=plans_per_round, log=log)
         measured = "measured-cpu"
+        # the measured devices of the policy's plans, kept so they can join the data file
+        with open(os.path.join(out, "measured_plans.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in refined[len(train_recs):])
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)
     model.save(os.path.join(out, "cost_model_cpu.npz"))

@@ -12,7 +12,12 @@ its source cycling through:
   plan       the same with a random plan (heuristics' "random" strategy);
   policy     the same placed by the learned policy (strategy "learned", its shipped weights);
   sliced     like random, but each table is, with probability 1/2, one row slice of 2-8 (the
-             pieces the learned policy cuts hot tables into).
+             pieces the learned policy cuts hot tables into);
+  task       one whole device of a task shaped like the placement evaluation's (80 tables on 8
+             devices of 256 MiB, fewer tables if the pool is smaller), planned by a strategy
+             of TASK_STRATEGIES (the learned one half the time: its own plans are where a cost
+             model's errors matter, DreamShard's on-policy data); all its shards are kept, so
+             these shards hold ~10-20 pieces where the other sources stop at K.
 Shards keep their plans' row slices. Each shard is measured by `tf_cpu.benchmark_shard` and
 written as one JSON line:
   {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...},
@@ -34,7 +39,10 @@ import numpy as np
 DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
 _MODULE = "tfra_dynamic_embedding.placement.benchmark.collect"
-SOURCES = ("random", "heuristic", "plan", "policy", "sliced")
+SOURCES = ("random", "heuristic", "plan", "policy", "sliced", "task")
+TASK_STRATEGIES = ("learned", "lookup-greedy", "learned", "random", "learned",
+                   "size-lookup-greedy")
+TASK_SHAPE = {"tables": 80, "devices": 8, "memory": "256MiB"}
 SLICE_COUNTS = (2, 3, 4, 6, 8)
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
@@ -77,6 +85,8 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
             shards.append(Shard(pool[i], "", int(rng.integers(0, n)), n) if cut
                           else Shard(pool[i], ""))
         return source, shards
+    if source == "task":
+        return _task_shard(pool, index // len(sources), rng, batch_size)
     devices = int(rng.integers(2, 7))
     count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
     chosen = sorted(rng.choice(len(pool), count, replace=False))
@@ -95,6 +105,19 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
         keep = sorted(rng.choice(len(shards), max_tables, replace=False))
         shards = [shards[i] for i in keep]
     return f"{source}:{strategy}", shards
+
+
+def _task_shard(pool, turn, rng, batch_size):
+    """("task:STRATEGY", [Shard]): every piece on one random device of an eval-shaped task
+    planned by TASK_STRATEGIES[turn % len(TASK_STRATEGIES)] (`turn`: this source's n-th use)."""
+    from tfra_dynamic_embedding.placement import heuristics, policy, workloads  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    task = workloads.make_tasks(pool, 1, min(TASK_SHAPE["tables"], len(pool)),
+                                TASK_SHAPE["devices"], TASK_SHAPE["memory"],
+                                seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
+    strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
+    plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
+    filled = [d.name for d in task.devices if plan.shards_on(d.name)]
+    return f"task:{strategy}", plan.shards_on(filled[int(rng.integers(0, len(filled)))])
 
 
 def make_record(shards, result, batch_size, seed, **extra):
