@@ -175,6 +175,18 @@ class CostModel:
         self._w1 = p["w1"] / p["x_std"][:, None]          # standardisation folded in
         self._b1 = p["b1"] - (p["x_mean"] / p["x_std"]) @ p["w1"]
         self._y_scale = float(p["y_scale"])
+        # The stage heads fused into two matmuls (planning calls `heads` once per placement
+        # step, where numpy's per-call overhead dominates): hidden layers side by side, output
+        # weights block-diagonal.
+        self._head_w1 = np.concatenate([p[f"{s}_w1"] for s in STAGES], axis=1)
+        self._head_b1 = np.concatenate([p[f"{s}_b1"] for s in STAGES])
+        self._head_w2 = np.zeros((self._head_w1.shape[1], len(STAGES)))
+        start = 0
+        for k, stage in enumerate(STAGES):
+            rows = p[f"{stage}_w2"].shape[0]
+            self._head_w2[start:start + rows, k] = p[f"{stage}_w2"][:, 0]
+            start += rows
+        self._head_b2 = np.concatenate([p[f"{s}_b2"] for s in STAGES])
         self._cache = {}
 
     # forward pass pieces
@@ -185,12 +197,8 @@ class CostModel:
 
     def heads(self, summed):
         """[..., 32] summed representations -> [..., 2] forward/backward ms (batch of training)."""
-        p = self.params
-        out = []
-        for stage in STAGES:
-            h = _relu(summed @ p[f"{stage}_w1"] + p[f"{stage}_b1"])
-            out.append(_softplus(h @ p[f"{stage}_w2"] + p[f"{stage}_b2"])[..., 0])
-        return np.stack(out, axis=-1) * self._y_scale
+        h = _relu(summed @ self._head_w1 + self._head_b1)
+        return _softplus(h @ self._head_w2 + self._head_b2) * self._y_scale
 
     def total(self, summed, count=None):
         """[...] ms of devices with summed representations `summed` (0 where count == 0)."""
