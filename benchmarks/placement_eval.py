@@ -56,8 +56,7 @@ MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-gr
                               "whole (no cutting of hot tables): an ablation")
 def learned_whole(task, seed=0, estimator=None):
     del estimator
-    return policy.plan_task(task, seed=seed, samples=policy.BEST_OF, hot_splits=(None,),
-                            ensemble=True)
+    return policy.plan_task(task, seed=seed, samples=policy.BEST_OF, hot_splits=(None,))
 
 
 def bound(task, est):

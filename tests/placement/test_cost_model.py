@@ -99,10 +99,7 @@ def test_train_planner_command_writes_weights_and_curves(tmp_path, halves):
                               "--samples", "2", "--no-measure"])
     assert args.run(args) == 0
     out = sorted(p.name for p in (tmp_path / "w").iterdir())
-    assert out == ["cost_model_cpu.member1.npz", "cost_model_cpu.member2.npz",
-                   "cost_model_cpu.npz", "policy_cpu.npz", "training.json", "training.png"]
-    members = [cm.CostModel.load(str(tmp_path / "w" / f)) for f in out[:3]]
-    assert len({float(m.params["w2"].sum()) for m in members}) == 3    # seeds differ
+    assert out == ["cost_model_cpu.npz", "policy_cpu.npz", "training.json", "training.png"]
     summary = json.loads((tmp_path / "w" / "training.json").read_text())
     assert summary["held_out"]["unseen_metrics"]["n"] > 0 and len(summary["cost_history"]) == 3
     # the shipped model learns from the training side of the table split only

@@ -111,8 +111,6 @@ def test_use_weights_directory(tmp_path, small_pool):
     with pytest.raises(ValueError, match="does not exist"):
         pol.use_weights(str(tmp_path / "nope"))
     cm.load_cost_model().save(str(tmp_path / "cost_model_cpu.npz"))
-    for k, path in enumerate(cm.member_paths(cm.DEFAULT_WEIGHTS), 1):   # the ensemble, too
-        cm.load_cost_model(path).save(str(tmp_path / f"cost_model_cpu.member{k}.npz"))
     pol.load_policy().save(str(tmp_path / "policy_cpu.npz"))
     task = workloads.make_tasks(small_pool, 1, tables_per_task=10, num_devices=2)[0]
     try:
@@ -194,22 +192,3 @@ def test_hot_tables_are_cut_into_row_slices_when_that_lowers_the_max(model):
     cool = make_task(tables[1:], 3)
     assert (pol.plan_task(cool, model=model).assignment
             == pol.plan_task(cool, model=model, hot_splits=(None,)).assignment)
-
-
-def test_ensemble_averages_its_members_and_plans(small_pool):
-    members = [cm.CostModel.load(p) for p in [cm.DEFAULT_WEIGHTS] +
-               cm.member_paths(cm.DEFAULT_WEIGHTS)]
-    assert len(members) >= 2, "the shipped planner has an ensemble"
-    ens = cm.EnsembleCostModel(members)
-    tables = small_pool[:5]
-    # a device's cost is the mean of what each member says of the same tables
-    want = np.mean([m.total(m.embed_tables(tables).sum(axis=0)) for m in members])
-    assert ens.embed_tables(tables).shape == (5, cm.EMBED_DIM * len(members))
-    assert ens.total(ens.embed_tables(tables).sum(axis=0)) == pytest.approx(want, rel=1e-9)
-    assert cm.load_ensemble().embed_dim == ens.embed_dim
-    task = workloads.make_tasks(small_pool, 1, tables_per_task=12, num_devices=3)[0]
-    plan = pol.plan_task(task, model=ens, samples=4)
-    assert sorted(plan.assignment) == sorted(t.name for t in task.tables)
-    assert plan.meta["predicted_max_ms"] > 0
-    with pytest.raises(ValueError, match="at least one"):
-        cm.EnsembleCostModel([])

@@ -168,7 +168,6 @@ class CostModel:
     def __init__(self, params, meta=None):
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
         self.meta = dict(meta or {})
-        self.embed_dim = EMBED_DIM
         self.batch_size = int(self.meta.get("batch_size") or 4096)
         self.scales = features.FeatureScales.from_dict(self.meta["scales"]) \
             if self.meta.get("scales") else features.FeatureScales()
@@ -229,7 +228,7 @@ class CostModel:
     def embed_tables(self, tables):
         """[n, 32] representations of whole tables (one batched pass)."""
         if not tables:
-            return np.zeros((0, self.embed_dim))
+            return np.zeros((0, EMBED_DIM))
         return self.embed(np.stack([shard_features(t, 1.0, self.scales, self.batch_size)
                                     for t in tables]))
 
@@ -258,55 +257,6 @@ class CostModel:
         return cls(params, meta)
 
 
-class EnsembleCostModel(CostModel):
-    """The mean prediction of independently trained CostModels, usable wherever one is.
-
-    A planner that minimises one model's predicted max cost picks the plans that model is most
-    optimistic about (measured: its own picks' devices under-predicted by 8.6 ms, the same
-    devices by a model trained apart by 2.1 ms); the members' mean leaves it less to exploit.
-    A piece's representation is the members' representations side by side, so a device's sum
-    stays a sum per member and planning code is unchanged; the first member's slice is what
-    the policy network reads.
-
-    Example: EnsembleCostModel([CostModel.load(a), CostModel.load(b)]).total(summed)
-    """
-
-    def __init__(self, members):  # pylint: disable=super-init-not-called
-        if not members:
-            raise ValueError("an ensemble needs at least one member model")
-        first = members[0]
-        for m in members[1:]:
-            if m.batch_size != first.batch_size or m.scales != first.scales:
-                raise ValueError("ensemble members must share batch_size and feature scales")
-        self.members = list(members)
-        self.params, self.meta = first.params, dict(first.meta, ensemble=len(members))
-        self.batch_size, self.scales = first.batch_size, first.scales
-        self.embed_dim = sum(m.embed_dim for m in members)
-        self._cache = {}
-
-    def embed(self, x):
-        return np.concatenate([m.embed(x) for m in self.members], axis=-1)
-
-    def heads(self, summed):
-        out, start = 0.0, 0
-        for m in self.members:
-            out = out + m.heads(summed[..., start:start + m.embed_dim])
-            start += m.embed_dim
-        return out / len(self.members)
-
-    def save(self, path):
-        raise NotImplementedError("save each member: EnsembleCostModel.members[k].save(path)")
-
-
-def member_paths(path):
-    """Files of the ensemble members trained beside the model at `path` (X.npz -> X.member1.npz,
-    X.member2.npz, ...), in order."""
-    stem, out = path[:-4] if path.endswith(".npz") else path, []
-    while os.path.exists(f"{stem}.member{len(out) + 1}.npz"):
-        out.append(f"{stem}.member{len(out) + 1}.npz")
-    return out
-
-
 _LOADED = {}
 
 
@@ -324,16 +274,6 @@ def load_cost_model(weights=None):
     if isinstance(weights, CostModel):
         return weights
     return load_cached(weights or DEFAULT_WEIGHTS, CostModel.load)
-
-
-def load_ensemble(weights=None):
-    """The model at `weights` (None: the shipped one) averaged with its members
-    (`member_paths`), cached; the model alone when it has none."""
-    path = os.path.abspath(weights or DEFAULT_WEIGHTS)
-    members = member_paths(path)
-    if not members:
-        return load_cost_model(path)
-    return EnsembleCostModel([load_cost_model(m) for m in [path] + members])
 
 
 class LearnedEstimator(evaluate.CostEstimator):

@@ -121,15 +121,14 @@ class Problem:
                              for d in task.devices], dtype=float)
         self.num_devices = task.num_devices
         self.scale = max(float(self.solo.sum()) / self.num_devices, 1e-12)
-        # the policy reads the first (or only) model's representation slice
-        self.e_scale = max(float(self.emb[:, :cm.EMBED_DIM].mean()), 1e-9) if self.items else 1.0
+        self.e_scale = max(float(self.emb.mean()), 1e-9) if self.items else 1.0
         names = [it.table.name for it in self.items]
         self.table_id = np.unique(names, return_inverse=True)[1] if names else np.zeros(0, int)
         self.set_order(order)
 
     def _embed_items(self):
         self.emb = np.stack([self.model.shard_embedding(it.table, it.index, it.num_slices)
-                             for it in self.items]) if self.items else np.zeros((0, self.model.embed_dim))
+                             for it in self.items]) if self.items else np.zeros((0, cm.EMBED_DIM))
         self.solo = self.model.total(self.emb) if self.items else np.zeros(0)
 
     def set_order(self, order):
@@ -168,7 +167,7 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     ms (inf for failed episodes), trace (list of per-step dicts when keep, else None))."""
     model, D = problem.model, problem.num_devices
     num_items = len(problem.items)
-    S = np.zeros((n, D, model.embed_dim))
+    S = np.zeros((n, D, cm.EMBED_DIM))
     cost = np.zeros((n, D))
     used = np.zeros((n, D))
     count = np.zeros((n, D))
@@ -195,8 +194,8 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
             np.stack([after / L, cost / L, (after - cost) / L, grow / L,
                       np.broadcast_to(top[:, None] / L, (n, D)), mem_left, count / per_dev,
                       np.full((n, D), step / max(num_items, 1))], axis=-1),
-            np.broadcast_to(e[:cm.EMBED_DIM] / problem.e_scale, (n, D, cm.EMBED_DIM)),
-            S[..., :cm.EMBED_DIM] / (problem.e_scale * per_dev)], axis=-1)
+            np.broadcast_to(e / problem.e_scale, (n, D, cm.EMBED_DIM)),
+            S / (problem.e_scale * per_dev)], axis=-1)
         prior = -after / L
         logits, h = policy.logits(x, prior)
         logits = np.where(legal, logits, -np.inf)
@@ -258,7 +257,7 @@ class _SearchState:
     def __init__(self, problem, dev):
         self.problem, self.dev = problem, dev
         D = problem.num_devices
-        self.S = np.zeros((D, problem.model.embed_dim))
+        self.S = np.zeros((D, cm.EMBED_DIM))
         np.add.at(self.S, dev, problem.emb)
         self.used = np.bincount(dev, weights=problem.bytes, minlength=D)
         self.cost = problem.model.total(self.S)
@@ -369,19 +368,18 @@ def load_policy(path=None):
 
 
 def plan_task(task, policy=None, model=None, samples=0, seed=0, improve_steps=200,
-              hot_splits=HOT_SPLITS, ensemble=False):
+              hot_splits=HOT_SPLITS):
     """A Plan of `task` by the policy: greedy decode, plus best-of-`samples` sampled episodes
     scored by the cost model, then up to `improve_steps` rounds of local search (`improve`).
     This runs once per entry of `hot_splits` -- None: tables whole (row-sliced only where they
     fit no device); h: tables predicted to cost more than h * L also cut into row slices
     (`split_hot_items`) -- and the plan with the lowest predicted max cost wins.
     A dead end (memory) is retried in bytes-first order; if that fails too, the heuristics'
-    PlacementError is raised. `ensemble` (when `model` is None): plan with the shipped model
-    averaged with its ensemble members (`cost_model.load_ensemble`), if it has any."""
+    PlacementError is raised."""
     directory = _WEIGHTS_DIR[0]
     if model is None:
-        path = os.path.join(directory, "cost_model_cpu.npz") if directory else None
-        model = cm.load_ensemble(path) if ensemble else cm.load_cost_model(path)
+        model = cm.load_cost_model(os.path.join(directory, "cost_model_cpu.npz")
+                                   if directory else None)
     else:
         model = cm.load_cost_model(model)
     if policy is None:
@@ -440,16 +438,15 @@ def _decode(problem, policy, samples, seed, improve_steps):
 @heuristics.register_strategy("learned", "RL policy over the learned cost model (shipped "
                               "CPU weights; numpy inference)")
 def learned_plan(task, seed=0, estimator=None):
-    """The shipped RL policy over the shipped neural cost model: for tasks of up to 200 tables,
-    greedy decode plus the best of 16 sampled plans, each with tables whole and with hot
-    tables cut at 1.0, 0.7 and 0.5 x L, all scored by the cost-model ensemble (the shipped
-    model and its members); bigger tasks decode once with the single model, cutting tables
-    costlier than 0.5 x L (the best single choice by the cost model on 400/40 and 800/80
-    tasks), to keep planning fast."""
+    """The shipped RL policy over the shipped neural cost model: greedy decode, plus the best
+    of 16 sampled plans (by the cost model) for tasks of up to 200 tables, each with tables
+    whole and with hot tables cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
+    tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and
+    800/80 tasks), to keep planning fast."""
     del estimator
     small = len(task.tables) <= 200
     return plan_task(task, seed=seed, samples=BEST_OF if small else 0,
-                     hot_splits=HOT_SPLITS if small else (HOT_SPLITS[-1],), ensemble=small)
+                     hot_splits=HOT_SPLITS if small else (HOT_SPLITS[-1],))
 
 
 __all__ = ["Policy", "Problem", "PlacementError", "learned_plan", "load_policy", "plan_task",

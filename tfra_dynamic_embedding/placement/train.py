@@ -11,8 +11,6 @@
 3. When a measuring estimator ("measured-cpu") is registered, a small loop measures the
    policy's own greedy plans, adds them as records, refits the cost model and fine-tunes the
    policy (`refine_with_measurements`).
-4. `--ensemble K`: K-1 more cost models on the same records with other seeds
-   (cost_model_cpu.member1.npz, ...); the learned strategy plans with their mean.
 Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --out, and the
 measured devices of step 3 as records (measured_plans.jsonl) that can join the data file.
 
@@ -236,7 +234,7 @@ def plot_curves(cost_history, policy_history, path):
 
 
 def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, seed=0,
-                  measure=True, log=print, refine_rounds=2, plans_per_round=3, ensemble=3):
+                  measure=True, log=print, refine_rounds=2, plans_per_round=3):
     """The whole pipeline (see the module docstring); returns the summary dict."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
@@ -274,27 +272,18 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     pol = train_policy(model, train_tasks, iterations, samples, seed=seed,
                        history=policy_history, log=log)
     log(f"policy trained in {time.time() - t0:.1f}s")
-    measured, fit_records = None, train_recs
+    measured = None
     if measure and "measured-cpu" in evaluate.list_estimators():
         model, pol, refined = refine_with_measurements(model, pol, train_tasks, train_recs,
                                                        rounds=refine_rounds,
                                                        plans_per_round=plans_per_round, log=log)
-        measured, fit_records = "measured-cpu", refined
+        measured = "measured-cpu"
         # the measured devices of the policy's plans, kept so they can join the data file
         with open(os.path.join(out, "measured_plans.jsonl"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in refined[len(train_recs):])
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)
     model.save(os.path.join(out, "cost_model_cpu.npz"))
-    # Ensemble members: the same records, other seeds (planning averages them; see
-    # cost_model.EnsembleCostModel). Stale members of an earlier run are removed first.
-    for path in cm.member_paths(os.path.join(out, "cost_model_cpu.npz")):
-        os.remove(path)
-    for k in range(1, ensemble):
-        member = cm.fit(fit_records, epochs=epochs, seed=seed + k, scales=model.scales)
-        member.meta.update(data=os.path.basename(data), member=k)
-        member.save(os.path.join(out, f"cost_model_cpu.member{k}.npz"))
-        log(f"ensemble member {k}/{ensemble - 1}: train {member.meta['train_metrics']}")
     pol.meta.update({"cost_model": "cost_model_cpu.npz", "pool": CPU_POOL,
                      "memory": CPU_MEMORY, "refined_with": measured})
     pol.save(os.path.join(out, "policy_cpu.npz"))
@@ -330,8 +319,6 @@ def add_parser(subparsers):
                         help="rounds of measuring the policy's plans and refitting")
     parser.add_argument("--plans-per-round", type=int, default=3,
                         help="training tasks whose plans are measured per round")
-    parser.add_argument("--ensemble", type=int, default=3,
-                        help="cost models in the planning ensemble (1: the model alone)")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the measured refinement even if 'measured-cpu' exists")
     parser.set_defaults(run=_run)
@@ -344,5 +331,5 @@ def _run(args):
         return 2
     train_planner(args.data, args.out, args.epochs, args.iterations, args.tasks, args.samples,
                   args.seed, measure=not args.no_measure, refine_rounds=args.refine_rounds,
-                  plans_per_round=args.plans_per_round, ensemble=args.ensemble)
+                  plans_per_round=args.plans_per_round)
     return 0
