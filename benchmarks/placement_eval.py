@@ -22,8 +22,9 @@ learned strategy with tables kept whole, to show what cutting hot tables adds. c
 measured device is also a record of unseen tables: the cost model's MAE on them is printed and
 `--records-out FILE` keeps them. `--remeasure N` measures the learned plans of N tasks again in
 a fresh process: the noise of one measurement, and the balance a perfectly balanced plan would
-show under it (the ceiling for the balance goal on this machine). The planning time of `learned` on 800 tables / 80 devices is
-measured on one core (BLAS threads 1, CPU affinity one core).
+show under it (the ceiling for the balance goal on this machine). The planning time of
+`learned` on 800 tables / 80 devices is measured on one core (BLAS threads 1, CPU affinity one
+core).
 
 Prints a table and one JSON line.
 """
@@ -198,8 +199,8 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 
 def repeatability(tasks, first, strategy="learned", seed=0):
     """Re-measures `strategy`'s plans of `tasks` in a fresh measuring process and compares with
-    `first` (strategy -> {task index: {device: seconds}}, the first measurement): the noise of one
-    device measurement (relative; std of the pair difference / sqrt 2), the plans' balance by
+    `first` (per task, {device: seconds} of the first measurement): the noise of one device
+    measurement (relative; std of the pair difference / sqrt 2), the plans' balance by
     the second measurement, and the balance a perfectly balanced plan would show under that
     noise (mean min / max of `devices` draws of 1 + noise; Monte Carlo) -- the ceiling any
     measured balance figure is up against on this machine."""
