@@ -83,6 +83,8 @@ class _DynamicEmbeddingMixin:
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
+            if params.restrict_policy is not None:   # evictions remove the slot's rows too
+                params.restrict_policy._track_params_in_slots([table])  # pylint: disable=protected-access
         buffer = trainable_lib.TrainableWrapper(
             table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False, track=track)
         self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
@@ -130,13 +132,11 @@ class _DynamicEmbeddingMixin:
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
 
     def _de_restrict_update(self, wrapper):
-        """Updates the restrict policy's status of the trained ids (None without a policy);
-        the policy learns the slot tables it must evict from too."""
+        """Updates the restrict policy's status of the trained ids (None without a policy; its
+        slot tables were given to it when `_de_slot_buffer` made them)."""
         policy = wrapper.params.restrict_policy
         if policy is None:
             return None
-        policy._track_params_in_slots(  # pylint: disable=protected-access
-            [b.params for b in self._de_buffers.get(wrapper.ref(), [])])
         return policy.apply_update(wrapper.batch_ids())
 
     def _de_gradient(self, grad, wrapper):
