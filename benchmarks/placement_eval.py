@@ -18,13 +18,16 @@ and the gap to a bound: all tables on one device / devices -- a lower bound when
 device never costs more than running apart and cutting a table into row slices never makes its
 work cheaper (`learned` cuts hot tables, so the heaviest table alone is no bound); measured too
 when scoring by measurement, and reported invalid if any plan beats it. "learned-whole" is the
-learned strategy with tables kept whole, to show what cutting hot tables adds. cost-greedy is given the cost model, so it is the cost model's own greedy. Every
-measured device is also a record of unseen tables: the cost model's MAE on them is printed and
+learned strategy with tables kept whole, to show what cutting hot tables adds. cost-greedy is
+given the cost model, so it is the cost model's own greedy. A plan's devices are measured
+together (`tf_cpu.benchmark_devices`: interleaved rounds), as devices that run at the same time
+would be: the machine's drift moves them alike and does not show as imbalance. Every measured
+device is also a record of unseen tables: the cost model's MAE on them is printed and
 `--records-out FILE` keeps them. `--remeasure N` measures the learned plans of N tasks again in
-a fresh process: the noise of one measurement, and the balance a perfectly balanced plan would
-show under it (the ceiling for the balance goal on this machine). The planning time of
-`learned` on 800 tables / 80 devices is measured on one core (BLAS threads 1, CPU affinity one
-core).
+a fresh process: the noise of one measurement, the part of it not common to a plan's devices,
+and the balance a perfectly balanced plan would show under that part (the ceiling for the
+balance goal on this machine). The planning time of `learned` on 800 tables / 80 devices is
+measured on one core (BLAS threads 1, CPU affinity one core).
 
 Prints a table and one JSON line.
 """
@@ -200,35 +203,45 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 def repeatability(tasks, first, strategy="learned", seed=0):
     """Re-measures `strategy`'s plans of `tasks` in a fresh measuring process and compares with
     `first` (per task, {device: seconds} of the first measurement): the noise of one device
-    measurement (relative; std of the pair difference / sqrt 2), the plans' balance by
-    the second measurement, and the balance a perfectly balanced plan would show under that
-    noise (mean min / max of `devices` draws of 1 + noise; Monte Carlo) -- the ceiling any
-    measured balance figure is up against on this machine."""
+    measurement (relative; std of the pair difference / sqrt 2), the part of it that is not
+    common to a plan's devices (a plan's devices are measured together, so a slower machine
+    moves them alike; that part does not change a plan's balance), the plans' balance by the
+    second measurement, and the balance a perfectly balanced plan would show under the
+    within-plan noise (mean min / max of `devices` draws of 1 + noise; Monte Carlo) -- the
+    ceiling any measured balance figure is up against on this machine."""
     from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
                                     cache_size=1 << 20, threads=1, isolate=100)
-    diffs, balances = [], []
+    diffs, within, balances = [], [], []
     try:
         for k, task in enumerate(tasks):
             again = mest.plan_costs(heuristics.propose(task, strategy, seed))
             before = first[k]
+            logs = []
             for device, cost in again.items():
                 if before.get(device):
                     diffs.append((cost - before[device]) / (0.5 * (cost + before[device])))
+                    logs.append(np.log(cost / before[device]))
+            if len(logs) > 1:   # deviations from the plan's mean change, unbiased
+                scale = np.sqrt(len(logs) / (len(logs) - 1))
+                within += list((np.array(logs) - np.mean(logs)) * scale)
             balances.append(evaluate.balance(again))
     finally:
         mest.worker.close()
     noise = float(np.std(diffs) / np.sqrt(2)) if diffs else float("nan")
-    draws = 1 + noise * np.random.default_rng(seed).standard_normal((20000, tasks[0].num_devices))
+    within_noise = float(np.std(within) / np.sqrt(2)) if within else float("nan")
+    draws = 1 + within_noise * np.random.default_rng(seed).standard_normal(
+        (20000, tasks[0].num_devices))
     ceiling = float(np.mean(draws.min(axis=1) / draws.max(axis=1)))
-    out = {"devices": len(diffs), "noise_cv": noise,
+    out = {"devices": len(diffs), "noise_cv": noise, "within_plan_noise_cv": within_noise,
            "mean_abs_change": float(np.mean(np.abs(diffs))) if diffs else float("nan"),
            "balance_first": float(np.mean([evaluate.balance(first[k]) for k in range(len(tasks))])),
            "balance_again": float(np.mean(balances)), "balance_ceiling": ceiling}
     print(f"\nrepeatability ({strategy}'s {len(diffs)} devices re-measured in a fresh process): "
-          f"one measurement's noise {noise:.1%} (mean |change| {out['mean_abs_change']:.1%}); "
-          f"balance {out['balance_first']:.3f} first, {out['balance_again']:.3f} again; a "
-          f"perfectly balanced plan would measure {ceiling:.3f} under this noise")
+          f"one measurement's noise {noise:.1%} (mean |change| {out['mean_abs_change']:.1%}), "
+          f"{within_noise:.1%} of it not common to a plan's devices; balance "
+          f"{out['balance_first']:.3f} first, {out['balance_again']:.3f} again; a perfectly "
+          f"balanced plan would measure {ceiling:.3f} under this noise")
     return out
 
 

@@ -114,6 +114,54 @@ def test_tf_cpu_is_deterministic_given_a_seed():
     assert tf_cpu.shard_key(TINY, 16) != tf_cpu.shard_key(TINY, 32)
 
 
+def test_devices_measured_together_run_in_interleaved_rounds(monkeypatch):
+    order = []
+    real_measure = protocol.measure
+
+    def recording_measure(stages, **kwargs):
+        wrapped = {}
+        for name, fn in stages.items():
+            def call(name=name, fn=fn):
+                order.append(name)
+                return fn()
+            wrapped[name] = call
+        return real_measure(wrapped, **kwargs)
+
+    monkeypatch.setattr(protocol, "measure", recording_measure)
+    devices = [[TINY[0]], [TINY[1]], TINY]
+    results = tf_cpu.benchmark_devices(devices, batch_size=16, warmup=1, repeat=3, flush=False)
+    one_round = [(k, stage) for k in range(3) for stage in ("step", "forward")]
+    assert order == one_round * 4            # 1 warm-up + 3 timed rounds, every device in each
+    assert [r["lookups"] for r in results][2] == results[0]["lookups"] + results[1]["lookups"]
+    alone = tf_cpu.benchmark_shard(TINY, batch_size=16, warmup=1, repeat=3, flush=False)
+    assert alone["lookups"] == results[2]["lookups"]
+    assert all(r["total_ms"] == pytest.approx(r["forward_ms"] + r["backward_ms"])
+               and r["forward_ms"] > 0 for r in results)
+
+
+def test_a_plans_unmeasured_devices_are_measured_in_one_call(monkeypatch):
+    calls = []
+    real = tf_cpu.benchmark_devices
+
+    def counting(devices, *args, **kwargs):
+        calls.append(len(devices))
+        return real(devices, *args, **kwargs)
+
+    monkeypatch.setattr(tf_cpu, "benchmark_devices", counting)
+    est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False)
+    task = Task(list(TINY), make_devices(3, template="/CPU:{i}"), batch_size=16)
+    plan = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"]})          # /CPU:2 stays empty
+    costs = est.plan_costs(plan)
+    assert calls == [2] and est.measurements == 2
+    assert costs["/CPU:2"] == 0.0 and costs["/CPU:0"] > 0 and costs["/CPU:1"] > 0
+    swapped = Plan(task, {"a": ["/CPU:1"], "b": ["/CPU:2"]})        # same shards: cached
+    assert sorted(est.plan_costs(swapped).values()) == sorted(costs.values())
+    assert calls == [2]
+    both = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:0"]})          # one new shard
+    est.plan_costs(both)
+    assert calls == [2, 1] and est.measurements == 3
+
+
 def test_measured_estimator_scores_a_tiny_plan():
     assert "measured-cpu" in evaluate.list_estimators()
     est = evaluate.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)

@@ -146,22 +146,45 @@ def benchmark_shard(shards, batch_size, seed=0, warmup=2, repeat=7, flush=None, 
     `flush`: a callable (default: a `protocol.CacheFlusher` of 2x the LLC), False for none.
     `threads`: pin TF threads (possible only before TF starts running ops).
     """
+    return benchmark_devices([shards], batch_size, seed, warmup, repeat, flush, threads,
+                             kv_creator, return_kernels)[0]
+
+
+def benchmark_devices(devices, batch_size, seed=0, warmup=2, repeat=7, flush=None,
+                      threads=None, kv_creator=None, return_kernels=False):
+    """Measures several shards at once (a plan's devices: a list of shard lists); returns one
+    `benchmark_shard` result per device.
+
+    The devices' stages run interleaved, round by round (the protocol's rounds over all
+    devices' stages), so a slow minute of the machine falls on every device alike -- as it
+    would on devices that run at the same time -- instead of on whichever device was measured
+    in it. Plan-level figures (max device, balance) then carry the per-device noise only.
+
+    Example: [r["total_ms"] for r in benchmark_devices([[spec_a], [spec_b, spec_c]], 1024)]
+    """
     if threads:
         set_threads(threads)
     if flush is None:
         flush = _default_flusher()
-    kernels = ShardKernels(shards, batch_size, seed, kv_creator=kv_creator)
-    # The step goes first: warm-up steps insert the batch's rows, so the forward then reads
-    # existing rows (the steady state of training).
-    times = protocol.measure({"step": kernels.step, "forward": kernels.forward}, warmup=warmup,
-                             repeat=repeat, flush=flush or None)
-    forward, backward, total = protocol.split_stages(times["forward"], times["step"])
-    result = {"forward_ms": forward, "backward_ms": backward, "total_ms": total,
-              "step_ms": times["step"], "lookups": kernels.lookups,
-              "threads": threads_in_effect()}
-    if return_kernels:
-        result["kernels"] = kernels
-    return result
+    kernels = [ShardKernels(shards, batch_size, seed, kv_creator=kv_creator)
+               for shards in devices]
+    stages = {}
+    for k, kern in enumerate(kernels):
+        # The step goes first: warm-up steps insert the batch's rows, so the forward then reads
+        # existing rows (the steady state of training).
+        stages[(k, "step")] = kern.step
+        stages[(k, "forward")] = kern.forward
+    times = protocol.measure(stages, warmup=warmup, repeat=repeat, flush=flush or None)
+    results = []
+    for k, kern in enumerate(kernels):
+        forward, backward, total = protocol.split_stages(times[(k, "forward")],
+                                                         times[(k, "step")])
+        results.append({"forward_ms": forward, "backward_ms": backward, "total_ms": total,
+                        "step_ms": times[(k, "step")], "lookups": kern.lookups,
+                        "threads": threads_in_effect()})
+        if return_kernels:
+            results[-1]["kernels"] = kern
+    return results
 
 
 _FLUSHER = []
@@ -195,6 +218,7 @@ class MeasuredEstimator(evaluate.CostEstimator):
     `batch_size`: the batch to measure at (default: the task's, capped at `max_batch_size` so
     that CPU measurements of 65,536-sample tasks stay affordable). Results are cached by the
     shard's table set, so re-scoring a plan (or another plan sharing a device's tables) is free.
+    `plan_costs` measures a plan's unmeasured devices together (`benchmark_devices`).
 
     `isolate`: 0 measures in this process; n > 0 in a child process, replaced after every n
     shards. Long evaluations need it: each measured shard leaves 20-60 MB of TensorFlow runtime
@@ -231,22 +255,45 @@ class MeasuredEstimator(evaluate.CostEstimator):
         batch = self._batch(task)
         key = shard_key(shards, batch)
         if key not in self.cache:
-            if self.worker is not None:
-                result = self.worker.measure(shards, batch, self.seed, self.warmup, self.repeat)
-            else:
-                result = benchmark_shard(shards, batch, self.seed, self.warmup, self.repeat,
-                                         self.flush, self.threads)
+            self._measure({key: shards}, batch)
+        return self.cache[key]
+
+    def plan_costs(self, plan):
+        """{device: seconds}; a plan's unmeasured devices are measured together
+        (`benchmark_devices`: interleaved rounds, so the machine's drift is common to them)."""
+        batch = self._batch(plan.task)
+        by_device = {d.name: [] for d in plan.task.devices}
+        for shard in plan.shards():
+            by_device[shard.device].append(shard)
+        todo = {}
+        for shards in by_device.values():
+            key = shard_key(shards, batch) if shards else None
+            if key and key not in self.cache:
+                todo[key] = shards
+        if todo:
+            self._measure(todo, batch)
+        return super().plan_costs(plan)
+
+    def _measure(self, todo, batch):
+        """Measures {key: shards} together and caches each device's seconds."""
+        devices = list(todo.values())
+        if self.worker is not None:
+            results = self.worker.measure_devices(devices, batch, self.seed, self.warmup,
+                                                  self.repeat)
+        else:
+            results = benchmark_devices(devices, batch, self.seed, self.warmup, self.repeat,
+                                        self.flush, self.threads)
+        for key, shards, result in zip(todo, devices, results):
             self.measurements += 1
             if self.on_measure is not None:
                 self.on_measure(shards, batch, result)
             if len(self.cache) >= self.cache_size:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[key] = result["total_ms"] / 1e3
-        return self.cache[key]
 
 
 class MeasuringProcess:
-    """A child process that runs `benchmark_shard` (spawned, so it starts its own TensorFlow
+    """A child process that runs `benchmark_devices` (spawned, so it starts its own TensorFlow
     with `threads`), replaced after `limit` shards to hand its memory back.
 
     Example: MeasuringProcess(100, threads=1).measure(shards, 1024, 0, 2, 5)["total_ms"]
@@ -259,6 +306,11 @@ class MeasuringProcess:
         self.count, self.process, self.conn, self.started = 0, None, None, 0
 
     def measure(self, shards, batch_size, seed, warmup, repeat):
+        """One shard's `benchmark_shard` result."""
+        return self.measure_devices([shards], batch_size, seed, warmup, repeat)[0]
+
+    def measure_devices(self, devices, batch_size, seed, warmup, repeat):
+        """`benchmark_devices` results of several shards measured together."""
         if self.process is None or self.count >= self.limit:
             self.close()
             import multiprocessing  # pylint: disable=import-outside-toplevel
@@ -269,13 +321,13 @@ class MeasuringProcess:
             self.process.start()
             child.close()
             self.count, self.started = 0, self.started + 1
-        self.conn.send((list(shards), batch_size, seed, warmup, repeat))
+        self.conn.send(([list(s) for s in devices], batch_size, seed, warmup, repeat))
         try:
             ok, result = self.conn.recv()
         except EOFError as error:   # the child died (e.g. killed for memory)
             self.close()
             raise RuntimeError("the measuring child process exited") from error
-        self.count += 1
+        self.count += len(devices)
         if not ok:
             raise RuntimeError(f"measuring in the child process failed: {result}")
         return result
@@ -295,11 +347,11 @@ def _serve(conn, threads, flush):
         set_threads(threads)
     while True:
         try:
-            shards, batch_size, seed, warmup, repeat = conn.recv()
+            devices, batch_size, seed, warmup, repeat = conn.recv()
         except EOFError:
             return
         try:
-            result = benchmark_shard(shards, batch_size, seed, warmup, repeat, flush)
+            result = benchmark_devices(devices, batch_size, seed, warmup, repeat, flush)
             conn.send((True, result))
         except Exception as error:  # pylint: disable=broad-except  (reported to the parent)
             conn.send((False, f"{type(error).__name__}: {error}"))
