@@ -73,11 +73,13 @@ def bound(task, est):
     return est.device_cost(shards, None, task) / task.num_devices
 
 
-def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None):
+def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None,
+          on_plan=None):
     """Rows per strategy: mean max cost, balance, speedup over random, gap to the bound, scored
     by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`).
     `bound_fn(task)` gives the bound (default `bound` by `est` unless it measures);
-    `on_task(task, strategy)` is called before each strategy's plans are scored."""
+    `on_task(task, strategy)` is called before each strategy's plans are scored,
+    `on_plan(strategy, plan, costs)` after each plan is."""
     plan_est = plan_est or est
     if bound_fn is None:
         bound_fn = (lambda task: None) if est.measured else (lambda task: bound(task, est))
@@ -103,6 +105,8 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
                 continue
             for plan in plans:
                 costs = est.plan_costs(plan)
+                if on_plan:
+                    on_plan(name, plan, costs)
                 top = max(costs.values())
                 per[name]["max"].append(top)
                 per[name]["bal"].append(evaluate.balance(costs))
@@ -164,21 +168,27 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
                                     on_measure=keep, cache_size=1 << 20, threads=1,
                                     isolate=100)
     reused = collect.read_records(reuse) if reuse else []
-    for record in reused:
-        mest.cache[record["key"]] = record["total_ms"] / 1e3   # measured before: same shard key
+    # measured before: same shard key
+    earlier = {record["key"]: record["total_ms"] / 1e3 for record in reused}
     t0 = time.time()
 
     def on_task(task, strategy):
+        if where.get("task") is not task:
+            # Each task's devices are measured in its own minutes: a device that recurs in
+            # several tasks (a hot table kept whole) is measured in each, so one unlucky
+            # measurement counts once, not in every task it recurs in.
+            where["task"] = task
+            mest.cache = dict(earlier)
         where["strategy"] = strategy
         print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
     try:
+        learned = []   # (plan, device costs) of the learned plans, for `repeatability`
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                     bound_fn=lambda task: bound(task, mest), on_task=on_task)
-        # the learned plans' device costs (cached: measured above), for `repeatability`
-        learned_costs = [mest.plan_costs(heuristics.propose(task, "learned", 0, model_est))
-                         for task in tasks] if "learned" in strategies else None
+                     bound_fn=lambda task: bound(task, mest), on_task=on_task,
+                     on_plan=lambda name, plan, costs: name == "learned" and learned.append(
+                         (plan, costs)))
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
@@ -197,12 +207,12 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
             f.writelines(json.dumps(r) + "\n" for r in records)
         print(f"wrote {len(records)} measured records to {records_out}")
     return {"rows": rows, "cost_model_on_measured_devices": cm_metrics,
-            "learned_costs": learned_costs}
+            "learned": learned}
 
 
-def repeatability(tasks, first, strategy="learned", seed=0):
-    """Re-measures `strategy`'s plans of `tasks` in a fresh measuring process and compares with
-    `first` (per task, {device: seconds} of the first measurement): the noise of one device
+def repeatability(measured, seed=0):
+    """Re-measures plans in a fresh measuring process and compares with their first
+    measurement (`measured`: [(plan, {device: seconds})]): the noise of one device
     measurement (relative; std of the pair difference / sqrt 2), the part of it that is not
     common to a plan's devices (a plan's devices are measured together, so a slower machine
     moves them alike; that part does not change a plan's balance), the plans' balance by the
@@ -214,9 +224,8 @@ def repeatability(tasks, first, strategy="learned", seed=0):
                                     cache_size=1 << 20, threads=1, isolate=100)
     diffs, within, balances = [], [], []
     try:
-        for k, task in enumerate(tasks):
-            again = mest.plan_costs(heuristics.propose(task, strategy, seed))
-            before = first[k]
+        for plan, before in measured:
+            again = mest.plan_costs(plan)
             logs = []
             for device, cost in again.items():
                 if before.get(device):
@@ -231,15 +240,16 @@ def repeatability(tasks, first, strategy="learned", seed=0):
     noise = float(np.std(diffs) / np.sqrt(2)) if diffs else float("nan")
     within_noise = float(np.std(within) / np.sqrt(2)) if within else float("nan")
     draws = 1 + within_noise * np.random.default_rng(seed).standard_normal(
-        (20000, tasks[0].num_devices))
+        (20000, measured[0][0].task.num_devices))
     ceiling = float(np.mean(draws.min(axis=1) / draws.max(axis=1)))
     out = {"devices": len(diffs), "noise_cv": noise, "within_plan_noise_cv": within_noise,
            "mean_abs_change": float(np.mean(np.abs(diffs))) if diffs else float("nan"),
-           "balance_first": float(np.mean([evaluate.balance(first[k]) for k in range(len(tasks))])),
+           "balance_first": float(np.mean([evaluate.balance(c) for _, c in measured])),
            "balance_again": float(np.mean(balances)), "balance_ceiling": ceiling}
-    print(f"\nrepeatability ({strategy}'s {len(diffs)} devices re-measured in a fresh process): "
+    print(f"\nrepeatability ({len(diffs)} devices of {len(measured)} plans re-measured in a "
+          f"fresh process): "
           f"one measurement's noise {noise:.1%} (mean |change| {out['mean_abs_change']:.1%}), "
-          f"{within_noise:.1%} of it not common to a plan's devices; balance "
+          f"within a plan (not common to its devices) {within_noise:.1%}; balance "
           f"{out['balance_first']:.3f} first, {out['balance_again']:.3f} again; a perfectly "
           f"balanced plan would measure {ceiling:.3f} under this noise")
     return out
@@ -312,7 +322,7 @@ def main(argv=None):
             goals = {"scored_by": "measured CPU costs", **_goals(mb), "cost_model": goals}
             if args.remeasure:
                 n = min(args.remeasure, args.measured_tasks)
-                results["repeatability"] = repeatability(tasks[:n], measured["learned_costs"])
+                results["repeatability"] = repeatability(measured["learned"][:n])
     else:
         print("\n(no measured scoring: --measured-tasks 0)")
 
