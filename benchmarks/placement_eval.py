@@ -168,8 +168,7 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
                                     on_measure=keep, cache_size=1 << 20, threads=1,
                                     isolate=100)
     reused = collect.read_records(reuse) if reuse else []
-    # measured before: same shard key
-    earlier = {record["key"]: record["total_ms"] / 1e3 for record in reused}
+    earlier = {record["key"]: record["total_ms"] / 1e3 for record in reused}   # same shard key
     t0 = time.time()
 
     def on_task(task, strategy):
@@ -183,12 +182,15 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
         print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
+    learned = []   # (plan, device costs) of the learned plans, for `repeatability`
+
+    def on_plan(strategy, plan, costs):
+        if strategy == "learned":
+            learned.append((plan, costs))
+
     try:
-        learned = []   # (plan, device costs) of the learned plans, for `repeatability`
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                     bound_fn=lambda task: bound(task, mest), on_task=on_task,
-                     on_plan=lambda name, plan, costs: name == "learned" and learned.append(
-                         (plan, costs)))
+                     bound_fn=lambda task: bound(task, mest), on_task=on_task, on_plan=on_plan)
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
