@@ -74,6 +74,9 @@ def test_plan_memory_devices_and_shards():
     assert plan.per_device["/GPU:1"].memory_bytes == 280
     assert [(s.table.name, s.device, s.index, s.num_slices) for s in plan.shards()] == [
         ("user", "/GPU:1", 0, 1), ("item", "/GPU:0", 0, 2), ("item", "/GPU:1", 1, 2)]
+    by_device = {d: [(s.table.name, s.index) for s in shards]
+                 for d, shards in plan.shards_by_device().items()}
+    assert by_device == {"/GPU:0": [("item", 0)], "/GPU:1": [("user", 0), ("item", 1)]}
     with pytest.raises(KeyError, match="'nope' is not in the plan"):
         plan.devices_for("nope")
 

@@ -44,9 +44,7 @@ class CostEstimator(abc.ABC):
 
     def plan_costs(self, plan):
         """{device name: cost} of every device of a plan."""
-        by_device = {d.name: [] for d in plan.task.devices}
-        for shard in plan.shards():
-            by_device[shard.device].append(shard)
+        by_device = plan.shards_by_device()
         return {d.name: float(self.device_cost(by_device[d.name], d, plan.task))
                 for d in plan.task.devices}
 

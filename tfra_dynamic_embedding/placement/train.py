@@ -171,11 +171,9 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
         for k in range(plans_per_round):   # cycling through the tasks
             task = tasks[(r * plans_per_round + k) % len(tasks)]
             plan = pol.plan_task(task, policy, model)
-            by_device = {}
-            for shard in plan.shards():
-                by_device.setdefault(shard.device, []).append(shard)
+            by_device = plan.shards_by_device()
             for device in task.devices:
-                shards = by_device.get(device.name)
+                shards = by_device[device.name]
                 if not shards:
                     continue
                 last.clear()

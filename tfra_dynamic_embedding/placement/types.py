@@ -347,6 +347,13 @@ class Plan:
         return [Shard(t, device, i, len(self.assignment[t.name]))
                 for t in self.task.tables for i, device in enumerate(self.assignment[t.name])]
 
+    def shards_by_device(self):
+        """{device name: its pieces}, every device of the task (empty list where none)."""
+        by_device = {d.name: [] for d in self.task.devices}
+        for shard in self.shards():
+            by_device[shard.device].append(shard)
+        return by_device
+
     def shards_on(self, device):
         return [s for s in self.shards() if s.device == device]
 

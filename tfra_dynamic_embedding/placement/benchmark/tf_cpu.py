@@ -262,11 +262,8 @@ class MeasuredEstimator(evaluate.CostEstimator):
         """{device: seconds}; a plan's unmeasured devices are measured together
         (`benchmark_devices`: interleaved rounds, so the machine's drift is common to them)."""
         batch = self._batch(plan.task)
-        by_device = {d.name: [] for d in plan.task.devices}
-        for shard in plan.shards():
-            by_device[shard.device].append(shard)
         todo = {}
-        for shards in by_device.values():
+        for shards in plan.shards_by_device().values():
             key = shard_key(shards, batch) if shards else None
             if key and key not in self.cache:
                 todo[key] = shards
