@@ -18,6 +18,7 @@ before their bytes are written). Prints a table, then one JSON line. Timings are
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -36,13 +37,21 @@ FILL_BATCH = 65536
 
 
 def median_time(fn, repeats, warmup=2):
+    """Median seconds of fn(1..repeats) after `warmup` calls. Python's garbage collector is off
+    while timing (as in `timeit`): with TensorFlow loaded a full collection walks millions of
+    objects and would land inside some ops' times (measured: ~20% of the process's samples)."""
     for _ in range(warmup):
         fn(0)
     times = []
-    for r in range(repeats):
-        start = time.perf_counter()
-        fn(r + 1)
-        times.append(time.perf_counter() - start)
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            start = time.perf_counter()
+            fn(r + 1)
+            times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
     return float(np.median(times))
 
 
