@@ -18,6 +18,9 @@ its source cycling through:
              of TASK_STRATEGIES (the learned one half the time: its own plans are where a cost
              model's errors matter, DreamShard's on-policy data); all its shards are kept, so
              these shards hold ~10-20 pieces where the other sources stop at K.
+             With `--whole-plans` every device of the plan is kept, measured together
+             (`tf_cpu.benchmark_devices`), one record per device with fields "plan_devices"
+             and "measured_together"; record indices (and "written") then count plans.
 Shards keep their plans' row slices. Each shard is measured by `tf_cpu.benchmark_shard` and
 written as one JSON line:
   {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...},
@@ -110,14 +113,28 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
 def _task_shard(pool, turn, rng, batch_size):
     """("task:STRATEGY", [Shard]): every piece on one random device of an eval-shaped task
     planned by TASK_STRATEGIES[turn % len(TASK_STRATEGIES)] (`turn`: this source's n-th use)."""
+    source, devices = _task_plan(pool, turn, rng, batch_size)
+    return source, devices[int(rng.integers(0, len(devices)))]
+
+
+def _task_plan(pool, turn, rng, batch_size):
+    """("task:STRATEGY", [[Shard] per non-empty device]) of an eval-shaped task planned by
+    TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]."""
     from tfra_dynamic_embedding.placement import heuristics, policy, workloads  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     task = workloads.make_tasks(pool, 1, min(TASK_SHAPE["tables"], len(pool)),
                                 TASK_SHAPE["devices"], TASK_SHAPE["memory"],
                                 seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
     strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
     plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
-    filled = [d.name for d in task.devices if plan.shards_on(d.name)]
-    return f"task:{strategy}", plan.shards_on(filled[int(rng.integers(0, len(filled)))])
+    devices = [plan.shards_on(d.name) for d in task.devices]
+    return f"task:{strategy}", [shards for shards in devices if shards]
+
+
+def draw_plan(pool, index, pool_seed=0, batch_size=1024):
+    """(source, [[Shard] per device]): every non-empty device of the plan behind record
+    `index` of the `task` source (`--whole-plans`; a pure function of its arguments)."""
+    rng = np.random.default_rng([int(pool_seed), int(index), 17])
+    return _task_plan(pool, index, rng, batch_size)
 
 
 def make_record(shards, result, batch_size, seed, **extra):
@@ -216,13 +233,20 @@ def _progress(done, total, start, skipped, stream=sys.stderr):
 def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, threads=1,
             warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
             time_limit=None, flush=None, progress=True, start_index=0, half="all",
-            sources=SOURCES):
+            sources=SOURCES, whole_plans=False):
     """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
     whose key is already there. Stops early after `time_limit` seconds. Returns
-    {"written", "skipped", "seconds"}. `sources`: the shard sources to cycle through."""
+    {"written", "skipped", "seconds"}. `sources`: the shard sources to cycle through.
+
+    `whole_plans` (source "task" only): index r is a whole plan (`draw_plan`) whose devices are
+    measured together (`tf_cpu.benchmark_devices`), one record per device, so that the records
+    of one plan share the machine's drift as the placement evaluation's plans do."""
     bad = [x for x in sources if x not in SOURCES]
     if not sources or bad:
         raise ValueError(f"sources must be some of {SOURCES}; got {list(sources)}")
+    if whole_plans and tuple(sources) != ("task",):
+        raise ValueError(f"whole_plans measures plans of the 'task' source only; got sources "
+                         f"{list(sources)}")
     from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     tf_cpu.set_threads(threads)
     pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half)
@@ -233,26 +257,38 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
         os.makedirs(os.path.dirname(out), exist_ok=True)
     start, written, skipped = time.time(), 0, 0
     _end_with_newline(out)
+    extra = {"pool_seed": pool_seed, "row_scale": row_scale, "pool_tables": pool_tables,
+             "half": half, "warmup": warmup, "repeat": repeat}
     with open(out, "a", encoding="utf-8") as f:
         for r in range(start_index, start_index + records):
             if time_limit and time.time() - start > time_limit:
                 break
-            source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
-                                        sources)
-            key = tf_cpu.shard_key(shards, batch_size)
-            if key in present:
+            if whole_plans:
+                source, devices = draw_plan(pool, r + offset, pool_seed, batch_size)
+            else:
+                source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
+                                            sources)
+                devices = [shards]
+            todo = {}
+            for shards in devices:
+                key = tf_cpu.shard_key(shards, batch_size)
+                if key not in present:
+                    todo[key] = shards
+            if not todo:
                 skipped += 1
             else:
                 began = time.time()
-                result = tf_cpu.benchmark_shard(shards, batch_size, seed=seed, warmup=warmup,
-                                                repeat=repeat, flush=flush)
-                record = make_record(shards, result, batch_size, seed, source=source, index=r,
-                                     pool_seed=pool_seed, row_scale=row_scale,
-                                     pool_tables=pool_tables, half=half, warmup=warmup,
-                                     repeat=repeat, wall_s=round(time.time() - began, 3))
-                f.write(json.dumps(record) + "\n")
+                results = tf_cpu.benchmark_devices(list(todo.values()), batch_size, seed=seed,
+                                                   warmup=warmup, repeat=repeat, flush=flush)
+                wall = round(time.time() - began, 3)
+                plan = {"plan_devices": len(devices), "measured_together": len(todo)} \
+                    if whole_plans else {}
+                for (key, shards), result in zip(todo.items(), results):
+                    record = make_record(shards, result, batch_size, seed, source=source,
+                                         index=r, wall_s=wall, **plan, **extra)
+                    f.write(json.dumps(record) + "\n")
+                    present.add(key)
                 f.flush()
-                present.add(key)
                 written += 1
             if progress:
                 _progress(written + skipped, records, start, skipped)
@@ -290,6 +326,9 @@ def add_parser(subparsers):
     col.add_argument("--records-per-process", type=int, default=0, metavar="N",
                      help="measure N records per child process (TF keeps ~8 MB per traced "
                      "shard; long runs should use e.g. 200); 0: all in this process")
+    col.add_argument("--whole-plans", action="store_true",
+                     help="with --sources task: each record index is a whole plan whose devices "
+                     "are measured together, one record per device (drift common to a plan)")
     col.add_argument("--no-flush", action="store_true", help="skip the cache flush (tests)")
     col.add_argument("--quiet", action="store_true", help="no progress bar")
     col.set_defaults(run=_run_collect)
@@ -329,6 +368,7 @@ def _child_argv(args):
         argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
     argv += ["--out", args.out]
     argv += ["--no-flush"] if args.no_flush else []
+    argv += ["--whole-plans"] if args.whole_plans else []
     argv += ["--quiet"] if args.quiet else []
     return ["benchmark", "collect"] + argv
 
@@ -351,7 +391,8 @@ def _run_collect(args):
                       repeat=args.repeat, pool_tables=args.pool_tables, row_scale=args.row_scale,
                       time_limit=args.time_limit, flush=False if args.no_flush else None,
                       progress=not args.quiet, start_index=args.start_index, half=args.half,
-                      sources=tuple(x.strip() for x in args.sources.split(",") if x.strip()))
+                      sources=tuple(x.strip() for x in args.sources.split(",") if x.strip()),
+                      whole_plans=args.whole_plans)
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
                                          for k, v in summary.items()}}))
     return 0
