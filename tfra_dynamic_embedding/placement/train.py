@@ -158,29 +158,23 @@ def mean_greedy_cost(model, policy, tasks):
 def refine_with_measurements(model, policy, tasks, records, estimator="measured-cpu",
                              rounds=1, plans_per_round=2, epochs=40, iterations=40, log=None):
     """Measures the policy's own greedy plans with a measuring estimator (one that reports its
-    stages through `on_measure`, as "measured-cpu" does), adds each device as a record, refits
-    the cost model from its weights and fine-tunes the policy. Small by design."""
+    stages through `on_measure`, as "measured-cpu" does; it measures a plan's devices
+    together), adds each device as a record, refits the cost model from its weights and
+    fine-tunes the policy. Small by design."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import evaluate, policy as pol  # pylint: disable=import-outside-toplevel
-    last = {}   # the stages of the latest measurement
+    measured = []   # (shards, stages) of the devices measured for the current plan
     est = evaluate.get_estimator(
-        estimator, on_measure=lambda shards, batch, result: last.update(result))
+        estimator, on_measure=lambda shards, batch, result: measured.append((shards, result)))
     records = list(records)
     for r in range(rounds):
         added = 0
         for k in range(plans_per_round):   # cycling through the tasks
             task = tasks[(r * plans_per_round + k) % len(tasks)]
-            plan = pol.plan_task(task, policy, model)
-            by_device = plan.shards_by_device()
-            for device in task.devices:
-                shards = by_device[device.name]
-                if not shards:
-                    continue
-                last.clear()
-                est.device_cost(shards, device, task)
-                if not last:
-                    continue   # measured before (a cached shard): already a record
-                forward_ms, backward_ms = last["forward_ms"], last["backward_ms"]
+            measured.clear()
+            est.plan_costs(pol.plan_task(task, policy, model))   # cached devices: no report
+            for shards, result in measured:
+                forward_ms, backward_ms = result["forward_ms"], result["backward_ms"]
                 records.append({"backend": "measured-plan", "batch_size": task.batch_size,
                                 "split": "train",   # the tasks are the first half's
                                 "tables": [{"name": s.table.name, "spec": s.table.to_dict(),
