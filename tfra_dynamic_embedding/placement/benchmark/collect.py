@@ -21,8 +21,8 @@ its source cycling through:
              With `--whole-plans` every device of the plan is kept, measured together
              (`tf_cpu.benchmark_devices`), one record per device with fields "plan_devices"
              and "measured_together"; record indices (and "written") then count plans.
-Shards keep their plans' row slices. Each shard is measured by `tf_cpu.benchmark_shard` and
-written as one JSON line:
+Shards keep their plans' row slices. Each shard is measured by `tf_cpu.benchmark_devices` (one
+shard per call, or a whole plan's with `--whole-plans`) and written as one JSON line:
   {"backend", "batch_size", "tables": [{"name", "features": [21 floats], "spec": {...},
    "fraction", "slice": [index, num_slices]}],
    "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
@@ -132,7 +132,8 @@ def _task_plan(pool, turn, rng, batch_size):
 
 def draw_plan(pool, index, pool_seed=0, batch_size=1024):
     """(source, [[Shard] per device]): every non-empty device of the plan behind record
-    `index` of the `task` source (`--whole-plans`; a pure function of its arguments)."""
+    `index` of the `task` source (`--whole-plans`; a pure function of its arguments, up to
+    the learned policy's time-budgeted local search)."""
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
     return _task_plan(pool, index, rng, batch_size)
 
