@@ -126,8 +126,7 @@ def _task_plan(pool, turn, rng, batch_size):
                                 seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
     strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
     plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
-    devices = [plan.shards_on(d.name) for d in task.devices]
-    return f"task:{strategy}", [shards for shards in devices if shards]
+    return f"task:{strategy}", [shards for shards in plan.shards_by_device().values() if shards]
 
 
 def draw_plan(pool, index, pool_seed=0, batch_size=1024):
