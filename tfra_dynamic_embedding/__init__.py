@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "BuiltinKVCreator": "tfra_dynamic_embedding.tables",
+    "CuckooHashTable": "tfra_dynamic_embedding.tables",
     "CuckooHashTableConfig": "tfra_dynamic_embedding.tables",
     "CuckooHashTableCreator": "tfra_dynamic_embedding.tables",
     "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",

@@ -1,6 +1,6 @@
 """Key-value backends behind the `KVTable` interface (see base.py)."""
 
-__all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTableConfig",
+__all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashTableConfig",
            "CuckooHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
            "default_kv_creator"]
 
@@ -9,6 +9,7 @@ import tensorflow as tf
 from tfra_dynamic_embedding.tables import native
 from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
+from tfra_dynamic_embedding.tables.cuckoo_table import CuckooHashTable
 from tfra_dynamic_embedding.tables.native import NativeKVCreator
 
 

@@ -13,8 +13,9 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import base
 
-# Bit-pattern integer types used to compare float rows exactly (NaN-safe) when detecting presence.
-_BITS = {tf.float32: tf.int32, tf.float64: tf.int64}
+# Bit-pattern integer types used to compare rows exactly (NaN-safe for floats) when detecting
+# presence; integer rows are their own bit patterns.
+_BITS = {tf.float32: tf.int32, tf.float64: tf.int64, tf.int32: tf.int32, tf.int64: tf.int64}
 # The stock kernels store no 16-bit floats: those rows are kept as float32 (exact, 2x the bytes).
 _STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32}
 
@@ -49,7 +50,10 @@ class BuiltinKVTable(base.KVTable):
         # first column's every bit: a present key returns its stored row both times, a missing key
         # the two different defaults. Comparing bit patterns makes NaN rows count as present.
         with tf.device(self.device):
-            bits = _BITS[self._storage_dtype]
+            bits = _BITS.get(self._storage_dtype)
+            if bits is None:
+                raise TypeError(f"lookup_with_exists supports float and int32/int64 values; this "
+                                f"table holds {self.value_dtype.name}")
             default_rows = tf.cast(default_rows, self._storage_dtype)
             rows = self._find(keys, default_rows)
             flipped = tf.bitcast(tf.bitwise.invert(tf.bitcast(default_rows[:, :1], bits)),
