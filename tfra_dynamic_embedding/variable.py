@@ -13,6 +13,7 @@ Example:
 
 import contextlib
 import copy
+import os
 import threading
 import weakref
 
@@ -22,6 +23,7 @@ from tensorflow.python.eager import context  # the eager device scope has no pub
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
+from tfra_dynamic_embedding.tables import files
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -365,6 +367,70 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             return tf.group(*[
                 t.import_(p, tf.gather(flat_values, pos))
                 for t, p, pos in zip(self._tables, parts, positions)])
+
+    # -- files (TFRA's save_to_file_system; see tables/files.py) --------------------------
+    def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
+                            dirpath_env=files.ENV_DIR, append_to_file=False,
+                            buffer_size=4194304, name=None):
+        """Op writing shard i to `<dir>/<name>_mht_<i+1>of<n>_rank<proc_rank>_size<proc_size>`
+        (or to `file_name_list[i]`); `$TFRA_SAVED_KV` overrides `dirpath`. `buffer_size` is
+        accepted for TFRA compatibility (native files stream in ~1 MB blocks)."""
+        del buffer_size
+        if append_to_file:
+            raise ValueError("append_to_file=True is not supported: every save writes whole, "
+                             "checksummed shard files")
+        directory = files.resolve_dir(dirpath, dirpath_env)
+        names = self._shard_file_names(file_name_list, proc_rank, proc_size)
+        with tf.name_scope(name or scope_name(self._name + "_save_to_file_system")):
+            return tf.group(*[files.save_table(t, os.path.join(directory, n))
+                              for t, n in zip(self._tables, names)])
+
+    def load_from_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
+                              dirpath_env=files.ENV_DIR, load_entire_dir=False,
+                              buffer_size=4194304, name=None):
+        """Op replacing the content with files of `save_to_file_system`: shard i reads its own
+        file (same shard count), or with `load_entire_dir=True` every shard file of this
+        variable in the directory is read and re-partitioned over the current shards (any shard
+        count; the directory should hold one save, files are found when this is called)."""
+        del buffer_size
+        directory = files.resolve_dir(dirpath, dirpath_env)
+        with tf.name_scope(name or scope_name(self._name + "_load_from_file_system")):
+            if load_entire_dir:
+                return self._load_files(directory)
+            names = self._shard_file_names(file_name_list, proc_rank, proc_size)
+            return tf.group(*[files.load_table(t, os.path.join(directory, n))
+                              for t, n in zip(self._tables, names)])
+
+    def load_from_file_system_with_restore_function(self, dirpath, proc_size=1, proc_rank=0,
+                                                    buffer_size=4194304):
+        """Op loading every shard file of this variable in `dirpath`, whatever shard count and
+        rank wrote them, re-partitioned over the current shards. With `proc_size` > 1 only the
+        keys of rank `proc_rank` (`key % proc_size == proc_rank`, as `default_partition_fn`)."""
+        del buffer_size
+        with tf.name_scope(scope_name(self._name + "_load_from_file_system")):
+            return self._load_files(files.resolve_dir(dirpath, None), proc_size, proc_rank)
+
+    def _shard_file_names(self, file_name_list, proc_rank, proc_size):
+        if file_name_list is None:
+            return [files.shard_file_name(self._name, i, self.shard_num, proc_rank,
+                                                proc_size) for i in range(self.shard_num)]
+        if len(file_name_list) != self.shard_num:
+            raise ValueError(f"file_name_list must name one file per shard ({self.shard_num}); "
+                             f"got {len(file_name_list)}")
+        return list(file_name_list)
+
+    def _load_files(self, directory, proc_size=1, proc_rank=0):
+        prefixes = files.variable_files(directory, self._name)
+        if not prefixes:
+            raise ValueError(f"no shard files of variable {self._name!r} in {directory!r}")
+        read = [files.read_file(p, self._key_dtype, self._value_dtype, self._dim)
+                for p in prefixes]
+        keys = tf.concat([k for k, _ in read], 0)
+        values = tf.concat([v for _, v in read], 0)
+        if proc_size > 1:
+            mine = tf.equal(default_partition_fn(keys, proc_size), proc_rank)
+            keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
+        return self.import_(keys, values)
 
     def get_slot_variables(self, optimizer):
         """The slot `de.Variable`s that `optimizer` (a DynamicEmbeddingOptimizer) made for this."""

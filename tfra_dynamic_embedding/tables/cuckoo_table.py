@@ -16,7 +16,7 @@ import os
 import tensorflow as tf
 
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding.tables import base, native
+from tfra_dynamic_embedding.tables import base, files, native
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator
 
 
@@ -190,34 +190,25 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
             keys = tf.reshape(self._keys(keys), [-1])
             return self._table.import_(keys, self._rows(values, "values"))
 
-    # -- files ------------------------------------------------------------------------------
+    # -- files (tables/files.py) -------------------------------------------------------------
 
     def _file_prefix(self, dirpath, file_name, dirpath_env):
-        # As TFRA: a directory named by the environment variable wins over `dirpath`.
-        dirpath = (os.environ.get(dirpath_env) if dirpath_env else None) or dirpath
-        if not dirpath:
-            raise ValueError(f"dirpath must name a directory; got {dirpath!r}")
-        return os.path.join(dirpath, base.op_name(file_name or self._name))
+        return os.path.join(files.resolve_dir(dirpath, dirpath_env),
+                            base.op_name(file_name or self._name))
 
     def save_to_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
                             append_to_file=False, buffer_size=4194304, name=None):
         """Writes the table to `<dirpath>/<file_name or name>` (`$TFRA_SAVED_KV` overrides
-        `dirpath`). A native table streams a checksummed file (`NativeKVTable.save_to`); a
-        built-in one writes `<prefix>-keys` and `<prefix>-values` (serialized tensors).
-        `buffer_size` is accepted for TFRA compatibility (native files stream in ~1 MB blocks).
-        """
+        `dirpath`): a native table streams one checksummed file, a built-in one writes
+        `<prefix>-keys` and `<prefix>-values`. `buffer_size` is accepted for TFRA
+        compatibility (native files stream in ~1 MB blocks)."""
         del buffer_size
         if append_to_file:
             raise ValueError("append_to_file=True is not supported: every save writes a whole, "
                              "checksummed file")
         prefix = self._file_prefix(dirpath, file_name, dirpath_env)
-        tf.io.gfile.makedirs(os.path.dirname(prefix))
         with self._scope(name, "save_to_file_system"):
-            if isinstance(self._table, native.NativeKVTable):
-                return self._table.save_to(prefix)
-            keys, rows = self._table.export()
-            return tf.group(tf.io.write_file(prefix + "-keys", tf.io.serialize_tensor(keys)),
-                            tf.io.write_file(prefix + "-values", tf.io.serialize_tensor(rows)))
+            return files.save_table(self._table, prefix)
 
     def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
                               load_entire_dir=False, buffer_size=4194304, name=None):
@@ -230,11 +221,7 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
                              "was saved under")
         prefix = self._file_prefix(dirpath, file_name, dirpath_env)
         with self._scope(name, "load_from_file_system"):
-            if isinstance(self._table, native.NativeKVTable):
-                return self._table.load_from(prefix)
-            keys = tf.io.parse_tensor(tf.io.read_file(prefix + "-keys"), self._key_dtype)
-            rows = tf.io.parse_tensor(tf.io.read_file(prefix + "-values"), self._value_dtype)
-            return self._table.import_(keys, tf.reshape(rows, [-1, self._dim]))
+            return files.load_table(self._table, prefix)
 
     # -- checkpoints (TF2 object-based; the v1 Saver uses the graph saveable above) ---------
 
