@@ -246,6 +246,25 @@ def test_get_variable_reuse_semantics_in_graph_mode():
             assert de.get_variable("user", dim=4) is not a
 
 
+def test_short_file_name_drops_scope_and_optimizer_from_names():
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("ctr"):
+            short = de.get_variable("user", dim=2, short_file_name=True)
+            long = de.get_variable("item", dim=2)
+        assert (short.name, long.name) == ("user", "ctr/item")
+        assert short.short_file_name and not long.short_file_name
+        opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
+        ids = tf.constant([1, 2], tf.int64)
+        loss = tf.reduce_sum(de.embedding_lookup(short, ids, name="s")) + \
+            tf.reduce_sum(de.embedding_lookup(long, ids, name="l"))
+        opt.minimize(loss)
+        slot_names = sorted(v.name for v in tf.compat.v1.get_collection(
+            de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES))
+    assert "user/m" in slot_names and "user/v" in slot_names
+    assert any(n.startswith("ctr/item/") and n.endswith("/m") and n != "ctr/item/m"
+               for n in slot_names)
+
+
 def test_get_variable_eager_returns_live_variable():
     a = de.get_variable("eager_reuse_probe", dim=2)
     assert de.get_variable("eager_reuse_probe", dim=2) is a

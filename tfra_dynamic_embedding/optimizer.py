@@ -74,7 +74,8 @@ class _DynamicEmbeddingMixin:
         table = self._de_slot_tables.get(key)
         if table is None:
             fill = _fill_value(initializer, params.value_dtype, params.dim)
-            name = f"{params.name}/{_optimizer_name(self)}/{slot_name}"
+            name = (f"{params.name}/{slot_name}" if params.short_file_name
+                    else f"{params.name}/{_optimizer_name(self)}/{slot_name}")
             table = variable_lib.Variable(
                 key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
                 devices=params.devices, partitioner=params.partition_fn, name=name,

@@ -73,6 +73,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         `de.FrequencyRestrictPolicy`); `restrict(n)` then evicts down to n keys.
       bp_v2: training adds each step's change to the rows (accum) instead of overwriting them,
         so asynchronous workers that update the same keys do not undo each other.
+      short_file_name: TFRA's switch for short names: optimizer slot variables are named
+        `<name>/<slot>` without the optimizer's name (`de.get_variable` also drops the scope).
     """
 
     def __init__(self,
@@ -89,7 +91,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                  init_size=0,
                  kv_creator=None,
                  restrict_policy=None,
-                 bp_v2=False):
+                 bp_v2=False,
+                 short_file_name=False):
+        self._short_file_name = bool(short_file_name)
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
         self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + INT_VALUE_DTYPES,
                                            "value_dtype")
@@ -216,6 +220,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if name in store:
             return store[name]
         return store.get(trainable_lib.wrapper_name(self, name))
+
+    @property
+    def short_file_name(self):
+        return self._short_file_name
 
     @property
     def bp_v2(self):
@@ -591,8 +599,12 @@ def get_variable(name,
                  init_size=0,
                  kv_creator=None,
                  restrict_policy=None,
-                 bp_v2=False):
+                 bp_v2=False,
+                 short_file_name=False):
     """Gets an existing `de.Variable` or creates a new one, honouring the variable scope.
+
+    `short_file_name=True` (TFRA's option) names the variable `name` without the scope prefix,
+    keeping file and checkpoint names short.
 
     Under `tf.compat.v1.variable_scope(..., reuse=True)` the variable must exist; with
     `reuse=tf.compat.v1.AUTO_REUSE` it is created or returned; otherwise creating an existing
@@ -604,7 +616,7 @@ def get_variable(name,
             w = de.get_variable("user", dim=8)   # full name "ctr/user"
     """
     scope = tf.compat.v1.get_variable_scope()
-    full_name = f"{scope.name}/{name}" if scope.name else name
+    full_name = f"{scope.name}/{name}" if scope.name and not short_file_name else name
     reuse = scope.reuse
     if tf.executing_eagerly():
         registry = _eager_registry
@@ -632,7 +644,7 @@ def get_variable(name,
         partitioner=partitioner, shared_name=f"{shared_name}/{full_name}" if shared_name else None,
         name=full_name, initializer=initializer, trainable=trainable, checkpoint=checkpoint,
         init_size=init_size, kv_creator=kv_creator, restrict_policy=restrict_policy,
-        bp_v2=bp_v2)
+        bp_v2=bp_v2, short_file_name=short_file_name)
     registry[full_name] = variable
     return variable
 
