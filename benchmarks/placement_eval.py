@@ -63,23 +63,27 @@ def learned_whole(task, seed=0, estimator=None):
     return policy.plan_task(task, seed=seed, samples=policy.BEST_OF, hot_splits=(None,))
 
 
+def bound_shards(task):
+    """Every piece of the task's tables on one device."""
+    return [Shard(it.table, "", it.index, it.num_slices) for it in heuristics.split_items(task)]
+
+
 def bound(task, est):
     """All pieces on one device / devices, by `est`: a lower bound on any plan's max cost when
     sharing a device never costs more than running apart and cutting a table into row slices
     never makes its work cheaper (the learned strategy cuts hot tables, so the heaviest table
     alone bounds only plans that keep it whole)."""
-    items = heuristics.split_items(task)
-    shards = [Shard(it.table, "", it.index, it.num_slices) for it in items]
-    return est.device_cost(shards, None, task) / task.num_devices
+    return est.device_cost(bound_shards(task), None, task) / task.num_devices
 
 
 def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None,
-          on_plan=None):
+          on_plan=None, on_proposed=None):
     """Rows per strategy: mean max cost, balance, speedup over random, gap to the bound, scored
     by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`).
     `bound_fn(task)` gives the bound (default `bound` by `est` unless it measures);
     `on_task(task, strategy)` is called before each strategy's plans are scored,
-    `on_plan(strategy, plan, costs)` after each plan is."""
+    `on_proposed(task, {strategy: plans})` once a task's plans are proposed (before a measuring
+    estimator times them), `on_plan(strategy, plan, costs)` after each plan is scored."""
     plan_est = plan_est or est
     if bound_fn is None:
         bound_fn = (lambda task: None) if est.measured else (lambda task: bound(task, est))
@@ -88,22 +92,32 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
     for task in tasks:
         if on_task:
             on_task(task, "random")
+        # the random baseline's plans (evaluate.random_baseline draws the same seeds)
+        proposed = {"random": [heuristics.propose(task, "random", k) for k in range(num_random)]}
+        for name in strategies:
+            if name == "random":
+                continue
+            try:
+                proposed[name] = [heuristics.propose(task, name, 0, plan_est)]
+            except PlacementError:
+                failures[name] += 1
+        if on_proposed:
+            on_proposed(task, proposed)
+        if hasattr(est, "measure_plans"):
+            # A measuring estimator times all of the task's devices (and its bound) in one
+            # interleaved run, so strategies and bound are compared under the same drift.
+            est.measure_plans([p for plans in proposed.values() for p in plans],
+                              extra_devices=[bound_shards(task)])
         rand = evaluate.random_baseline(task, est, num_random)
         if on_task:
             on_task(task, "bound")
         lb = bound_fn(task)
         for name in strategies:
+            if name not in proposed:   # infeasible for this strategy
+                continue
             if on_task:
                 on_task(task, name)
-            try:
-                if name == "random":
-                    plans = [heuristics.propose(task, "random", k) for k in range(num_random)]
-                else:
-                    plans = [heuristics.propose(task, name, 0, plan_est)]
-            except PlacementError:
-                failures[name] += 1
-                continue
-            for plan in plans:
+            for plan in proposed[name]:
                 costs = est.plan_costs(plan)
                 if on_plan:
                     on_plan(name, plan, costs)
@@ -158,10 +172,22 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
     records, where = [], {}
 
     def keep(shards, batch, result):
+        # A task's devices are measured in one run: the label is the first strategy whose plan
+        # holds the device (random plans first, the bound last).
+        label = where["labels"].get(tf_cpu.shard_key(shards, batch), "bound")
         records.append(collect.make_record(
             shards, result, batch, 0, split="test",
-            source=f"eval:{where['strategy']}", pool_seed=pool["seed"],
+            source=f"eval:{label}", pool_seed=pool["seed"],
             pool_tables=pool["num_tables"], row_scale=pool["row_scale"]))
+
+    def on_proposed(task, proposed):
+        batch = mest._batch(task)  # pylint: disable=protected-access
+        where["labels"] = {}
+        for strategy in sorted(proposed, key=lambda s: s != "random"):
+            for plan in proposed[strategy]:
+                for shards in plan.shards_by_device().values():
+                    if shards:
+                        where["labels"].setdefault(tf_cpu.shard_key(shards, batch), strategy)
 
     # Measured in a child process replaced every 100 shards: TF keeps memory per traced shard.
     mest = tf_cpu.MeasuredEstimator(batch_size=train.CPU_POOL["batch_size"], repeat=5,
@@ -178,8 +204,7 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
             # measurement counts once, not in every task it recurs in.
             where["task"] = task
             mest.cache = dict(earlier)
-        where["strategy"] = strategy
-        print(f"  measuring {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
+        print(f"  {strategy} plans of task {tasks.index(task) + 1}/{len(tasks)} "
               f"({time.time() - t0:.0f}s, {mest.measurements} shards so far)", flush=True)
 
     learned = []   # (plan, device costs) of the learned plans, for `repeatability`
@@ -190,7 +215,8 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 
     try:
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                     bound_fn=lambda task: bound(task, mest), on_task=on_task, on_plan=on_plan)
+                     bound_fn=lambda task: bound(task, mest), on_task=on_task, on_plan=on_plan,
+                     on_proposed=on_proposed)
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "

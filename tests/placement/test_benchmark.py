@@ -162,6 +162,27 @@ def test_a_plans_unmeasured_devices_are_measured_in_one_call(monkeypatch):
     assert calls == [2, 1] and est.measurements == 3
 
 
+def test_several_plans_and_extra_devices_are_measured_in_one_call(monkeypatch):
+    calls = []
+    real = tf_cpu.benchmark_devices
+
+    def counting(devices, *args, **kwargs):
+        calls.append(len(devices))
+        return real(devices, *args, **kwargs)
+
+    monkeypatch.setattr(tf_cpu, "benchmark_devices", counting)
+    est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False)
+    task = Task(list(TINY), make_devices(2, template="/CPU:{i}"), batch_size=16)
+    apart = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"]})
+    mirrored = Plan(task, {"a": ["/CPU:1"], "b": ["/CPU:0"]})      # the same two devices
+    est.measure_plans([apart, mirrored], extra_devices=[list(TINY)])
+    assert calls == [3] and est.measurements == 3                # a, b and a+b, once each
+    est.plan_costs(apart), est.plan_costs(mirrored), est.device_cost(list(TINY), None, task)
+    assert calls == [3]                                          # all from the cache
+    est.measure_plans([apart])
+    assert calls == [3]
+
+
 def test_measured_estimator_scores_a_tiny_plan():
     assert "measured-cpu" in evaluate.list_estimators()
     est = evaluate.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)

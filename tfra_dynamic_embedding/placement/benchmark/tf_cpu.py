@@ -271,6 +271,24 @@ class MeasuredEstimator(evaluate.CostEstimator):
             self._measure(todo, batch)
         return super().plan_costs(plan)
 
+    def measure_plans(self, plans, extra_devices=()):
+        """Measures the unmeasured devices of all `plans` (one task's) and the shard lists in
+        `extra_devices` together, in one `benchmark_devices` call: every plan of the task then
+        shares the machine's drift, so comparisons between them carry per-device noise only.
+        Later `plan_costs` / `device_cost` calls read the cache."""
+        plans = list(plans)
+        if not plans:
+            return
+        batch = self._batch(plans[0].task)
+        todo = {}
+        devices = [shards for plan in plans for shards in plan.shards_by_device().values()]
+        for shards in devices + [list(d) for d in extra_devices]:
+            key = shard_key(shards, batch) if shards else None
+            if key and key not in self.cache and key not in todo:
+                todo[key] = shards
+        if todo:
+            self._measure(todo, batch)
+
     def _measure(self, todo, batch):
         """Measures {key: shards} together and caches each device's seconds."""
         devices = list(todo.values())
