@@ -139,7 +139,9 @@ def test_devices_measured_together_run_in_interleaved_rounds(monkeypatch):
                and r["forward_ms"] > 0 for r in results)
 
 
-def test_a_plans_unmeasured_devices_are_measured_in_one_call(monkeypatch):
+@pytest.fixture
+def measure_calls(monkeypatch):
+    """The number of devices of each `benchmark_devices` call, in order."""
     calls = []
     real = tf_cpu.benchmark_devices
 
@@ -148,6 +150,11 @@ def test_a_plans_unmeasured_devices_are_measured_in_one_call(monkeypatch):
         return real(devices, *args, **kwargs)
 
     monkeypatch.setattr(tf_cpu, "benchmark_devices", counting)
+    return calls
+
+
+def test_a_plans_unmeasured_devices_are_measured_in_one_call(measure_calls):
+    calls = measure_calls
     est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False)
     task = Task(list(TINY), make_devices(3, template="/CPU:{i}"), batch_size=16)
     plan = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"]})          # /CPU:2 stays empty
@@ -162,15 +169,8 @@ def test_a_plans_unmeasured_devices_are_measured_in_one_call(monkeypatch):
     assert calls == [2, 1] and est.measurements == 3
 
 
-def test_several_plans_and_extra_devices_are_measured_in_one_call(monkeypatch):
-    calls = []
-    real = tf_cpu.benchmark_devices
-
-    def counting(devices, *args, **kwargs):
-        calls.append(len(devices))
-        return real(devices, *args, **kwargs)
-
-    monkeypatch.setattr(tf_cpu, "benchmark_devices", counting)
+def test_several_plans_and_extra_devices_are_measured_in_one_call(measure_calls):
+    calls = measure_calls
     est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False)
     task = Task(list(TINY), make_devices(2, template="/CPU:{i}"), batch_size=16)
     apart = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"]})
