@@ -80,6 +80,9 @@ class Table : public TableBase {
 
   enum class Lock { kShared, kExclusive, kNone };
 
+  // Batches at least this large are partitioned by several threads.
+  static constexpr int64_t kParallelPartitionKeys = 16384;
+
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
     int s = cfg.num_shards;
@@ -130,7 +133,7 @@ class Table : public TableBase {
   Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
               Tensor* exists) override {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const bool per_key = defaults.dims() == 2;
     const V* dflt = defaults.flat<V>().data();
     V* out = values->flat<V>().data();
@@ -150,7 +153,7 @@ class Table : public TableBase {
   Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
                   Tensor* values, Tensor* exists) override {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     V* out = values->flat<V>().data();
     bool* ex = exists->flat<bool>().data();
     const int64_t dim = cfg_.dim;
@@ -195,7 +198,7 @@ class Table : public TableBase {
   Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
                        Tensor* stored) override {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const V* in = values.flat<V>().data();
     V* out = stored->flat<V>().data();
     const int64_t dim = cfg_.dim;
@@ -225,7 +228,7 @@ class Table : public TableBase {
 
   Status Remove(OpKernelContext* ctx, const Tensor& keys, int64_t* removed) override {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     std::atomic<int64_t> count{0};
     Status st = ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
       int64_t c = 0;
@@ -305,7 +308,7 @@ class Table : public TableBase {
   Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
                 const Tensor& stamps, const Tensor& freqs, bool clear_first) override {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const V* in = values.flat<V>().data();
     const int64_t* st = stamps.NumElements() > 0 ? stamps.flat<int64_t>().data() : nullptr;
     const int64_t* fq = freqs.NumElements() > 0 ? freqs.flat<int64_t>().data() : nullptr;
@@ -442,27 +445,58 @@ class Table : public TableBase {
 
   // Hashes the keys and buckets them by shard (stable): b->order[p] is the key
   // index at position p and b->hash[p] its hash, so each shard's run is
-  // [start[s], start[s+1]) and reads its hashes sequentially.
-  Status Partition(const Tensor& keys, Batch* b) const {
+  // [start[s], start[s+1]) and reads its hashes sequentially. A large batch is
+  // cut into parts hashed and scattered in parallel (a serial pass left the
+  // other core idle for ~4% of a dim-8 lookup): each part counts its keys per
+  // shard, and within a shard's run part 0's keys come first, then part 1's...,
+  // which keeps batch order.
+  Status Partition(OpKernelContext* ctx, const Tensor& keys, Batch* b) const {
     b->keys = keys.flat<KIn>().data();
     b->n = keys.NumElements();
     const int64_t n = b->n;
+    const auto* w = ctx ? ctx->device()->tensorflow_cpu_worker_threads() : nullptr;
+    const int parts = (w == nullptr || n < kParallelPartitionKeys)
+                          ? 1 : std::max(1, std::min(w->num_threads, 8));
+    const size_t shards = static_cast<size_t>(num_shards_);
+    auto first = [&](int part) { return n * part / parts; };
+    auto for_each_part = [&](auto&& fn) {
+      if (parts == 1) return fn(0);
+      tensorflow::Shard(parts, w->workers, parts, /*cost_per_unit=*/1 << 20,
+                        [&](int64_t lo, int64_t hi) {
+                          for (int64_t part = lo; part < hi; ++part) fn(static_cast<int>(part));
+                        });
+    };
     std::vector<uint64_t> by_key(n);
+    std::vector<int64_t> next(parts * shards, 0);  // per part and shard: count, then position
+    for_each_part([&](int part) {
+      int64_t* count = &next[part * shards];
+      for (int64_t i = first(part); i < first(part + 1); ++i) {
+        const uint64_t h = KO::Hash(b->keys[i]);
+        by_key[i] = h;
+        ++count[ShardOf(h)];
+      }
+    });
     b->hash.resize(n);
     b->order.resize(n);
-    b->start.assign(num_shards_ + 1, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t h = KO::Hash(b->keys[i]);
-      by_key[i] = h;
-      ++b->start[ShardOf(h) + 1];
+    b->start.assign(shards + 1, 0);
+    int64_t at = 0;
+    for (size_t s = 0; s < shards; ++s) {
+      b->start[s] = at;
+      for (int part = 0; part < parts; ++part) {
+        const int64_t count = next[part * shards + s];
+        next[part * shards + s] = at;
+        at += count;
+      }
     }
-    for (int i = 0; i < num_shards_; ++i) b->start[i + 1] += b->start[i];
-    std::vector<int64_t> pos(b->start.begin(), b->start.end() - 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = pos[ShardOf(by_key[i])]++;
-      b->order[p] = i;
-      b->hash[p] = by_key[i];
-    }
+    b->start[shards] = at;
+    for_each_part([&](int part) {
+      int64_t* pos = &next[part * shards];
+      for (int64_t i = first(part); i < first(part + 1); ++i) {
+        const int64_t p = pos[ShardOf(by_key[i])]++;
+        b->order[p] = i;
+        b->hash[p] = by_key[i];
+      }
+    });
     return absl::OkStatus();
   }
 
@@ -574,7 +608,7 @@ class Table : public TableBase {
 
   Status Upsert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values, bool accum) {
     Batch b;
-    TF_RETURN_IF_ERROR(Partition(keys, &b));
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const V* in = values.flat<V>().data();
     const int64_t dim = cfg_.dim;
     const uint32_t stamp = CurrentStamp();

@@ -95,6 +95,28 @@ def test_every_op_matches_dict(key_dtype, value_dtype):
     assert content(t) == {3: (1.0,) * dim}
 
 
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_large_batches_keep_batch_order(key_dtype):
+    # Batches of >= 16384 keys are partitioned by several threads; duplicates must still apply
+    # in batch order (the last insert wins, accum deltas add up).
+    rng = np.random.default_rng(3)
+    n, dim = 40_000, 2
+    ids = rng.integers(0, 5000, size=n)            # ~8 copies of every key
+    rows = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(np.float64)
+    t = table(key_dtype, tf.float64, dim)
+    t.insert(keys_of(key_dtype, ids), tf.constant(rows))
+    last = {int(i): tuple(r) for i, r in zip(ids, rows)}
+    assert content(t) == last
+    t.accum(keys_of(key_dtype, ids), tf.ones([n, dim], tf.float64))
+    counts = np.bincount(ids, minlength=5000)
+    assert content(t) == {i: (r[0] + counts[i], r[1] + counts[i]) for i, r in last.items()}
+    probe = rng.integers(0, 10_000, size=n)
+    got, exists = t.lookup_with_exists(keys_of(key_dtype, probe), tf.zeros([n, dim], tf.float64))
+    np.testing.assert_array_equal(exists.numpy(), probe < 5000)
+    np.testing.assert_array_equal(to_np(got)[:, 0], [last[int(i)][0] + counts[i] if i < 5000
+                                                     else 0.0 for i in probe])
+
+
 def test_empty_batches():
     t = table(dim=2)
     empty = tf.zeros([0], tf.int64)
