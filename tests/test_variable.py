@@ -196,12 +196,16 @@ def test_bad_values_leave_table_unchanged(kv_creator):
     w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 3]))
     with pytest.raises(ValueError, match="dim=3"):
         w.upsert(tf.constant([1, 5], tf.int64), tf.zeros([2, 4]))
+    # TFRA's table kernels report a bad shape as an op error "Expected shape ..." when run;
+    # caught at build time here, the error is both that and a ValueError.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+        w.upsert(tf.constant([1, 5, 6], tf.int64), tf.zeros([6]))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec(None, tf.float32)])
     def upsert(keys, values):
         w.upsert(keys, values)
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match="values must have shape"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
         upsert(tf.constant([1, 5], tf.int64), tf.zeros([3, 3]))
     keys, values = w.export()
     assert sorted(keys.numpy()) == [1, 2] and values.numpy().sum() == 6
@@ -280,6 +284,23 @@ def test_placement_scope_chooses_devices():
         placed = de.get_variable("placed", dim=2)
         other = de.get_variable("not_placed", dim=2, devices=[CPUS[3]])
     assert placed.devices == CPUS[1:3] and other.devices == [CPUS[3]]
+
+
+def test_tensor_and_scalar_array_initializers():
+    # TFRA code passes graph tensors (of another dtype) and 0-d arrays as initializers.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        w = de.get_variable("t10", tf.int64, tf.int32, initializer=tf.constant([-1, -2], tf.int64),
+                            dim=2)
+        s = de.Variable(dim=3, initializer=tf.constant(0.5))
+        sess.run(w.upsert(tf.constant([0], tf.int64), tf.constant([[4, 5]], tf.int32)))
+        rows, scalar_rows = sess.run([w.lookup(tf.constant([0, 9], tf.int64)),
+                                      s.lookup(tf.constant([1], tf.int64))])
+    np.testing.assert_array_equal(rows, [[4, 5], [-1, -2]])
+    np.testing.assert_array_equal(scalar_rows, [[0.5] * 3])
+    v = de.Variable(dim=2, initializer=np.array(7.0))
+    np.testing.assert_array_equal(v.lookup(tf.constant([3], tf.int64)).numpy(), [[7.0, 7.0]])
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="initializer"):
+        de.Variable(dim=2, initializer=tf.constant([1.0, 2.0, 3.0]))
 
 
 def test_initializer_is_called_for_exactly_the_missing_keys(kv_creator):

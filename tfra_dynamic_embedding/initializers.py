@@ -40,8 +40,18 @@ def rows_maker(initializer, dim, dtype):
     if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
         return _constant_rows(
             lambda n: tf.fill(tf.stack([n, dim]), tf.constant(initializer, dtype)))
+    if isinstance(initializer, tf.Tensor) and tf.is_symbolic_tensor(initializer):
+        # A graph tensor (a v1 graph's constant): used in that graph, broadcast to the rows.
+        shape = initializer.shape
+        if not (shape.is_compatible_with([]) or shape.is_compatible_with([dim])):
+            raise ValueError(f"initializer must be a scalar or have shape [dim] = [{dim}] when "
+                             f"given as a tensor; got shape {shape}")
+        return _constant_rows(
+            lambda n: tf.broadcast_to(tf.cast(initializer, dtype), tf.stack([n, dim])))
     if isinstance(initializer, (np.ndarray, list, tuple, tf.Tensor)):
         row = np.asarray(initializer)
+        if row.shape == ():   # a 0-d array or tensor is a number
+            return rows_maker(row.item(), dim, dtype)
         if row.shape != (dim,):
             raise ValueError(
                 f"initializer must have shape [dim] = [{dim}] when given as an array; "

@@ -41,6 +41,14 @@ class DTypeError(TypeError, ValueError):
     """A tensor of the wrong dtype was passed (both a TypeError and a ValueError, like TF's)."""
 
 
+class ShapeError(ValueError, tf.errors.InvalidArgumentError):
+    """Rows of the wrong shape, caught when the op is built: a ValueError, and also the
+    InvalidArgumentError ("Expected shape ...") that TFRA's table kernels raise when run."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
 def default_partition_fn(keys, shard_num):
     """Shard id of every key: `keys mod shard_num` (never negative) or a stable string hash.
 
@@ -476,14 +484,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def _values_tensor(self, values, keys, arg):
         values = typed_tensor(values, self._value_dtype, arg)
         expected = keys.shape.concatenate([self._dim])
-        if values.shape.rank is not None and values.shape[-1] is not None \
-                and values.shape[-1] != self._dim:
-            raise ValueError(
-                f"{arg} must have last dimension dim={self._dim} for {self._name}; "
-                f"got shape {values.shape}")
         if not values.shape.is_compatible_with(expected):
-            raise ValueError(
-                f"{arg} must have shape keys.shape + [dim] = {expected}; got {values.shape}")
+            raise ShapeError(
+                f"Expected shape {expected} for {arg} of {self._name} (keys.shape + [dim], "
+                f"dim={self._dim}); got {values.shape}")
         return values
 
     def _write(self, keys, values, arg, write, name):
@@ -493,7 +497,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             # Checked before any shard is written, so a bad call leaves the table unchanged.
             checks = [tf.debugging.assert_equal(
                 tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
-                message=f"{arg} must have shape keys.shape + [{self._dim}] for {self._name}")]
+                message=f"Expected shape keys.shape + [{self._dim}] for {arg} of {self._name}")]
             with tf.control_dependencies(checks):
                 flat_keys = tf.reshape(keys, [-1])
                 flat_values = tf.reshape(values, [-1, self._dim])

@@ -257,9 +257,9 @@ Status CheckKeys(const Tensor& keys) {
 
 Status CheckRows(const char* name, const Tensor& rows, int64_t n, int64_t dim) {
   if (rows.dims() != 2 || rows.dim_size(0) != n || rows.dim_size(1) != dim) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must have shape [", n, ", ", dim,
-                                                   "] (one row of dim ", dim, " per key), got ",
-                                                   rows.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat("Expected shape [", n, ", ", dim, "] for ",
+                                                   name, " (one row of dim ", dim,
+                                                   " per key), got ", rows.shape().DebugString()));
   }
   return absl::OkStatus();
 }

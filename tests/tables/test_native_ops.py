@@ -371,9 +371,9 @@ def test_bad_input_is_an_error_not_a_crash():
     h = t.resource_handle
     with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be a 1-D"):
         gen.tfra_de_insert(h, tf.zeros([2, 2], tf.int64), tf.zeros([2, 3]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"values must have shape \[2, 3\]"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \[2, 3\] for values"):
         t.insert(tf.constant([1, 2], tf.int64), tf.zeros([2, 4]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"deltas must have shape \[2, 3\]"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \[2, 3\] for deltas"):
         t.accum(tf.constant([1, 2], tf.int64), tf.zeros([3, 3]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="default_values must have shape"):
         t.lookup(tf.constant([1, 2], tf.int64), tf.zeros([3, 3]))
