@@ -55,6 +55,7 @@ def load_table(table, prefix):
 
 
 def read_builtin_file(prefix, key_dtype, value_dtype, dim):
+    """(keys `[n]`, values `[n, dim]`) of a built-in table's `<prefix>-keys` / `-values`."""
     keys = tf.io.parse_tensor(tf.io.read_file(prefix + "-keys"), key_dtype)
     values = tf.io.parse_tensor(tf.io.read_file(prefix + "-values"), value_dtype)
     return tf.reshape(keys, [-1]), tf.reshape(values, [-1, dim])
