@@ -13,11 +13,12 @@ from tfra_dynamic_embedding.tables.cuckoo_table import CuckooHashTable
 from tfra_dynamic_embedding.tables.native import NativeKVCreator
 
 
-def default_kv_creator(value_dtype=None):
-    """The native backend when its op library loads and `value_dtype` is floating (or not
-    given), else the built-in one."""
-    floating = value_dtype is None or tf.as_dtype(value_dtype).is_floating
-    return native.NativeKVCreator() if native.is_available() and floating else BuiltinKVCreator()
+def default_kv_creator(value_dtype=None, key_dtype=None):
+    """The native backend when its op library loads and the dtypes (when given) are ones it
+    holds -- floating values, int32/int64/string keys -- else the built-in one."""
+    fits = ((value_dtype is None or tf.as_dtype(value_dtype) in native.VALUE_DTYPES)
+            and (key_dtype is None or tf.as_dtype(key_dtype) in native.KEY_DTYPES))
+    return native.NativeKVCreator() if native.is_available() and fits else BuiltinKVCreator()
 
 
 class CuckooHashTableConfig:
@@ -43,5 +44,5 @@ class CuckooHashTableCreator(KVCreator):
         self.saver = None
 
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
-        return default_kv_creator(value_dtype).create(key_dtype, value_dtype, dim, name, device,
-                                                      shared_name, init_size)
+        return default_kv_creator(value_dtype, key_dtype).create(
+            key_dtype, value_dtype, dim, name, device, shared_name, init_size)

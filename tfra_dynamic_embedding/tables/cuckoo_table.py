@@ -16,15 +16,7 @@ import os
 import tensorflow as tf
 
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding.tables import base, files, native
-from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator
-
-
-def _default_creator(key_dtype, value_dtype):
-    if (native.is_available() and key_dtype in native.KEY_DTYPES
-            and value_dtype in native.VALUE_DTYPES):
-        return native.NativeKVCreator()
-    return BuiltinKVCreator()
+from tfra_dynamic_embedding.tables import base, files
 
 
 class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
@@ -47,7 +39,8 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
     def __init__(self, key_dtype, value_dtype, default_value, name="CuckooHashTable",
                  checkpoint=True, init_size=0, config=None, device="",
                  shard_saveable_object_fn=None, kv_creator=None):
-        from tfra_dynamic_embedding.tables import CuckooHashTableConfig  # avoids an import cycle
+        # (tables/__init__.py imports this module)
+        from tfra_dynamic_embedding.tables import CuckooHashTableConfig, default_kv_creator
         if config is not None and not isinstance(config, CuckooHashTableConfig):
             raise TypeError(f"config must be a de.CuckooHashTableConfig or None; got {config!r}")
         self._key_dtype = tf.as_dtype(key_dtype)
@@ -62,7 +55,7 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         self._dim = shape.num_elements()
         self._name = name
         self._checkpoint = bool(checkpoint)
-        creator = kv_creator or _default_creator(self._key_dtype, self._value_dtype)
+        creator = kv_creator or default_kv_creator(self._value_dtype, self._key_dtype)
         self._table = creator.create(self._key_dtype, self._value_dtype, self._dim, name,
                                      device=device, init_size=init_size)
         if self._checkpoint and not tf.executing_eagerly() and not tf.inside_function():
@@ -196,7 +189,7 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         return os.path.join(files.resolve_dir(dirpath, dirpath_env),
                             base.op_name(file_name or self._name))
 
-    def save_to_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
+    def save_to_file_system(self, dirpath, file_name=None, dirpath_env=files.ENV_DIR,
                             append_to_file=False, buffer_size=4194304, name=None):
         """Writes the table to `<dirpath>/<file_name or name>` (`$TFRA_SAVED_KV` overrides
         `dirpath`): a native table streams one checksummed file, a built-in one writes
@@ -210,7 +203,7 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         with self._scope(name, "save_to_file_system"):
             return files.save_table(self._table, prefix)
 
-    def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
+    def load_from_file_system(self, dirpath, file_name=None, dirpath_env=files.ENV_DIR,
                               load_entire_dir=False, buffer_size=4194304, name=None):
         """Replaces the content with what `save_to_file_system` wrote under the same names.
         A truncated or corrupt native file raises DataLossError and leaves the table unchanged.

@@ -119,10 +119,10 @@ def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, syn
             sync()
     raw = {name: [] for name in stages}
     was_enabled = gc.isenabled()
+    gc.disable()
     try:
         for _ in range(int(repeat)):
-            gc.collect()
-            gc.disable()
+            gc.collect()   # between rounds, outside the timed calls
             for name, fn in stages.items():
                 if flush:
                     flush()
@@ -133,8 +133,6 @@ def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, syn
                 if sync:
                     sync()
                 raw[name].append((clock() - start) * 1e3)
-            if was_enabled:
-                gc.enable()
     finally:
         if was_enabled:
             gc.enable()
