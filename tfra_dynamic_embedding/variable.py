@@ -123,7 +123,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         # Lookup-site name -> TrainableWrapper (trainable.py). Not a checkpoint dependency: the
         # wrappers hold a per-step copy of rows, and the tables are what is saved.
         object.__setattr__(self, "_trainable_store", {})
-        self._kv_creator = kv_creator or tables_lib.default_kv_creator(self._value_dtype)
+        self._kv_creator = kv_creator or tables_lib.default_kv_creator(self._value_dtype,
+                                                                          self._key_dtype)
         if not isinstance(self._kv_creator, tables_lib.KVCreator):
             raise ValueError(f"kv_creator must be a de.KVCreator; got {kv_creator!r}")
         if self._value_dtype in INT_VALUE_DTYPES and isinstance(self._kv_creator,
