@@ -39,7 +39,11 @@ def test_policy_gradient_matches_finite_differences(model, tiny_tasks):
                                     rng=np.random.default_rng(0), keep=True)
     adv = np.array([1.0, -0.5])
     grads = policy.gradients(trace, adv)
-    for key, index in (("alpha", ()), ("w2", (3,)), ("b1", (5,)), ("w1", (7, 2))):
+    # w1 rows: a scalar input, the piece's embedding, the device's sum (rollout adds these
+    # parts of the first layer separately; the trace's x must be their concatenation)
+    w1_rows = ((7, 2), (pol.NUM_SCALARS + 3, 1), (pol.NUM_SCALARS + cm.EMBED_DIM + 5, 4))
+    for key, index in (("alpha", ()), ("w2", (3,)), ("b1", (5,))) + tuple(
+            ("w1", rc) for rc in w1_rows):
         eps = 1e-5
         saved = policy.params[key].copy()
         policy.params[key] = saved.copy()
@@ -132,6 +136,12 @@ def test_local_search_lowers_the_max_and_keeps_the_plan_legal(model, small_pool)
     after = model.total(np.stack([problem.emb[improved == d].sum(axis=0) for d in range(4)]))
     assert top == pytest.approx(after.max()) and top < 0.8 * before.max()
     assert set(np.unique(improved)) == {0, 1, 2, 3}      # the idle devices got work
+    # the budget counts scored moves, not seconds: none leaves the plan as it was, a small one
+    # stops early, and the same budget always gives the same plan
+    assert (pol.improve(problem, start, max_evaluations=0)[0] == start).all()
+    early, early_top = pol.improve(problem, start, max_evaluations=50)
+    assert top < early_top < before.max()
+    assert (pol.improve(problem, start, max_evaluations=50)[0] == early).all()
     plan = pol._to_plan(problem, improved, 0, {})  # pylint: disable=protected-access
     plan.validate(check_memory=True)
     # memory is respected: with room for one table each, nothing moves onto a full device

@@ -197,8 +197,7 @@ class CostModel:
 
     def heads(self, summed):
         """[..., 32] summed representations -> [..., 2] forward/backward ms (batch of training)."""
-        h = _relu(summed @ self._head_w1 + self._head_b1)
-        return _softplus(h @ self._head_w2 + self._head_b2) * self._y_scale
+        return self.heads_from_projection(self.project(summed))
 
     def total(self, summed, count=None):
         """[...] ms of devices with summed representations `summed` (0 where count == 0)."""
@@ -206,6 +205,24 @@ class CostModel:
         if count is not None:
             cost = np.where(np.asarray(count) > 0, cost, 0.0)
         return cost
+
+    # The heads' first layer is linear in the summed representation, so a planner can keep
+    # project(S_d) per device and add project(e) of a piece instead of re-running the
+    # [devices, 32] x [32, 128] product at every placement step:
+    #   total_from_projection(project(S) + project(e)) == total(S + e)
+    def project(self, summed):
+        """[..., 32] -> [..., 128]: the stage heads' first layer before bias and relu."""
+        return summed @ self._head_w1
+
+    def heads_from_projection(self, projected):
+        """[..., 128] (a sum of `project` outputs) -> [..., 2] forward/backward ms."""
+        h = projected + self._head_b1
+        np.maximum(h, 0.0, out=h)   # relu in place: planning calls this once per step
+        return _softplus(h @ self._head_w2 + self._head_b2) * self._y_scale
+
+    def total_from_projection(self, projected):
+        """[...] ms of devices whose summed representations project to `projected`."""
+        return self.heads_from_projection(projected).sum(axis=-1)
 
     def predict_records(self, records):
         """[n, 2] predicted forward/backward ms of benchmark records."""

@@ -24,7 +24,6 @@ Registered as the strategy "learned" (shipped CPU weights, no training step):
 import json
 import math
 import os
-import time
 
 import numpy as np
 
@@ -37,6 +36,8 @@ POLICY_FORMAT = "tfra-de-policy/1"
 NUM_SCALARS = 8
 NUM_INPUTS = NUM_SCALARS + 2 * cm.EMBED_DIM
 BEST_OF = 16
+SEARCH_EVALUATIONS = 60_000        # local-search budget (candidate moves scored), see improve
+BIG_TASK_SEARCH_EVALUATIONS = 15_000   # for tasks over 200 tables: planning time first
 HOT_SPLITS = (None, 1.0, 0.7, 0.5)   # see plan_task: also try cutting tables costlier than h * L
 FAILED_REWARD = -3.0   # reward (in units of L) of an episode that ran out of memory
 
@@ -53,8 +54,11 @@ class Policy:
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
         self.meta = dict(meta or {})
 
-    def logits(self, x, prior):
-        h = np.tanh(x @ self.params["w1"] + self.params["b1"])
+    def logits_from_first_layer(self, pre, prior):
+        """(logits [..], hidden [.., hidden]) given the first layer before tanh,
+        pre = x @ w1 + b1 for inputs x [.., NUM_INPUTS] (`rollout` sums it from parts), and
+        the priors [..]."""
+        h = np.tanh(pre)
         return self.params["alpha"] * prior + h @ self.params["w2"], h
 
     def save(self, path):
@@ -163,11 +167,29 @@ def split_hot_items(items, solo, model, num_devices, limit):
 
 
 def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None):
-    """Runs n episodes at once (`force` [n, items]: follow these devices instead). Returns (choices [n, items] device index or -1, max cost [n] in
-    ms (inf for failed episodes), trace (list of per-step dicts when keep, else None))."""
+    """Runs n episodes at once (`force` [n, items]: follow these devices instead). Returns
+    (choices [n, items] device index or -1, max cost [n] in ms (inf for failed episodes),
+    trace (list of per-step dicts when keep, else None)).
+
+    Both MLPs' first layers are linear in the device sums S, so each device keeps its sums'
+    projections (cost-model heads, policy) and a step adds the piece's precomputed projection
+    to them instead of multiplying [n, devices, 72] inputs again (the same numbers; planning
+    800 tables on 80 devices spent most of its time in those products)."""
     model, D = problem.model, problem.num_devices
     num_items = len(problem.items)
-    S = np.zeros((n, D, cm.EMBED_DIM))
+    E, H = cm.EMBED_DIM, policy.params["b1"].shape[0]
+    L, per_dev = problem.scale, max(num_items / D, 1.0)
+    w1 = policy.params["w1"]
+    w_scalars = w1[:NUM_SCALARS]
+    # per piece: its cost-model projection, its policy input term, and what it adds to the
+    # policy term of the device it joins
+    piece_cost = model.project(problem.emb)
+    piece_pol = (problem.emb / problem.e_scale) @ w1[NUM_SCALARS:NUM_SCALARS + E] \
+        + policy.params["b1"]
+    piece_dev = (problem.emb / (problem.e_scale * per_dev)) @ w1[NUM_SCALARS + E:]
+    dev_cost = np.zeros((n, D, piece_cost.shape[1]))   # project(S)
+    dev_pol = np.zeros((n, D, H))                      # S-part of the policy's first layer
+    S = np.zeros((n, D, E)) if keep else None          # the sums themselves: traces only
     cost = np.zeros((n, D))
     used = np.zeros((n, D))
     count = np.zeros((n, D))
@@ -176,28 +198,29 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     choices = np.full((n, num_items), -1, dtype=np.int64)
     on_table = {}
     trace = [] if keep else None
-    L, per_dev = problem.scale, max(num_items / D, 1.0)
     cap_ok = np.isfinite(problem.cap)
     cap = np.where(cap_ok, problem.cap, 1.0)
     rows = np.arange(n)
     for step, i in enumerate(problem.order):
-        e = problem.emb[i]
-        after_sum = S + e
-        after = model.total(after_sum)
+        after = model.total_from_projection(dev_cost + piece_cost[i])
         legal = used + problem.bytes[i] <= problem.cap
         taken = on_table.get(problem.table_id[i])
         if taken is not None:
             legal &= ~taken
         grow = np.maximum(after, top[:, None]) - top[:, None]
         mem_left = np.where(cap_ok, (cap - used - problem.bytes[i]) / cap, 1.0)
-        x = np.concatenate([
-            np.stack([after / L, cost / L, (after - cost) / L, grow / L,
-                      np.broadcast_to(top[:, None] / L, (n, D)), mem_left, count / per_dev,
-                      np.full((n, D), step / max(num_items, 1))], axis=-1),
-            np.broadcast_to(e / problem.e_scale, (n, D, cm.EMBED_DIM)),
-            S / (problem.e_scale * per_dev)], axis=-1)
+        scalars = np.empty((n, D, NUM_SCALARS))   # filled in place: cheaper than np.stack
+        scalars[..., 0] = after / L
+        scalars[..., 1] = cost / L
+        scalars[..., 2] = scalars[..., 0] - scalars[..., 1]
+        scalars[..., 3] = grow / L
+        scalars[..., 4] = top[:, None] / L
+        scalars[..., 5] = mem_left
+        scalars[..., 6] = count / per_dev
+        scalars[..., 7] = step / max(num_items, 1)
         prior = -after / L
-        logits, h = policy.logits(x, prior)
+        logits, h = policy.logits_from_first_layer(
+            scalars @ w_scalars + piece_pol[i] + dev_pol, prior)
         logits = np.where(legal, logits, -np.inf)
         has = legal.any(axis=1)
         safe = np.where(has[:, None], logits, 0.0)
@@ -216,51 +239,64 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
         failed |= ~has
         choices[:, i] = pick
         if keep:
+            e = problem.emb[i]
+            x = np.concatenate([scalars, np.broadcast_to(e / problem.e_scale, (n, D, E)),
+                                S / (problem.e_scale * per_dev)], axis=-1)
             trace.append({"x": x, "prior": prior, "legal": legal, "probs": probs if probs is not None
                           else np.eye(D)[np.maximum(pick, 0)], "chosen": pick, "h": h})
-        ok = rows[has]
-        d = pick[has]
-        S[ok, d] = after_sum[ok, d]
+        if n == 1:   # plain indices: fancy indexing costs several us per update
+            if not has[0]:
+                continue
+            ok, d = 0, int(pick[0])
+        else:
+            ok, d = rows[has], pick[has]
+        dev_cost[ok, d] += piece_cost[i]
+        dev_pol[ok, d] += piece_dev[i]
+        if keep:
+            S[ok, d] += problem.emb[i]
         cost[ok, d] = after[ok, d]
         used[ok, d] += problem.bytes[i]
         count[ok, d] += 1
         top = cost.max(axis=1)
-        if (problem.items[i].num_slices > 1):
+        if problem.items[i].num_slices > 1:
             mask = on_table.setdefault(problem.table_id[i], np.zeros((n, D), dtype=bool))
             mask[ok, d] = True
     final = np.where(failed, np.inf, top)
     return choices, final, trace
 
 
-def improve(problem, choices, max_rounds=200, time_budget=0.025):
+def improve(problem, choices, max_evaluations=SEARCH_EVALUATIONS):
     """Local search after decoding, by the cost model, in two phases of steepest descent:
     (1) move a piece off the most expensive device, or swap it with a piece of another device,
     while that lowers the plan's max cost; (2) then move or swap pieces onto the cheapest device
     while that raises the min cost without raising the max (a better balance). Memory and
-    slice-distinctness are respected. Returns (choices, max cost ms)."""
+    slice-distinctness are respected. The search stops once it has scored `max_evaluations`
+    candidate moves (~1.5 us each on one core): a work budget rather than a clock, so the same
+    task gets the same plan on a fast or a slow machine (every worker of a job plans alone).
+    Returns (choices, max cost ms)."""
     D = problem.num_devices
     dev = np.asarray(choices, dtype=np.int64).copy()
     if len(dev) == 0 or (dev < 0).any():
         return dev, math.inf
     state = _SearchState(problem, dev)
-    deadline = time.perf_counter() + time_budget
     for phase in ("max", "min"):
-        for _ in range(max_rounds):
-            if time.perf_counter() > deadline or D < 2 or not state.step(phase):
-                break
+        while D >= 2 and state.evaluated < max_evaluations and state.step(phase):
+            pass
     return state.dev, float(state.cost.max())
 
 
 class _SearchState:
-    """Devices' summed embeddings, memory and costs of a plan under local search."""
+    """Devices' projected summed embeddings, memory and costs of a plan under local search."""
 
     def __init__(self, problem, dev):
         self.problem, self.dev = problem, dev
         D = problem.num_devices
-        self.S = np.zeros((D, cm.EMBED_DIM))
-        np.add.at(self.S, dev, problem.emb)
+        self.proj = problem.model.project(problem.emb)     # per piece, see CostModel.project
+        self.P = np.zeros((D, self.proj.shape[1]))         # per device: project(S_d)
+        np.add.at(self.P, dev, self.proj)
         self.used = np.bincount(dev, weights=problem.bytes, minlength=D)
-        self.cost = problem.model.total(self.S)
+        self.cost = problem.model.total_from_projection(self.P)
+        self.evaluated = 0   # candidate moves scored so far
 
     def _candidates(self, phase):
         """(p, q, a, b): piece p moves from device a to b; piece q (or -1) from b to a."""
@@ -284,7 +320,7 @@ class _SearchState:
         p, q, a, b = self._candidates(phase)
         if len(p) == 0:
             return False
-        tid, size, emb = prob.table_id, prob.bytes, prob.emb
+        tid, size, emb = prob.table_id, prob.bytes, self.proj
         has_q = q >= 0
         qq = np.maximum(q, 0)
         e_q = np.where(has_q[:, None], emb[qq], 0.0)
@@ -298,8 +334,9 @@ class _SearchState:
         if not ok.any():
             return False
         p, q, a, b, e_q = p[ok], q[ok], a[ok], b[ok], e_q[ok]
-        new_a = prob.model.total(self.S[a] - emb[p] + e_q)
-        new_b = prob.model.total(self.S[b] + emb[p] - e_q)
+        self.evaluated += len(p)
+        new_a = prob.model.total_from_projection(self.P[a] - emb[p] + e_q)
+        new_b = prob.model.total_from_projection(self.P[b] + emb[p] - e_q)
         top = cost.max()
         if phase == "max":
             rest = _extreme_of_rest(cost, a, b, largest=True)
@@ -315,8 +352,8 @@ class _SearchState:
             if value[best] <= cost.min() * (1 + 1e-6):
                 return False
         pi, qi, ai, bi = int(p[best]), int(q[best]), int(a[best]), int(b[best])
-        self.S[ai] += e_q[best] - emb[pi]
-        self.S[bi] += emb[pi] - e_q[best]
+        self.P[ai] += e_q[best] - emb[pi]
+        self.P[bi] += emb[pi] - e_q[best]
         moved_back = size[qi] if qi >= 0 else 0.0
         self.used[ai] += moved_back - size[pi]
         self.used[bi] += size[pi] - moved_back
@@ -367,10 +404,11 @@ def load_policy(path=None):
     return cm.load_cached(path or DEFAULT_WEIGHTS, Policy.load)
 
 
-def plan_task(task, policy=None, model=None, samples=0, seed=0, improve_steps=200,
-              hot_splits=HOT_SPLITS):
+def plan_task(task, policy=None, model=None, samples=0, seed=0,
+              search_evaluations=SEARCH_EVALUATIONS, hot_splits=HOT_SPLITS):
     """A Plan of `task` by the policy: greedy decode, plus best-of-`samples` sampled episodes
-    scored by the cost model, then up to `improve_steps` rounds of local search (`improve`).
+    scored by the cost model, then local search (`improve`) scoring up to `search_evaluations`
+    candidate moves (0: none).
     This runs once per entry of `hot_splits` -- None: tables whole (row-sliced only where they
     fit no device); h: tables predicted to cost more than h * L also cut into row slices
     (`split_hot_items`) -- and the plan with the lowest predicted max cost wins.
@@ -396,7 +434,7 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0, improve_steps=20
         if len(problem.items) in tried:
             continue   # the same pieces as a variant already decoded (lower h cuts more)
         tried.add(len(problem.items))
-        choices, cost, meta = _decode(problem, policy, samples, seed, improve_steps)
+        choices, cost, meta = _decode(problem, policy, samples, seed, search_evaluations)
         if choices is not None and (best is None or cost < best[0]):
             best = (cost, problem, choices, dict(meta, hot_split=hot))
     if best is None:   # report like the heuristics do: the pieces left without room
@@ -409,7 +447,7 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0, improve_steps=20
     return _to_plan(problem, choices, seed, meta)
 
 
-def _decode(problem, policy, samples, seed, improve_steps):
+def _decode(problem, policy, samples, seed, search_evaluations):
     """(choices, predicted max cost, meta) of the best decode of `problem`; (None, inf, {})
     when every decode runs out of memory."""
     best, best_cost, how = None, math.inf, "greedy"
@@ -428,8 +466,8 @@ def _decode(problem, policy, samples, seed, improve_steps):
             break
     if best is None:
         return None, math.inf, {}
-    if improve_steps:
-        improved, cost = improve(problem, best, max_rounds=improve_steps)
+    if search_evaluations:
+        improved, cost = improve(problem, best, search_evaluations)
         if cost < best_cost:
             best, best_cost, how = improved, cost, how + " + local search"
     return best, float(best_cost), {"decode": how, "order": order}
@@ -442,11 +480,13 @@ def learned_plan(task, seed=0, estimator=None):
     of 16 sampled plans (by the cost model) for tasks of up to 200 tables, each with tables
     whole and with hot tables cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
     tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and
-    800/80 tasks), to keep planning fast."""
+    800/80 tasks) with a smaller local-search budget, to keep planning fast."""
     del estimator
     small = len(task.tables) <= 200
     return plan_task(task, seed=seed, samples=BEST_OF if small else 0,
-                     hot_splits=HOT_SPLITS if small else (HOT_SPLITS[-1],))
+                     hot_splits=HOT_SPLITS if small else (HOT_SPLITS[-1],),
+                     search_evaluations=SEARCH_EVALUATIONS if small
+                     else BIG_TASK_SEARCH_EVALUATIONS)
 
 
 __all__ = ["Policy", "Problem", "PlacementError", "learned_plan", "load_policy", "plan_task",
