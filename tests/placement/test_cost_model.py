@@ -177,3 +177,38 @@ def test_refinement_measures_the_policys_own_plans_and_refits(halves, monkeypatc
         assert (rec["forward_ms"], rec["backward_ms"]) == (2.0 * n, 3.0 * n)
         assert rec["split"] == "train"
     assert isinstance(policy, pol.Policy)
+
+
+class _Exact:
+    """A stand-in model that predicts each record's undrifted cost exactly."""
+
+    def predict_records(self, records):
+        return np.array([[r["true_ms"], 0.0] for r in records])
+
+
+def test_remove_drift_divides_out_each_measurement_groups_common_speed():
+    rng = np.random.default_rng(0)
+    records, speed = [], {"a": 1.3, "b": 0.8}
+    for i in range(24):
+        group = "ab"[i % 2] if i < 16 else None      # the last 8 were measured alone
+        true = float(rng.uniform(5, 50))
+        drift = speed[group] if group else 1.25
+        records.append({"true_ms": true, "forward_ms": 0.4 * true * drift,
+                        "backward_ms": 0.6 * true * drift, "total_ms": true * drift,
+                        "group": group})
+    fixed = cm.remove_drift(records, _Exact(), prior=0.0)
+    for old, new in zip(records, fixed):
+        if old["group"] is None:
+            assert new is old                            # lone measurements: unchanged
+        else:
+            assert new["total_ms"] == pytest.approx(old["true_ms"])
+            assert new["forward_ms"] / new["backward_ms"] == pytest.approx(0.4 / 0.6)
+            assert old["total_ms"] != pytest.approx(old["true_ms"])   # inputs untouched
+    # a prior shrinks a small group's correction towards none
+    shrunk = cm.remove_drift(records, _Exact(), prior=8.0)
+    assert records[0]["total_ms"] > shrunk[0]["total_ms"] > records[0]["true_ms"]
+    # whole-plan records from `collect --whole-plans` group by their plan
+    plan = {"plan_devices": 8, "pool_seed": 1, "half": "train", "index": 7, "source": "task:x"}
+    assert cm.measurement_group(plan) == cm.measurement_group(dict(plan)) is not None
+    assert cm.measurement_group(dict(plan, index=8)) != cm.measurement_group(plan)
+    assert cm.measurement_group({"source": "random"}) is None

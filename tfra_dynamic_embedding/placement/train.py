@@ -167,6 +167,7 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
     est = evaluate.get_estimator(
         estimator, on_measure=lambda shards, batch, result: measured.append((shards, result)))
     records = list(records)
+    run = time.strftime("%Y%m%d-%H%M%S")   # measurement groups stay distinct across runs
     for r in range(rounds):
         added = 0
         for k in range(plans_per_round):   # cycling through the tasks
@@ -177,6 +178,7 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
                 forward_ms, backward_ms = result["forward_ms"], result["backward_ms"]
                 records.append({"backend": "measured-plan", "batch_size": task.batch_size,
                                 "split": "train",   # the tasks are the first half's
+                                "group": f"refine:{run}:{r}:{k}",   # measured together
                                 "tables": [{"name": s.table.name, "spec": s.table.to_dict(),
                                             "fraction": s.fraction,
                                             "features": cm.shard_features(
