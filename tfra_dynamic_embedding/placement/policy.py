@@ -320,10 +320,10 @@ class _SearchState:
         p, q, a, b = self._candidates(phase)
         if len(p) == 0:
             return False
-        tid, size, emb = prob.table_id, prob.bytes, self.proj
+        tid, size, proj = prob.table_id, prob.bytes, self.proj
         has_q = q >= 0
         qq = np.maximum(q, 0)
-        e_q = np.where(has_q[:, None], emb[qq], 0.0)
+        e_q = np.where(has_q[:, None], proj[qq], 0.0)
         b_q = np.where(has_q, size[qq], 0.0)
         on = np.zeros((tid.max() + 1, prob.num_devices), dtype=np.int64)
         np.add.at(on, (tid, dev), 1)
@@ -335,8 +335,8 @@ class _SearchState:
             return False
         p, q, a, b, e_q = p[ok], q[ok], a[ok], b[ok], e_q[ok]
         self.evaluated += len(p)
-        new_a = prob.model.total_from_projection(self.P[a] - emb[p] + e_q)
-        new_b = prob.model.total_from_projection(self.P[b] + emb[p] - e_q)
+        new_a = prob.model.total_from_projection(self.P[a] - proj[p] + e_q)
+        new_b = prob.model.total_from_projection(self.P[b] + proj[p] - e_q)
         top = cost.max()
         if phase == "max":
             rest = _extreme_of_rest(cost, a, b, largest=True)
@@ -352,8 +352,8 @@ class _SearchState:
             if value[best] <= cost.min() * (1 + 1e-6):
                 return False
         pi, qi, ai, bi = int(p[best]), int(q[best]), int(a[best]), int(b[best])
-        self.P[ai] += e_q[best] - emb[pi]
-        self.P[bi] += emb[pi] - e_q[best]
+        self.P[ai] += e_q[best] - proj[pi]
+        self.P[bi] += proj[pi] - e_q[best]
         moved_back = size[qi] if qi >= 0 else 0.0
         self.used[ai] += moved_back - size[pi]
         self.used[bi] += size[pi] - moved_back
