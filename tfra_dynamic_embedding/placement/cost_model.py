@@ -380,7 +380,7 @@ def remove_drift(records, model, prior=2.0):
     r_i = log(measured_i / predicted_i), costs are divided by exp(n / (n + prior) * mean(r))
     (shrunk towards 1 for small groups). Records outside any group are returned unchanged.
 
-    Example: fit(remove_drift(records, first_model), ...)
+    Example: fit(remove_drift(records, first_model), drift=False)   # what fit() does itself
     """
     members = {}
     for i, rec in enumerate(records):
@@ -392,9 +392,8 @@ def remove_drift(records, model, prior=2.0):
         return out
     grouped = [i for idx in members.values() for i in idx]
     pred = model.predict_records([records[i] for i in grouped]).sum(axis=1)
-    residual = dict(zip(grouped, np.log(
-        np.array([records[i]["forward_ms"] + records[i]["backward_ms"] for i in grouped])
-        / np.maximum(pred, 1e-9))))
+    measured = np.array([records[i]["forward_ms"] + records[i]["backward_ms"] for i in grouped])
+    residual = dict(zip(grouped, np.log(np.maximum(measured, 1e-9) / np.maximum(pred, 1e-9))))
     for idx in members.values():
         factor = math.exp(-np.mean([residual[i] for i in idx]) * len(idx) / (len(idx) + prior))
         for i in idx:
