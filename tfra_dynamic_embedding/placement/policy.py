@@ -133,7 +133,9 @@ class Problem:
     def _embed_items(self):
         self.emb = np.stack([self.model.shard_embedding(it.table, it.index, it.num_slices)
                              for it in self.items]) if self.items else np.zeros((0, cm.EMBED_DIM))
-        self.solo = self.model.total(self.emb) if self.items else np.zeros(0)
+        # per piece, what it adds to a device's cost-model projection (CostModel.project)
+        self.proj = self.model.project(self.emb)
+        self.solo = self.model.total_from_projection(self.proj) if self.items else np.zeros(0)
 
     def set_order(self, order):
         if order == "cost":
@@ -183,7 +185,7 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     w_scalars = w1[:NUM_SCALARS]
     # per piece: its cost-model projection, its policy input term, and what it adds to the
     # policy term of the device it joins
-    piece_cost = model.project(problem.emb)
+    piece_cost = problem.proj
     piece_pol = (problem.emb / problem.e_scale) @ w1[NUM_SCALARS:NUM_SCALARS + E] \
         + policy.params["b1"]
     piece_dev = (problem.emb / (problem.e_scale * per_dev)) @ w1[NUM_SCALARS + E:]
@@ -291,9 +293,8 @@ class _SearchState:
     def __init__(self, problem, dev):
         self.problem, self.dev = problem, dev
         D = problem.num_devices
-        self.proj = problem.model.project(problem.emb)     # per piece, see CostModel.project
-        self.P = np.zeros((D, self.proj.shape[1]))         # per device: project(S_d)
-        np.add.at(self.P, dev, self.proj)
+        self.P = np.zeros((D, problem.proj.shape[1]))      # per device: project(S_d)
+        np.add.at(self.P, dev, problem.proj)
         self.used = np.bincount(dev, weights=problem.bytes, minlength=D)
         self.cost = problem.model.total_from_projection(self.P)
         self.evaluated = 0   # candidate moves scored so far
@@ -320,7 +321,7 @@ class _SearchState:
         p, q, a, b = self._candidates(phase)
         if len(p) == 0:
             return False
-        tid, size, proj = prob.table_id, prob.bytes, self.proj
+        tid, size, proj = prob.table_id, prob.bytes, prob.proj
         has_q = q >= 0
         qq = np.maximum(q, 0)
         e_q = np.where(has_q[:, None], proj[qq], 0.0)
