@@ -125,6 +125,25 @@ def test_tf_cpu_is_deterministic_given_a_seed():
     assert tf_cpu.shard_key(TINY, 16) != tf_cpu.shard_key(TINY, 32)
 
 
+def test_shards_built_one_after_another_log_no_retracing_warnings():
+    # each shard traces its own tf.functions once; TF would warn about "retracing" from the
+    # fifth shard on, drowning a collection's progress
+    import logging  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    tf.get_logger().addHandler(handler)
+    try:
+        for seed in range(7):
+            kernels = tf_cpu.ShardKernels(TINY, batch_size=16, seed=seed)
+            kernels.forward()
+            kernels.step()
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [message for message in seen if "retracing" in message]
+
+
 def test_devices_measured_together_run_in_interleaved_rounds(monkeypatch):
     order = []
     real_measure = protocol.measure

@@ -61,6 +61,21 @@ def default_kv_creator():
     return native.NativeKVCreator() if native.is_available() else de.BuiltinKVCreator()
 
 
+class _DropRetracingWarnings:
+    """Logging filter: every shard traces its own two tf.functions once, by design, but TF
+    counts the traces of the same Python code across shards and warns about retracing after
+    five shards, burying a collection's or evaluation's progress under such warnings."""
+
+    def filter(self, record):
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+def _drop_retracing_warnings(tf):
+    logger = tf.get_logger()
+    if not any(isinstance(f, _DropRetracingWarnings) for f in logger.filters):
+        logger.addFilter(_DropRetracingWarnings())
+
+
 def _sparse(indices, offsets):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     rows, cols = protocol.bag_rows(offsets), protocol.bag_positions(offsets)
@@ -79,6 +94,7 @@ class ShardKernels:
         self.shards = list(shards)
         if not self.shards:
             raise ValueError("a shard benchmark needs at least one table")
+        _drop_retracing_warnings(tf)
         batches = protocol.shard_batches(self.shards, batch_size, seed)
         self.lookups = int(sum(len(ix) for ix, _ in batches))
         run = next(_counter)
