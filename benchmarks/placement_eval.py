@@ -1,7 +1,8 @@
 """Learned placement vs random and the heuristics on unseen tables; transfer to larger tasks.
 
     python benchmarks/placement_eval.py [--tasks 10] [--measured-tasks 0] [--measured-transfer 0]
-        [--remeasure 0] [--records-out F] [--plot placement_eval.png]
+        [--measured-transfer-shape 160/16] [--remeasure 0] [--records-out F]
+        [--plot placement_eval.png]
 
 Setup (down-scaled for CPU, the pool the CPU benchmark records come from): a MetaSyn-like pool of
 256 tables (batch 1024, hash sizes / 64, seed 0), split in halves; the cost model learned from
@@ -77,13 +78,14 @@ def bound(task, est):
 
 
 def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None,
-          on_plan=None, on_proposed=None):
+          on_plan=None, on_proposed=None, measure_bound=True):
     """Rows per strategy: mean max cost, balance, speedup over random, gap to the bound, scored
     by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`).
     `bound_fn(task)` gives the bound (default `bound` by `est` unless it measures);
     `on_task(task, strategy)` is called before each strategy's plans are scored,
     `on_proposed(task, {strategy: plans})` once a task's plans are proposed (before a measuring
-    estimator times them), `on_plan(strategy, plan, costs)` after each plan is scored."""
+    estimator times them), `on_plan(strategy, plan, costs)` after each plan is scored;
+    `measure_bound=False` leaves the all-tables device out of a measuring estimator's runs."""
     plan_est = plan_est or est
     if bound_fn is None:
         bound_fn = (lambda task: None) if est.measured else (lambda task: bound(task, est))
@@ -107,7 +109,7 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
             # A measuring estimator times all of the task's devices (and its bound) in one
             # interleaved run, so strategies and bound are compared under the same drift.
             est.measure_plans([p for plans in proposed.values() for p in plans],
-                              extra_devices=[bound_shards(task)])
+                              extra_devices=[bound_shards(task)] if measure_bound else [])
         rand = evaluate.random_baseline(task, est, num_random)
         if on_task:
             on_task(task, "bound")
@@ -157,10 +159,12 @@ def _goals(by):
 
 
 def score_measured(tasks, model_est, records_out=None, label="80/8",
-                   strategies=MEASURED_STRATEGIES, num_random=2, pool=None, reuse=None):
+                   strategies=MEASURED_STRATEGIES, num_random=2, pool=None, reuse=None,
+                   measure_bound=True):
     """Scores MEASURED_STRATEGIES on `tasks` by measured CPU costs (tf_cpu benchmark, one TF
     thread, the protocol of the shipped records); every measured device is also a record of
-    unseen tables, on which the cost model's error is reported. None without TensorFlow."""
+    unseen tables, on which the cost model's error is reported. None without TensorFlow.
+    `measure_bound=False` skips the bound (its one device would hold every table)."""
     try:
         from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
         from tfra_dynamic_embedding.placement.benchmark import collect  # pylint: disable=import-outside-toplevel
@@ -215,8 +219,9 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 
     try:
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                     bound_fn=lambda task: bound(task, mest), on_task=on_task, on_plan=on_plan,
-                     on_proposed=on_proposed)
+                     bound_fn=(lambda task: bound(task, mest)) if measure_bound else
+                     (lambda task: None), on_task=on_task, on_plan=on_plan,
+                     on_proposed=on_proposed, measure_bound=measure_bound)
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "
@@ -313,7 +318,11 @@ def main(argv=None):
     parser.add_argument("--measured-tasks", type=int, default=0,
                         help="also score this many 80/8 tasks by measured CPU costs (slow)")
     parser.add_argument("--measured-transfer", type=int, default=0,
-                        help="also score this many 160/16 tasks by measured CPU costs (slow)")
+                        help="also score this many transfer tasks by measured CPU costs (slow)")
+    parser.add_argument("--measured-transfer-shape", default="160/16",
+                        choices=["160/16", "400/40", "800/80"],
+                        help="tables/devices of the measured transfer tasks (the bound is "
+                        "measured for 160/16 only: beyond, its one device would hold 6+ GB)")
     parser.add_argument("--records-out", default=None, metavar="FILE",
                         help="append the measured devices as JSONL benchmark records")
     parser.add_argument("--reuse-records", default=None, metavar="FILE",
@@ -365,14 +374,17 @@ def main(argv=None):
         transfer[f"{tables}/{devices}"] = trows
     results["transfer cost-model"] = transfer
     if args.measured_transfer:
-        measured = score_measured(transfer_tasks(160, 16, args.measured_transfer), est,
-                                  args.records_out, label="transfer 160/16",
+        shape = args.measured_transfer_shape
+        tables, devices = map(int, shape.split("/"))
+        measured = score_measured(transfer_tasks(tables, devices, args.measured_transfer), est,
+                                  args.records_out, label=f"transfer {shape}",
                                   strategies=["random", "lookup-greedy", "cost-greedy",
                                               "learned"], num_random=1,
-                                  pool={"seed": TRANSFER_SEED, "num_tables": 400,
-                                        "row_scale": 1 / 64}, reuse=args.reuse_records)
+                                  pool={"seed": TRANSFER_SEED, "num_tables": int(2.5 * tables),
+                                        "row_scale": 1 / 64}, reuse=args.reuse_records,
+                                  measure_bound=tables <= 160)
         if measured:
-            results["transfer 160/16 measured"] = measured["rows"]
+            results[f"transfer {shape} measured"] = measured["rows"]
 
     big = transfer_tasks(800, 80, 1)[0]
     median, best = planning_time(big)
