@@ -7,7 +7,7 @@ import pytest
 
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement import evaluate, heuristics, train, workloads
-from tfra_dynamic_embedding.placement.types import Shard
+from tfra_dynamic_embedding.placement.types import Shard, TableSpec
 
 from tests.placement.helpers import task as make_task
 
@@ -84,6 +84,23 @@ def test_shipped_model_is_the_learned_estimator(small_pool):
     # batch scaling is linear in the task's batch size
     big = make_task(task.tables[:1], 1, batch_size=2048)
     assert est.device_cost([Shard(task.tables[0], "")], None, big) == pytest.approx(2 * one)
+
+
+def test_shard_embeddings_follow_the_table_not_a_stale_cache_entry():
+    model = cm.load_cost_model()
+
+    def uncached(table):
+        return model.embed(cm.shard_features(table, 1.0, model.scales, model.batch_size)[None])[0]
+
+    for dim in (8, 16, 64, 128):
+        # a new spec often takes the id of one just freed: it must not get that one's entry
+        table = TableSpec("same_name", rows=5000, dim=dim, pooling_factor=2.0)
+        np.testing.assert_allclose(model.shard_embedding(table), uncached(table))
+        del table
+    table = TableSpec("edited", rows=5000, dim=16, pooling_factor=2.0)
+    model.shard_embedding(table)
+    table.pooling_factor = 9.0   # edited in place
+    np.testing.assert_allclose(model.shard_embedding(table), uncached(table))
 
 
 def test_train_planner_command_writes_weights_and_curves(tmp_path, halves):

@@ -231,16 +231,20 @@ class CostModel:
 
     # shards
     def shard_embedding(self, table, index=0, num_slices=1):
-        key = (id(table), table.name, table.rows, index, num_slices)
+        key = (id(table), index, num_slices)
+        # the entry keeps its table alive, so no other table can take its id meanwhile; the
+        # scalar fields catch a spec edited in place
+        fields = (table.name, table.rows, table.dim, table.bytes_per_value,
+                  table.pooling_factor)
         hit = self._cache.get(key)
-        if hit is None:
+        if hit is None or hit[0] is not table or hit[1] != fields:
             fraction = table.slice_rows(index, num_slices) / table.rows
-            hit = self.embed(shard_features(table, fraction, self.scales,
-                                            self.batch_size)[None])[0]
+            hit = (table, fields, self.embed(shard_features(table, fraction, self.scales,
+                                                            self.batch_size)[None])[0])
             if len(self._cache) > 100_000:
                 self._cache.clear()
             self._cache[key] = hit
-        return hit
+        return hit[2]
 
     def embed_tables(self, tables):
         """[n, 32] representations of whole tables (one batched pass)."""
