@@ -155,9 +155,9 @@ def lower_bound(task, estimator):
     est = get_estimator(estimator)
     if not est.additive:
         return None
-    total, largest = 0.0, 0.0
+    total, largest, memory = 0.0, 0.0, heuristics.largest_memory(task)
     for table in task.tables:
-        n = heuristics.min_slices(table, task)
+        n = heuristics.min_slices(table, task, memory)
         total += est.shard_cost(Shard(table, "", 0, 1), task)
         largest = max(largest, est.shard_cost(Shard(table, "", 0, n), task))
     return max(largest, total / task.num_devices)

@@ -88,12 +88,19 @@ class Item:
         return self.table.slice_rows(self.index, self.num_slices) / self.table.rows
 
 
-def min_slices(table, task):
-    """Fewest row slices of `table` that each fit the largest device (1 if it fits whole)."""
+def largest_memory(task):
+    """Memory of the task's largest device in bytes; None when some device has no limit."""
     limits = [d.memory_bytes for d in task.devices]
-    if any(m is None for m in limits) or table.size_bytes <= max(limits):
+    return None if any(m is None for m in limits) else max(limits)
+
+
+def min_slices(table, task, largest=None):
+    """Fewest row slices of `table` that each fit the largest device (1 if it fits whole).
+    `largest`: `largest_memory(task)` when already known (planners ask for every table)."""
+    if largest is None:
+        largest = largest_memory(task)
+    if largest is None or table.size_bytes <= largest:
         return 1
-    largest = max(limits)
     n = max(2, math.ceil(table.size_bytes / largest))
     while n <= min(task.num_devices, table.rows) and table.slice_bytes(0, n) > largest:
         n += 1
@@ -110,8 +117,9 @@ def min_slices(table, task):
 def split_items(task):
     """All pieces of a task: one per table, or its minimal row slices when it fits no device."""
     items = []
+    largest = largest_memory(task)
     for table in task.tables:
-        n = min_slices(table, task)
+        n = min_slices(table, task, largest)
         if n > 1:
             logging.info("table %s (%s) is split row-wise into %d slices", table.name,
                          format_bytes(table.size_bytes), n)
@@ -131,8 +139,10 @@ class _State:
                          for d in task.devices]
         self.used = [0] * task.num_devices
         self.load = [0.0] * task.num_devices
+        largest = largest_memory(task)
         self.placed = {t.name: [None] * (slices[t.name] if t.name in slices
-                                         else min_slices(t, task)) for t in task.tables}
+                                         else min_slices(t, task, largest))
+                       for t in task.tables}
         self.unplaced = []
 
     def candidates(self, item):
