@@ -70,7 +70,7 @@ class _DynamicEmbeddingMixin:
     def _de_slot_buffer(self, wrapper, slot_name, initializer, track=True):
         """The buffer holding `slot_name` rows of `wrapper`'s ids, creating its table if new."""
         params = wrapper.params
-        key = (id(params), slot_name)
+        key = (params, slot_name)   # the object, not its id: a later variable may reuse an id
         table = self._de_slot_tables.get(key)
         if table is None:
             fill = _fill_value(initializer, params.value_dtype, params.dim)
@@ -147,7 +147,7 @@ class _DynamicEmbeddingMixin:
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""
-        return [t for (pid, _), t in self._de_slot_tables.items() if pid == id(params)]
+        return [t for (owner, _), t in self._de_slot_tables.items() if owner is params]
 
 
 class _V1Mixin(_DynamicEmbeddingMixin):
