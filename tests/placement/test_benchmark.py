@@ -213,6 +213,21 @@ def test_several_plans_and_extra_devices_are_measured_in_one_call(measure_calls)
     assert calls == [3]
 
 
+def test_beyond_max_together_plans_are_measured_in_groups_of_whole_plans(measure_calls):
+    calls = measure_calls
+    task = Task(list(TINY), make_devices(2, template="/CPU:{i}"), batch_size=16)
+    apart = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:1"]})         # two devices
+    both = Plan(task, {"a": ["/CPU:0"], "b": ["/CPU:0"]})          # one device: a+b
+    for limit, expected in ((3, [3]), (2, [2, 1]), (1, [2, 1])):  # a plan is never split
+        del calls[:]
+        est = tf_cpu.MeasuredEstimator(batch_size=16, warmup=1, repeat=3, flush=False,
+                                       max_together=limit)
+        est.measure_plans([apart, both], extra_devices=[list(TINY)])   # a+b again: no new one
+        assert calls == expected and est.measurements == 3
+    with pytest.raises(ValueError, match="max_together"):
+        tf_cpu.MeasuredEstimator(max_together=0)
+
+
 def test_measured_estimator_scores_a_tiny_plan():
     assert "measured-cpu" in evaluate.list_estimators()
     est = evaluate.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)

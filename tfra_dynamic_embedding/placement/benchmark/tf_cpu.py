@@ -240,6 +240,11 @@ class MeasuredEstimator(evaluate.CostEstimator):
     shards. Long evaluations need it: each measured shard leaves 20-60 MB of TensorFlow runtime
     memory in its process (traced functions are not given back), which the child takes along.
 
+    `max_together`: the most devices `measure_plans` builds and times at once. Every device of
+    an interleaved run stays alive until it ends (~75 MB each here, most of it TensorFlow's
+    traced functions): the four plans of an 800-table / 80-device task took a 24 GB machine
+    out of memory, so larger sets are measured in groups of whole plans.
+
     Example: evaluate_plan(plan, "measured-cpu")  (after importing placement.benchmark)
     """
 
@@ -248,13 +253,17 @@ class MeasuredEstimator(evaluate.CostEstimator):
     additive = False
 
     def __init__(self, batch_size=None, max_batch_size=4096, seed=0, warmup=2, repeat=5,
-                 flush=None, threads=None, cache_size=1024, on_measure=None, isolate=0):
+                 flush=None, threads=None, cache_size=1024, on_measure=None, isolate=0,
+                 max_together=160):
         self.worker = MeasuringProcess(isolate, threads, flush) if isolate else None
         self.batch_size = batch_size
         self.max_batch_size = int(max_batch_size)
         self.seed, self.warmup, self.repeat = int(seed), int(warmup), int(repeat)
         self.flush, self.threads = flush, threads
         self.cache_size = int(cache_size)
+        if int(max_together) < 1:
+            raise ValueError(f"max_together must be >= 1; got {max_together!r}")
+        self.max_together = int(max_together)
         self.cache = {}
         self.measurements = 0
         self.on_measure = on_measure   # called as on_measure(shards, batch_size, result)
@@ -291,17 +300,25 @@ class MeasuredEstimator(evaluate.CostEstimator):
         """Measures the unmeasured devices of all `plans` (one task's) and the shard lists in
         `extra_devices` together, in one `benchmark_devices` call: every plan of the task then
         shares the machine's drift, so comparisons between them carry per-device noise only.
-        Later `plan_costs` / `device_cost` calls read the cache."""
+        Beyond `max_together` devices, in consecutive groups of whole plans (a plan's devices
+        always share a run). Later `plan_costs` / `device_cost` calls read the cache."""
         plans = list(plans)
         if not plans:
             return
         batch = self._batch(plans[0].task)
         todo = {}
-        devices = [shards for plan in plans for shards in plan.shards_by_device().values()]
-        for shards in devices + [list(d) for d in extra_devices]:
-            key = shard_key(shards, batch) if shards else None
-            if key and key not in self.cache and key not in todo:
-                todo[key] = shards
+        groups = [list(plan.shards_by_device().values()) for plan in plans]
+        groups.append([list(d) for d in extra_devices])
+        for devices in groups:
+            new = {}
+            for shards in devices:
+                key = shard_key(shards, batch) if shards else None
+                if key and key not in self.cache and key not in todo and key not in new:
+                    new[key] = shards
+            if todo and len(todo) + len(new) > self.max_together:
+                self._measure(todo, batch)
+                todo = {}
+            todo.update(new)
         if todo:
             self._measure(todo, batch)
 
