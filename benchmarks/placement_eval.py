@@ -107,7 +107,8 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
             on_proposed(task, proposed)
         if hasattr(est, "measure_plans"):
             # A measuring estimator times all of the task's devices (and its bound) in one
-            # interleaved run, so strategies and bound are compared under the same drift.
+            # interleaved run, so strategies and bound are compared under the same drift
+            # (above its max_together devices, in groups of whole plans).
             est.measure_plans([p for plans in proposed.values() for p in plans],
                               extra_devices=[bound_shards(task)] if measure_bound else [])
         rand = evaluate.random_baseline(task, est, num_random)
