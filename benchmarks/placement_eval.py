@@ -220,9 +220,9 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
 
     try:
         rows = score(tasks, strategies, mest, num_random=num_random, plan_est=model_est,
-                     bound_fn=(lambda task: bound(task, mest)) if measure_bound else
-                     (lambda task: None), on_task=on_task, on_plan=on_plan,
-                     on_proposed=on_proposed, measure_bound=measure_bound)
+                     bound_fn=(lambda task: bound(task, mest)) if measure_bound else None,
+                     on_task=on_task, on_plan=on_plan, on_proposed=on_proposed,
+                     measure_bound=measure_bound)
     finally:
         mest.worker.close()   # an idle TF process would share the core timed below
     print(f"\n== {label}, {len(tasks)} unseen tasks, scored by: MEASURED CPU costs (tf_cpu, "

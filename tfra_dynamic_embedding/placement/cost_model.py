@@ -237,7 +237,7 @@ class CostModel:
         fields = (table.name, table.rows, table.dim, table.bytes_per_value,
                   table.pooling_factor)
         hit = self._cache.get(key)
-        if hit is None or hit[0] is not table or hit[1] != fields:
+        if hit is None or hit[1] != fields:
             fraction = table.slice_rows(index, num_slices) / table.rows
             hit = (table, fields, self.embed(shard_features(table, fraction, self.scales,
                                                             self.batch_size)[None])[0])
