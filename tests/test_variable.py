@@ -159,10 +159,24 @@ def test_graph_mode_session():
             np.testing.assert_array_equal(got, [[1, 1], [0.5, 0.5]])
             np.testing.assert_array_equal(ok, [True, False])
             assert sess.run(w.size()) == 3
-        frozen = de.Variable(dim=2, trainable=False, name="frozen")
-        assert tf.compat.v1.get_collection(de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES) == [w, frozen]
-        assert tf.compat.v1.get_collection(
-            de.GraphKeys.TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES) == [w]
+
+
+def test_saved_meta_graph_imports_and_restores(tmp_path):
+    # TFRA stopped adding de.Variables to graph collections (an object that owns no tensor
+    # breaks import_meta_graph); the Saver's entry must also name a real op of the graph.
+    prefix = str(tmp_path / "ckpt")
+    with tf.Graph().as_default():
+        w = de.Variable(dim=2, name="coll", devices=CPUS[:2])
+        size_name = w.size().name
+        assert tf.compat.v1.get_collection(de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES) == []
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(w.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2])))
+            saver.save(sess, prefix)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        imported = tf.compat.v1.train.import_meta_graph(prefix + ".meta")
+        imported.restore(sess, prefix)
+        assert sess.run(size_name) == 3
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -239,12 +253,11 @@ def test_get_variable_reuse_semantics_in_graph_mode():
                 de.get_variable("user", dim=4)
         with tf.compat.v1.variable_scope("ctr", reuse=True):
             assert de.get_variable("user", dim=4) is a
-            with pytest.raises(ValueError, match="ctr/item"):
-                de.get_variable("item", dim=4)
+            b = de.get_variable("item", dim=4)   # TFRA creates a new name under reuse=True
+            assert b is not a and b.name == "ctr/item"
         with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
             assert de.get_variable("user", dim=4) is a
-            b = de.get_variable("item", dim=4)
-            assert b is not a and de.get_variable("item") is b
+            assert de.get_variable("item") is b
     with tf.Graph().as_default():  # a new graph has its own variables
         with tf.compat.v1.variable_scope("ctr"):
             assert de.get_variable("user", dim=4) is not a
@@ -262,8 +275,8 @@ def test_short_file_name_drops_scope_and_optimizer_from_names():
         loss = tf.reduce_sum(de.embedding_lookup(short, ids, name="s")) + \
             tf.reduce_sum(de.embedding_lookup(long, ids, name="l"))
         opt.minimize(loss)
-        slot_names = sorted(v.name for v in tf.compat.v1.get_collection(
-            de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES))
+        slot_names = sorted(v.name for var in (short, long)
+                            for v in var.get_slot_variables(opt))
     assert "user/m" in slot_names and "user/v" in slot_names
     assert any(n.startswith("ctr/item/") and n.endswith("/m") and n != "ctr/item/m"
                for n in slot_names)
@@ -272,6 +285,48 @@ def test_short_file_name_drops_scope_and_optimizer_from_names():
 def test_get_variable_eager_returns_live_variable():
     a = de.get_variable("eager_reuse_probe", dim=2)
     assert de.get_variable("eager_reuse_probe", dim=2) is a
+
+
+@pytest.mark.parametrize("fresh", ["reset", "new_graph"])
+def test_get_variable_store_follows_the_default_graph_in_eager_mode(fresh):
+    # A notebook (or tf.test.TestCase.setUp) resetting the graph must not train on old rows.
+    import gc
+    name = f"graph_follow_{fresh}"
+    a = de.get_variable(name, dim=2)
+    a.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    if fresh == "reset":
+        tf.compat.v1.reset_default_graph()
+        b = de.get_variable(name, dim=2)
+    else:
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            b = de.get_variable(name, dim=2)
+            assert sess.run(b.size()) == 0
+        return
+    assert b is not a and int(b.size()) == 0
+    # The old tables died with their variable: a new variable under the same name (and
+    # another dtype) starts empty, not from a table left in the resource manager.
+    del a, b
+    gc.collect()
+    tf.compat.v1.reset_default_graph()
+    c = de.get_variable(name, dim=3, value_dtype=tf.float64)
+    assert int(c.size()) == 0
+    np.testing.assert_array_equal(c.lookup(tf.constant([1], tf.int64)).numpy(), [[0, 0, 0]])
+    assert de.get_variable(name) is c
+
+
+def test_get_variable_inside_tf_function_uses_the_outer_store():
+    made = []
+
+    @tf.function
+    def step(ids):
+        v = de.get_variable("fn_store", dim=2, initializer=1.0)
+        made.append(v)
+        return v.lookup(ids)
+
+    step(tf.constant([1], tf.int64))
+    step(tf.constant([1, 2], tf.int64))   # a retrace
+    assert len(made) == 2 and made[0] is made[1]
+    assert de.get_variable("fn_store") is made[0]
 
 
 def test_placement_scope_chooses_devices():

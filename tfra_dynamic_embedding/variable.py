@@ -32,7 +32,9 @@ INT_VALUE_DTYPES = (tf.int32, tf.int64)
 
 
 class GraphKeys:
-    """Graph collections (TFRA's names) that tf.compat.v1 graphs add `de.Variable`s to."""
+    """TFRA's collection names, kept for code that adds `de.Variable`s to them by hand
+    (`tf.compat.v1.add_to_collection(de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES, var)`); variables
+    are not added automatically."""
     DYNAMIC_EMBEDDING_VARIABLES = "dynamic_embedding_variables"
     TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
 
@@ -135,9 +137,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
         # Tables are created outside any tf.function being traced, like tf.Variable's storage.
         with tf.init_scope():
-            with tf.name_scope(scope_name(name)) as scope:
-                # In graph mode the scope is made unique (name, name_1, ...): that is the
-                # checkpoint name a tf.compat.v1.train.Saver uses.
+            scope = scope_name(name)
+            if not tf.executing_eagerly():
+                # The graph's unique name for this variable (name, name_1, ...), held by a NoOp
+                # of that name: it is the checkpoint name a tf.compat.v1.train.Saver uses, and
+                # the op a saved meta graph's SAVEABLE_OBJECTS entry refers to on import.
+                scope = tf.no_op(name=scope).name + "/"
+            with tf.name_scope(scope) as scope:
                 self._unique_name = scope.rstrip("/") if scope else name
                 shard_num = len(self._devices)
                 self._tables = [
@@ -152,11 +158,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 ]
             if checkpoint and not tf.executing_eagerly():
                 checkpoint_lib.register_graph_saveable(self, self._unique_name)
-            if not tf.executing_eagerly():
-                tf.compat.v1.add_to_collection(GraphKeys.DYNAMIC_EMBEDDING_VARIABLES, self)
-                if trainable:
-                    tf.compat.v1.add_to_collection(
-                        GraphKeys.TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES, self)
+            # Not added to graph collections (as TFRA since 0.6): a Variable owns no tensor,
+            # and a collection holding one breaks `import_meta_graph`.
         if not isinstance(bp_v2, bool):
             raise ValueError(f"bp_v2 must be a bool; got {bp_v2!r}")
         self._bp_v2 = bp_v2
@@ -585,10 +588,10 @@ def resolve_placement(full_name):
 
 
 # -- get_variable: tf.compat.v1.variable_scope reuse semantics ------------------------------
-# Graph mode: one registry per graph. Eager mode (where TF's scope reuse is always AUTO_REUSE):
-# a process-wide registry holding variables weakly, so a dropped variable's name is free again.
-_graph_registries = weakref.WeakKeyDictionary()
-_eager_registry = weakref.WeakValueDictionary()
+# One store per default graph, as TF's own variable store: in eager mode too, the default graph
+# is the one `tf.compat.v1.reset_default_graph()` replaces, so a reset (or a new `tf.Graph()`)
+# starts with no variables, and a rebuilt model never trains on an earlier model's rows.
+_stores = weakref.WeakKeyDictionary()   # graph -> {full name: Variable}
 
 
 def get_variable(name,
@@ -611,10 +614,13 @@ def get_variable(name,
     `short_file_name=True` (TFRA's option) names the variable `name` without the scope prefix,
     keeping file and checkpoint names short.
 
-    Under `tf.compat.v1.variable_scope(..., reuse=True)` the variable must exist; with
-    `reuse=tf.compat.v1.AUTO_REUSE` it is created or returned; otherwise creating an existing
-    name raises ValueError. Inside a placement scope (placement/apply.py) the plan chooses
-    `devices` and, for row-sliced tables, the partitioner.
+    Variables live in a store of the default graph, like TF's own variables: an existing name
+    is returned under `reuse=True` or `reuse=tf.compat.v1.AUTO_REUSE` (always, in eager mode)
+    and raises ValueError otherwise; a new name is created (also under `reuse=True`, as TFRA
+    does). `tf.compat.v1.reset_default_graph()` or a new `tf.Graph()` starts an empty store.
+    `shared_name` names the tables in graph mode (workers of one cluster share them); eager
+    tables belong to their variable. Inside a placement scope (placement/apply.py) the plan
+    chooses `devices` and, for row-sliced tables, the partitioner.
 
     Example:
         with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
@@ -623,12 +629,11 @@ def get_variable(name,
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name and not short_file_name else name
     reuse = scope.reuse
-    if tf.executing_eagerly():
-        registry = _eager_registry
-        if reuse is not True:  # TF's own eager scopes always AUTO_REUSE
-            reuse = tf.compat.v1.AUTO_REUSE
-    else:
-        registry = _graph_registries.setdefault(tf.compat.v1.get_default_graph(), {})
+    with tf.init_scope():  # inside a tf.function: eager or not as the code that runs it
+        eager = tf.executing_eagerly()
+    registry = _stores.setdefault(_outermost_graph(), {})
+    if eager and reuse is not True:  # TF's own eager scopes always AUTO_REUSE
+        reuse = tf.compat.v1.AUTO_REUSE
     existing = registry.get(full_name)
     if existing is not None:
         if reuse is False or reuse is None:
@@ -636,10 +641,12 @@ def get_variable(name,
                 f"de.Variable {full_name} already exists, disallowed. Did you mean to set "
                 f"reuse=True or reuse=tf.compat.v1.AUTO_REUSE in the variable scope?")
         return existing
-    if reuse is True:
-        raise ValueError(
-            f"de.Variable {full_name} does not exist, or was not created with "
-            f"de.get_variable(); reuse=True needs an existing variable")
+    # reuse=True with a new name creates it, as TFRA does.
+    if eager:
+        # Eager tables are owned by their Variable and die with it. A shared name would keep
+        # the table alive in the resource manager under its name, and a variable re-created
+        # after a graph reset would see the old rows.
+        shared_name = None
     placed = resolve_placement(full_name)
     if placed is not None:
         devices = placed[0]
@@ -655,6 +662,15 @@ def get_variable(name,
 
 
 # -- small helpers ----------------------------------------------------------------------------
+def _outermost_graph():
+    """The default graph outside every tf.function being traced (a function's variables belong
+    to the graph, or eager default graph, that runs it)."""
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
 def _checked_dtype(dtype, allowed, arg):
     try:
         dtype = tf.as_dtype(dtype)
