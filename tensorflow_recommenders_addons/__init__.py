@@ -11,4 +11,6 @@ import tfra_dynamic_embedding as dynamic_embedding
 # submodules such as `.keras`) resolve to the real package's module objects.
 sys.modules[__name__ + ".dynamic_embedding"] = dynamic_embedding
 
+__version__ = dynamic_embedding.__version__
+
 __all__ = ["dynamic_embedding"]

@@ -74,17 +74,20 @@ def test_embedding_lookup_sparse_matches_tf_nn(tables, combiner, weighted):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_safe_embedding_lookup_sparse_matches_tf_nn(tables, combiner, default_id, weighted):
     w, dense = tables
-    # Row 1 is empty, row 2 has only an invalid id (-1), row 4 only a zero weight.
+    # Row 1 is empty, row 2 has only a negative id (-1: a key here and in TFRA, pruned by
+    # tf.nn), row 4 only a zero weight.
     entries = {(0, 0): 3, (0, 1): 5, (2, 0): -1, (3, 0): 11, (3, 1): 12, (4, 0): 20}
     sp_ids = _sparse(entries, [5, 2])
+    w.upsert(tf.constant([-1], tf.int64), tf.fill([1, DIM], 0.25))
     weights = None
     if weighted:
         weights = tf.SparseTensor(sp_ids.indices, [1.0, 2.0, 1.0, 0.5, -1.0, 0.0], [5, 2])
     got = de.safe_embedding_lookup_sparse(w, sp_ids, weights, combiner=combiner,
                                           default_id=default_id)
     want = tf.nn.safe_embedding_lookup_sparse(dense, sp_ids, weights, combiner=combiner,
-                                              default_id=default_id)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+                                              default_id=default_id).numpy()
+    want[2] = w.lookup(tf.constant([-1], tf.int64)).numpy()[0]   # one id of weight 1
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
     empty_row = got.numpy()[1]
     if default_id is None:
         np.testing.assert_array_equal(empty_row, np.zeros(DIM))

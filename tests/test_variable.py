@@ -201,8 +201,32 @@ def test_wrong_key_dtype_is_rejected(kv_creator):
         w.lookup(tf.constant([1], tf.int32))
     with pytest.raises(ValueError, match="keys"):
         w.upsert(tf.constant(["a"]), tf.ones([1, 2]))
-    with pytest.raises(TypeError, match="values must have dtype float32; got float64"):
-        w.upsert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float64))
+    with pytest.raises(TypeError, match="values must have dtype float32; got int32"):
+        w.upsert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.int32))
+
+
+def test_rows_of_another_float_width_are_cast(kv_creator):
+    # TFRA casts float64 rows into a float32 table (numpy arrays are float64 by default).
+    w = de.Variable(key_dtype=tf.int64, dim=2, kv_creator=kv_creator)
+    w.upsert(tf.constant([1], tf.int64), tf.constant([[0.5, 1.0 / 3]], tf.float64))
+    np.testing.assert_array_equal(w.lookup(tf.constant([1], tf.int64)).numpy(),
+                                  np.float32([[0.5, 1.0 / 3]]))
+    w.accum(tf.constant([1], tf.int64), tf.constant([[1.0, 1.0]], tf.float64))
+    assert w.lookup(tf.constant([1], tf.int64)).dtype == tf.float32
+
+
+def test_tfra_accum_leaves_keys_changed_by_another_writer(kv_creator):
+    # accum(keys, old, new, exists) with `exists` read before another writer acted.
+    w = de.Variable(dim=1, devices=CPUS[:2], kv_creator=kv_creator)
+    w.upsert(tf.constant([1, 2], tf.int64), [[10.0], [20.0]])
+    keys = tf.constant([1, 2, 3, 4], tf.int64)
+    old, exists = w.lookup(keys, return_exists=True)      # 1, 2 exist; 3, 4 do not
+    w.remove(tf.constant([2], tf.int64))                  # another writer removes 2 ...
+    w.upsert(tf.constant([4], tf.int64), [[40.0]])        # ... and inserts 4
+    w.accum(keys, old, old + 1.0, exists)
+    got, present = w.lookup(keys, return_exists=True)
+    np.testing.assert_array_equal(present.numpy(), [True, False, True, True])
+    np.testing.assert_array_equal(got.numpy()[[0, 2, 3]], [[11.0], [1.0], [40.0]])
 
 
 def test_bad_values_leave_table_unchanged(kv_creator):

@@ -41,9 +41,12 @@ _EXPORTS = {
     "embedding_lookup_unique": "tfra_dynamic_embedding.embedding_ops",
     "get_variable": "tfra_dynamic_embedding.variable",
     "safe_embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
+    "warm_start": "tfra_dynamic_embedding.warm_start_util",
+    "WarmStartHook": "tfra_dynamic_embedding.warm_start_util",
 }
 # public submodule name -> module
-_SUBMODULES = {"keras": "tfra_dynamic_embedding.keras",
+_SUBMODULES = {"data_flow": "tfra_dynamic_embedding.data_flow",
+               "keras": "tfra_dynamic_embedding.keras",
                "math": "tfra_dynamic_embedding.math_ops"}
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

@@ -77,8 +77,9 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
                                  partition_strategy="div", max_norm=None, return_trainable=False):
     """Like `tf.nn.safe_embedding_lookup_sparse`, for a `de.Variable`.
 
-    Ids < 0 (integer keys) and, unless combiner is "sum", weights <= 0 are pruned; a row with no
-    ids left gets the row of key `default_id`, or zeros when it is None. `sparse_ids` may be N-D
+    Every id is a key, negative ones included (hashed ids often are; TFRA documents the same,
+    where `tf.nn` prunes them); unless combiner is "sum", ids with weights <= 0 are pruned. A
+    row with no ids left gets the row of key `default_id`, or zeros when it is None. `sparse_ids` may be N-D
     (`[d_0, ..., d_n]`); the result is `[d_0, ..., d_{n-1}, dim]`.
     With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
@@ -93,9 +94,6 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         with tf.control_dependencies(checks):
             sparse_ids = tf.SparseTensor(tf.identity(sparse_ids.indices), sparse_ids.values,
                                          sparse_ids.dense_shape)
-        if params.key_dtype.is_integer:
-            keep = sparse_ids.values >= 0
-            sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights, keep)
         if sparse_weights is not None and combiner != "sum":
             sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights,
                                                  sparse_weights.values > 0)
@@ -151,6 +149,11 @@ def _retain(sp_ids, sp_weights, keep):
 
 
 def _check_params(params, arg):
+    if isinstance(params, (list, tuple)):   # TFRA accepts a one-element list, as tf.nn does
+        if len(params) != 1:
+            raise ValueError(f"{arg} must be a de.Variable or a list of one; got a list of "
+                             f"{len(params)}")
+        params = params[0]
     if not isinstance(params, variable_lib.Variable):
         raise TypeError(f"{arg} must be a de.Variable; got {type(params).__name__}")
     return params

@@ -298,9 +298,17 @@ def _mixin_for(optimizer):
             return _LegacyKerasMixin
         if isinstance(optimizer, tf_keras.optimizers.Optimizer):
             return _NewTfKerasMixin
+    # TF's own frozen copy of the Keras 2 optimizers (tensorflow.python.keras, TF <= 2.21):
+    # TFRA code and tests import optimizers from there; the API is tf_keras' legacy one.
+    tf_optimizer_v2 = sys.modules.get(_TF_OPTIMIZER_V2_MODULE)
+    if tf_optimizer_v2 is not None and isinstance(optimizer, tf_optimizer_v2.OptimizerV2):
+        return _LegacyKerasMixin
     raise TypeError(
         f"DynamicEmbeddingOptimizer needs a tf.compat.v1.train, Keras 3 or tf_keras optimizer; "
         f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
+
+
+_TF_OPTIMIZER_V2_MODULE = "tensorflow.python.keras.optimizer_v2.optimizer_v2"
 
 
 def _summed_rows(grad, wrapper):

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # the eager device scope has no public getter
 
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
+from tfra_dynamic_embedding import data_flow
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding.tables import files
@@ -254,8 +255,32 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     @property
     def tables(self):
-        """The shard tables (read-only), one per device."""
-        return tuple(self._tables)
+        """TFRA's per-shard tables, one per device (`de.CuckooHashTable` views of the shards):
+        `lookup(keys)` (missing keys get the variable's default row), `insert`, `remove`,
+        `size`, `export`, `resource_handle`, file save/load. `kv_table` is the backend table."""
+        views = self.__dict__.get("_table_views")
+        if views is None:
+            with tf.init_scope():
+                default = self._default_row()
+                views = tuple(tables_lib.CuckooHashTable.view_of(t, default, t.name)
+                              for t in self._tables)
+            object.__setattr__(self, "_table_views", views)  # not a checkpoint dependency
+        return views
+
+    def _default_row(self):
+        """TFRA's static default value of the shard tables: the initializer's `[dim]` row (one
+        draw for random initializers), zeros when it cannot make one."""
+        init, dim, dtype = self._initializer, self._dim, self._value_dtype
+        try:
+            if callable(init) and not isinstance(init, (tf.Tensor, tf.Variable)):
+                init = init(shape=[dim], dtype=dtype)
+            if init is None:
+                return tf.zeros([dim], dtype)
+            row = tf.reshape(tf.cast(init, dtype), [-1])
+            return tf.broadcast_to(row, [dim]) if row.shape.num_elements() == 1 else \
+                tf.reshape(row, [dim])
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            return tf.zeros([dim], dtype)
 
     # -- data plane -------------------------------------------------------------------------
     def restrict(self, num_reserved, **kwargs):
@@ -278,7 +303,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
             def shard_lookup(table, shard_keys):
                 if initializers.is_constant(self._make_rows):  # one find, defaults for all
-                    defaults = self._make_rows(tf.size(shard_keys))
+                    defaults = self._make_rows(shard_keys)
                     if return_exists:
                         return table.lookup_with_exists(shard_keys, defaults)
                     return table.lookup(shard_keys, defaults), None
@@ -317,8 +342,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def accum(self, keys, deltas, new_values=None, exists=None, name=None):
         """Add `deltas` (shaped `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0.
 
-        TFRA's form `accum(keys, old_values, new_values, exists)`: keys with `exists` True get
-        `new_values - old_values` added, the others are set to `new_values`.
+        TFRA's form `accum(keys, old_values, new_values, exists)`: keys with `exists` True that
+        are still present get `new_values - old_values` added; keys with `exists` False that are
+        still absent are set to `new_values`; others (changed by another writer) are left alone.
         """
         if new_values is None and exists is None:
             return self._write(keys, deltas, "deltas", lambda t, k, v: t.accum(k, v),
@@ -333,13 +359,19 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if not exists.shape.is_compatible_with(keys.shape):
             raise ValueError(f"exists must have the shape of keys {keys.shape}; got {exists.shape}")
         with tf.name_scope(scope_name(name or self._name + "_accum")):
-            exists = tf.broadcast_to(exists, tf.shape(keys))
-            added = self.accum(tf.boolean_mask(keys, exists),
-                               tf.boolean_mask(new - old, exists))
+            exists = tf.reshape(tf.broadcast_to(exists, tf.shape(keys)), [-1])
+            flat = tf.reshape(keys, [-1])
+            old = tf.reshape(old, [-1, self._dim])
+            new = tf.reshape(new, [-1, self._dim])
+            # As TFRA: a key another writer removed (or inserted) since `exists` was read is
+            # left alone rather than re-inserted (or overwritten).
+            _, present = self._map_shards(flat, lambda t, k: t.lookup_with_exists(
+                k, tf.zeros([tf.size(k), self._dim], self._value_dtype)))
+            add = tf.logical_and(exists, present)
+            put = tf.logical_not(tf.logical_or(exists, present))
+            added = self.accum(tf.boolean_mask(flat, add), tf.boolean_mask(new - old, add))
             with tf.control_dependencies([added] if added is not None else []):
-                missing = tf.logical_not(exists)
-                return self.upsert(tf.boolean_mask(keys, missing),
-                                   tf.boolean_mask(new, missing))
+                return self.upsert(tf.boolean_mask(flat, put), tf.boolean_mask(new, put))
 
     def remove(self, keys, name=None):
         """Delete `keys` from the table (missing keys are ignored)."""
@@ -357,14 +389,28 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             return tf.group(*[t.clear() for t in self._tables])
 
     def size(self, index=None, name=None):
-        """Number of keys (int64): of shard `index`, or of all shards when index is None."""
-        with tf.name_scope(name or scope_name(self._name + "_size")):
+        """Number of keys (int64): of shard `index`, or of all shards when index is None.
+
+        In a tf.compat.v1 graph the op is built once per graph and index (as TFRA does), so
+        `size()` also works after the graph is finalized (e.g. in a MonitoredTrainingSession).
+        """
+        if index is not None and not 0 <= index < self.shard_num:
+            raise ValueError(
+                f"index must be in [0, {self.shard_num}) for {self._name}; got {index!r}")
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        cache = self.__dict__.setdefault("_size_ops", weakref.WeakKeyDictionary())
+        if graph is not None and not graph.building_function and (index in cache.get(graph, {})):
+            return cache[graph][index]
+        # The cached op must not carry the caller's control dependencies.
+        with tf.control_dependencies(None), \
+                tf.name_scope(name or scope_name(self._name + "_size")):
             if index is not None:
-                if not 0 <= index < self.shard_num:
-                    raise ValueError(
-                        f"index must be in [0, {self.shard_num}) for {self._name}; got {index!r}")
-                return self._tables[index].size()
-            return tf.add_n([t.size() for t in self._tables])
+                size = self._tables[index].size()
+            else:
+                size = tf.add_n([t.size() for t in self._tables])
+        if graph is not None and not graph.building_function:
+            cache.setdefault(graph, {})[index] = size
+        return size
 
     def export(self, name=None):
         """(keys, values) of all shards: `[n]` and `[n, dim]`, in shard order."""
@@ -469,6 +515,15 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return self.import_(restored_tensors[checkpoint_lib.KEYS],
                             restored_tensors[checkpoint_lib.VALUES])
 
+    def _gather_saveables_for_checkpoint(self):
+        # Only `tf.compat.v1.train.Saver(var_list=[w])` asks this (TF2 checkpoints use
+        # _serialize_to_tensors): without it TF names the tensors plain "keys" / "values", so two
+        # variables in one var_list overwrite each other. Same names as the collection saveable.
+        if not self._checkpoint:
+            return {}
+        return {checkpoint_lib.KEYS: lambda name=self._unique_name: checkpoint_lib.GraphSaveable(
+            self, name)}
+
     # -- SavedModel: the export graph holds copies of the shard tables; point a copy at them -----
     def _deserialization_dependencies(self, children):
         del children  # The shard tables must exist before this variable (export and load).
@@ -486,6 +541,14 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return typed_tensor(keys, self._key_dtype, "keys")
 
     def _values_tensor(self, values, keys, arg):
+        got = getattr(values, "dtype", None)
+        if got is not None and not isinstance(values, (list, tuple)):
+            got = tf.as_dtype(got)
+            # Rows of another float (or int, for int tables) width are cast, as TFRA does.
+            if got != self._value_dtype and (
+                    (got.is_floating and self._value_dtype.is_floating)
+                    or (got.is_integer and self._value_dtype.is_integer)):
+                values = tf.cast(values, self._value_dtype)
         values = typed_tensor(values, self._value_dtype, arg)
         expected = keys.shape.concatenate([self._dim])
         if not values.shape.is_compatible_with(expected):
@@ -530,8 +593,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                     tf.debugging.assert_less(ids, shard_num, message=message),
                     tf.debugging.assert_equal(tf.size(ids), tf.size(flat_keys), message=message)]):
                 ids = tf.identity(ids)
-        parts = tf.dynamic_partition(flat_keys, ids, shard_num)
-        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
+        parts = data_flow.dynamic_partition(flat_keys, ids, shard_num)
+        positions = data_flow.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
         return parts, positions
 
     def _map_shards(self, flat_keys, fn):
@@ -543,10 +606,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         for table, part in zip(self._tables, parts):
             with tf.device(table.device):
                 results.append(fn(table, part))
-        rows = tf.dynamic_stitch(positions, [r for r, _ in results])
+        rows = data_flow.dynamic_stitch(positions, [r for r, _ in results])
         exists = None
         if results[0][1] is not None:
-            exists = tf.dynamic_stitch(positions, [e for _, e in results])
+            exists = data_flow.dynamic_stitch(positions, [e for _, e in results])
         return rows, exists
 
     def _unflatten(self, rows, keys):

@@ -43,6 +43,39 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         from tfra_dynamic_embedding.tables import CuckooHashTableConfig, default_kv_creator
         if config is not None and not isinstance(config, CuckooHashTableConfig):
             raise TypeError(f"config must be a de.CuckooHashTableConfig or None; got {config!r}")
+        self._set_up(key_dtype, value_dtype, default_value, name, checkpoint, device)
+        creator = kv_creator or default_kv_creator(self._value_dtype, self._key_dtype)
+        self._table = creator.create(self._key_dtype, self._value_dtype, self._dim, name,
+                                     device=device, init_size=init_size)
+        if self._checkpoint and not tf.executing_eagerly() and not tf.inside_function():
+            # The v1 Saver finds graph tables through this collection; the resource op's name is
+            # unique in the graph, so two tables both called "CuckooHashTable" do not collide.
+            full_name = self._table.resource_handle.op.name
+            make = shard_saveable_object_fn or (
+                lambda table, name, full_name: checkpoint_lib.GraphSaveable(table, name))
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                                           make(table=self, name=full_name, full_name=full_name))
+
+    @classmethod
+    def view_of(cls, kv_table, default_value, name):
+        """TFRA's table surface over an existing shard table (what `de.Variable.tables` holds).
+
+        The rows stay the variable's (its checkpoints save them); the view is saved only when
+        handed to a checkpoint or a `tf.compat.v1.train.Saver(var_list=...)` itself.
+
+        Example:
+            var.tables[0].lookup(keys)   # missing keys get the variable's default row
+        """
+        view = cls.__new__(cls)
+        view._set_up(kv_table.key_dtype, kv_table.value_dtype, default_value, name, True,
+                     kv_table.device)
+        if view._dim != kv_table.dim:
+            raise ValueError(f"default_value of table {name} must have {kv_table.dim} values; "
+                             f"got shape {view._value_shape}")
+        view._table = kv_table
+        return view
+
+    def _set_up(self, key_dtype, value_dtype, default_value, name, checkpoint, device):
         self._key_dtype = tf.as_dtype(key_dtype)
         self._value_dtype = tf.as_dtype(value_dtype)
         with tf.device(device or None):
@@ -55,17 +88,6 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         self._dim = shape.num_elements()
         self._name = name
         self._checkpoint = bool(checkpoint)
-        creator = kv_creator or default_kv_creator(self._value_dtype, self._key_dtype)
-        self._table = creator.create(self._key_dtype, self._value_dtype, self._dim, name,
-                                     device=device, init_size=init_size)
-        if self._checkpoint and not tf.executing_eagerly() and not tf.inside_function():
-            # The v1 Saver finds graph tables through this collection; the resource op's name is
-            # unique in the graph, so two tables both called "CuckooHashTable" do not collide.
-            full_name = self._table.resource_handle.op.name
-            make = shard_saveable_object_fn or (
-                lambda table, name, full_name: checkpoint_lib.GraphSaveable(table, name))
-            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                                           make(table=self, name=full_name, full_name=full_name))
 
     # -- properties -------------------------------------------------------------------------
 
@@ -84,6 +106,15 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
     @property
     def resource_handle(self):
         return self._table.resource_handle
+
+    @property
+    def device(self):
+        return self._table.device
+
+    @property
+    def default_value(self):
+        """The value a missing key gets (shape: every value's shape)."""
+        return self._default_value
 
     @property
     def kv_table(self):
@@ -217,6 +248,13 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
             return files.load_table(self._table, prefix)
 
     # -- checkpoints (TF2 object-based; the v1 Saver uses the graph saveable above) ---------
+
+    def _gather_saveables_for_checkpoint(self):
+        # A v1 Saver handed tables (`Saver(var.tables)`) saves each under its own name
+        # (`<name>-keys`, `<name>-values`); TF2 checkpoints use `_serialize_to_tensors`.
+        if not self._checkpoint:
+            return {}
+        return {"table": lambda name=None: checkpoint_lib.GraphSaveable(self, self._name)}
 
     def _serialize_to_tensors(self):
         if not self._checkpoint:

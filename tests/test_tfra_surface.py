@@ -1,0 +1,131 @@
+"""TFRA's public surface that user scripts touch: `__version__`, `var.tables[i]`, `de.data_flow`,
+one-element params lists, TF's frozen Keras 2 optimizers, `size()` in a finalized graph."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_recommenders_addons as tfra
+import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.conftest import CPUS
+
+
+def test_package_version():
+    assert tfra.__version__ == de.__version__
+    assert tfra.__version__.count(".") == 2
+
+
+def test_variable_tables_have_tfras_table_methods(kv_creator):
+    var = de.Variable(dim=3, devices=CPUS[:2], initializer=tf.constant_initializer(0.5),
+                      kv_creator=kv_creator, name="surface")
+    var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 3]))
+    shard1 = var.tables[1]                      # odd keys: 1 and 3
+    assert [t.kv_table for t in var.tables] == list(var._tables)  # pylint: disable=protected-access
+    assert "CPU:1" in shard1.resource_handle.device and shard1.device == CPUS[1]
+    # lookup(keys): a missing key gets the table's default row (the initializer's row)
+    np.testing.assert_array_equal(shard1.lookup(tf.constant([1, 5], tf.int64)).numpy(),
+                                  [[1, 1, 1], [0.5, 0.5, 0.5]])
+    rows, exists = shard1.lookup(tf.constant([3, 7], tf.int64), return_exists=True)
+    np.testing.assert_array_equal(exists.numpy(), [True, False])
+    assert int(shard1.size()) == 2
+    shard1.insert(tf.constant([9], tf.int64), [[2.0, 2.0, 2.0]])
+    shard1.remove(tf.constant([1], tf.int64))
+    keys, values = shard1.export()
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], [3, 9])
+    np.testing.assert_array_equal(values.numpy()[order], [[1, 1, 1], [2, 2, 2]])
+    assert int(var.size()) == 3      # the views write the variable's own shards
+
+
+def test_v1_saver_of_variable_tables_saves_each_shard(tmp_path):
+    prefix = str(tmp_path / "tables")
+    with tf.Graph().as_default():
+        var = de.Variable(dim=2, devices=CPUS[:2], name="saved_tables")
+        fill = var.upsert(tf.constant([1, 2, 3], tf.int64), tf.constant([[1.0, 1], [2, 2], [3, 3]]))
+        saver = tf.compat.v1.train.Saver(var.tables)
+        with tf.compat.v1.Session() as sess:
+            sess.run(fill)
+            saver.save(sess, prefix)
+            sess.run(var.clear())
+            assert sess.run(var.size()) == 0
+            saver.restore(sess, prefix)
+            keys, values = sess.run(var.export())
+    names = dict(tf.train.list_variables(prefix))
+    assert names["saved_tables_mht_1of2-keys"] == [1]
+    assert names["saved_tables_mht_2of2-keys"] == [2]
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(keys[order], [1, 2, 3])
+    np.testing.assert_array_equal(values[order], [[1, 1], [2, 2], [3, 3]])
+
+
+def test_size_works_in_a_finalized_graph():
+    with tf.Graph().as_default() as graph:
+        var = de.Variable(dim=2, devices=CPUS[:2], name="finalized")
+        fill = var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+        total, shard = var.size(), var.size(1)
+        graph.finalize()
+        with tf.compat.v1.Session() as sess:
+            sess.run(fill)
+            assert sess.run([var.size(), var.size(1)]) == [3, 2]
+        assert var.size() is total and var.size(1) is shard
+
+
+def test_size_op_does_not_keep_a_callers_control_dependency():
+    with tf.Graph().as_default():
+        var = de.Variable(dim=1, name="sized")
+        flag = tf.Variable(0)
+        with tf.control_dependencies([flag.assign_add(1)]):
+            size = var.size()
+        with tf.compat.v1.Session() as sess:
+            sess.run(flag.initializer)
+            sess.run(size)
+            sess.run(var.size())
+            assert sess.run(flag) == 0
+
+
+def test_data_flow_partition_and_stitch_round_trip():
+    keys = tf.constant([5, -3, 8, 0, 7], tf.int64)
+    shard = de.default_partition_fn(keys, 3)
+    parts = de.data_flow.dynamic_partition(keys, shard, 3)
+    positions = de.data_flow.dynamic_partition(tf.range(5), shard, 3)
+    np.testing.assert_array_equal(parts[0].numpy(), [-3, 0])
+    np.testing.assert_array_equal(parts[1].numpy(), [7])
+    np.testing.assert_array_equal(parts[2].numpy(), [5, 8])
+    for use_fast in (True, False):
+        back = de.data_flow.dynamic_stitch(positions, parts, use_fast=use_fast)
+        np.testing.assert_array_equal(back.numpy(), keys.numpy())
+
+
+@pytest.mark.parametrize("lookup", ["embedding_lookup", "embedding_lookup_unique"])
+def test_lookup_accepts_a_one_element_list(lookup):
+    var = de.Variable(dim=2, initializer=1.5, name=f"listed_{lookup}")
+    got = getattr(de, lookup)([var], tf.constant([[1, 2]], tf.int64))
+    np.testing.assert_array_equal(got.numpy(), np.full([1, 2, 2], 1.5))
+    with pytest.raises(ValueError, match="params must be a de.Variable or a list of one"):
+        getattr(de, lookup)([var, var], tf.constant([1], tf.int64))
+
+
+@pytest.mark.parametrize("make", ["Adam", "Adagrad", "SGD"])
+def test_tfs_frozen_keras2_optimizers_train(make):
+    # TFRA code imports optimizers from tensorflow.python.keras.optimizer_v2 (TF's frozen copy).
+    optimizer_v2 = pytest.importorskip("tensorflow.python.keras.optimizer_v2")
+    del optimizer_v2
+    from tensorflow.python.keras.optimizer_v2 import adagrad, adam, gradient_descent  # pylint: disable=import-outside-toplevel
+    ctor = {"Adam": adam.Adam, "Adagrad": adagrad.Adagrad, "SGD": gradient_descent.SGD}[make]
+    var = de.Variable(dim=2, initializer=1.0, name=f"frozen_{make}")
+    dense = tf.Variable(tf.ones([3, 2]))
+    opt, dense_opt = de.DynamicEmbeddingOptimizer(ctor(0.1)), ctor(0.1)
+    ids = tf.constant([0, 2, 0], tf.int64)
+    for _ in range(3):
+        with tf.GradientTape(persistent=True) as tape:
+            emb, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="l")
+            loss = tf.reduce_sum(emb * emb * tf.constant([[1.0], [2.0], [3.0]]))
+            dense_loss = tf.reduce_sum(tf.gather(dense, ids) ** 2 *
+                                       tf.constant([[1.0], [2.0], [3.0]]))
+        opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+        dense_opt.apply_gradients([(tape.gradient(dense_loss, dense), dense)])
+    got = var.lookup(tf.constant([0, 2], tf.int64)).numpy()
+    want = tf.gather(dense, [0, 2]).numpy()
+    # Adam is lazy on the de side: with only rows 0 and 2 ever touched it equals the dense run.
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not np.allclose(got, 1.0)

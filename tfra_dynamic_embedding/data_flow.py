@@ -1,0 +1,23 @@
+"""`de.data_flow`: how a `de.Variable` splits keys over its shards and joins the results.
+
+TFRA exposes these two ops under this name; here they are TensorFlow's own
+`tf.dynamic_partition` / `tf.dynamic_stitch` (gradients included), with TFRA's signatures.
+
+Example:
+    parts = de.data_flow.dynamic_partition(keys, tf.math.floormod(keys, 2), 2)
+    rows = de.data_flow.dynamic_stitch(positions, [rows_0, rows_1])
+"""
+
+import tensorflow as tf
+
+
+def dynamic_partition(data, partitions, num_partitions, name=None):
+    """Splits `data` into `num_partitions` tensors by `partitions` (as `tf.dynamic_partition`)."""
+    return tf.dynamic_partition(data, partitions, num_partitions, name=name)
+
+
+def dynamic_stitch(indices, data, use_fast=True, name=None):
+    """Interleaves `data` by `indices` (as `tf.dynamic_stitch`). `use_fast` is TFRA's switch
+    between two GPU kernels; both give this result."""
+    del use_fast
+    return tf.dynamic_stitch(indices, data, name=name)
