@@ -272,6 +272,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         draw for random initializers), zeros when it cannot make one."""
         init, dim, dtype = self._initializer, self._dim, self._value_dtype
         try:
+            if isinstance(init, str):
+                init = tf.keras.initializers.get(init)
             if callable(init) and not isinstance(init, (tf.Tensor, tf.Variable)):
                 init = init(shape=[dim], dtype=dtype)
             if init is None:
@@ -279,7 +281,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             row = tf.reshape(tf.cast(init, dtype), [-1])
             return tf.broadcast_to(row, [dim]) if row.shape.num_elements() == 1 else \
                 tf.reshape(row, [dim])
-        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+        except (TypeError, ValueError, tf.errors.OpError):
             return tf.zeros([dim], dtype)
 
     # -- data plane -------------------------------------------------------------------------

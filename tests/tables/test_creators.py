@@ -14,7 +14,7 @@ def test_cuckoo_creator_is_the_default_backend():
                       kv_creator=creator, devices=["/CPU:0", "/CPU:1"])
     assert isinstance(var.kv_creator, de.CuckooHashTableCreator)
     expected = type(default_kv_creator().create(tf.int64, tf.float32, 3, "probe"))
-    assert all(type(t) is expected for t in var.tables)         # noqa: E721
+    assert all(type(t.kv_table) is expected for t in var.tables)         # noqa: E721
     if native.is_available():
         assert expected is native.NativeKVTable
     keys = tf.constant([1, 2, 5, 8], tf.int64)
