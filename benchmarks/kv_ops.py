@@ -86,7 +86,8 @@ def run_dim(dim, n_keys, batch, repeats, backends):
         spec = [tf.TensorSpec([None], tf.int64)]
         lookup_init = tf.function(lambda k: table.lookup_or_init(k, init)[0], input_signature=spec)
         lookup_tf_init = tf.function(
-            lambda k: table.lookup_or_init(k, lambda n: tf.random.normal(tf.stack([n, dim]), 0, .01))[0],
+            lambda k: table.lookup_or_init(
+                k, lambda ks: tf.random.normal(tf.stack([tf.size(ks), dim]), 0, .01))[0],
             input_signature=spec)
         lookup = tf.function(lambda k: table.lookup(k, tf.zeros([dim])), input_signature=spec)
         upsert = tf.function(lambda k: [table.insert(k, values)] and None, input_signature=spec)

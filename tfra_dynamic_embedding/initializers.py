@@ -1,93 +1,188 @@
-"""Turns the `initializer` argument of `de.Variable` into a function that makes fresh rows.
+"""Turns the `initializer` argument of `de.Variable` into a function that makes initial rows.
 
-`make_rows(n)` returns an `[n, dim]` tensor with one independent draw per row, for a dynamic
-`n`, so that every missing key gets its own initial row. Lookups call it for exactly the missing
-keys, unless `is_constant(make_rows)` (every row equal), when any number of rows will do.
+`make_rows(keys)` returns the `[size(keys), dim]` initial rows of the 1-D tensor `keys` (the
+missing keys of one shard). Lookups call it for exactly the distinct missing keys, unless
+`is_constant(make_rows)` (every row equal), when it may be called for any keys. By initializer:
+
+- None (zeros), a number, a scalar, `[1]` (broadcast, as TFRA) or `[dim]` array, list or tensor,
+  Zeros / Ones / Constant initializers (a Constant may hold a `[dim]` row): that row for every key.
+- RandomNormal / RandomUniform / TruncatedNormal of TF, tf.compat.v1, Keras 3 or tf_keras with an
+  integer seed: a key's row is a pure function of (seed, key) (tables/keyed_random.py), the same
+  whatever batch, shard count, backend or process first makes it; different keys get different
+  rows. (Called directly, a seeded initializer returns the same values on every call, which would
+  give every new key one shared row.)
+- the same without a seed: fresh stateful draws, one per key.
+- VarianceScaling and its subclasses (Glorot, He, LeCun): as TFRA, drawn for the run-time shape
+  `[n, dim]`, n the number of rows being made (a shard's distinct missing keys), so fan_in = n and
+  fan_out = dim. With a seed the unit draws are keyed as above, then scaled for n.
+- any other callable: called with `shape=[n, dim]` (shape-bound ones such as Orthogonal fail when
+  n is only known at run time).
 
 Example:
-    make_rows = rows_maker(tf.random_normal_initializer(0.0, 0.01), dim=8, dtype=tf.float32)
-    make_rows(tf.constant(3))   # a [3, 8] tensor of fresh normal draws
+    make_rows = rows_maker(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
+    make_rows(tf.constant([3, 5], tf.int64))   # [2, 8]; key 3 gets this same row in every call
 """
 
+import math
 import numbers
 
 import numpy as np
 import tensorflow as tf
 
-# Keras 3 (and tf_keras) random initializers draw with a seed fixed at construction, so calling
-# one twice for the same shape returns the same rows: new keys of different batches would share
-# initial values. These are re-expressed as stateful TF draws with the same distribution.
-_KERAS_RANDOM = {
-    "RandomNormal": lambda c, shape, dtype: tf.random.normal(
-        shape, c["mean"], c["stddev"], dtype=dtype, seed=c.get("seed")),
-    "TruncatedNormal": lambda c, shape, dtype: tf.random.truncated_normal(
-        shape, c["mean"], c["stddev"], dtype=dtype, seed=c.get("seed")),
-    "RandomUniform": lambda c, shape, dtype: tf.random.uniform(
-        shape, c["minval"], c["maxval"], dtype=dtype, seed=c.get("seed")),
+from tfra_dynamic_embedding.tables import keyed_random
+
+# Initializer class name -> (draw kind, config key of a, config key of b). The names are the same
+# in TF v2 (init_ops_v2), tf.compat.v1 (init_ops), Keras 3 and tf_keras.
+_RANDOM = {
+    "RandomNormal": ("normal", "mean", "stddev"),
+    "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
+    "RandomUniform": ("uniform", "minval", "maxval"),
 }
+_STATEFUL = {"normal": tf.random.normal, "truncated_normal": tf.random.truncated_normal,
+             "uniform": tf.random.uniform}
+_CONSTANT_CLASSES = ("Zeros", "Ones", "Constant")
+_LIBRARIES = ("tensorflow", "keras", "tf_keras")   # modules whose classes we re-express
+# Stddev of a unit normal truncated at +-2 (TF's VarianceScaling divides by it).
+_TRUNCATED_STDDEV = 0.87962566103423978
 
 
 def rows_maker(initializer, dim, dtype):
-    """Returns `make_rows(n) -> [n, dim]` for a number, a `[dim]` array, a TF/Keras initializer or name.
+    """Returns `make_rows(keys) -> [size(keys), dim]` for `initializer` (see the module doc).
 
-    None means zeros. Raises ValueError naming `initializer` when it cannot make `[n, dim]` rows.
+    Raises ValueError naming `initializer` when it cannot make `[n, dim]` rows.
     """
     dtype = tf.as_dtype(dtype)
     if initializer is None:
-        return _constant_rows(lambda n: tf.zeros(tf.stack([n, dim]), dtype))
-    # Constants are made inside make_rows, in the graph that calls it: a tensor made here could
-    # belong to a tf.function trace and be out of scope in the next one.
-    if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
-        return _constant_rows(
-            lambda n: tf.fill(tf.stack([n, dim]), tf.constant(initializer, dtype)))
-    if isinstance(initializer, tf.Tensor) and tf.is_symbolic_tensor(initializer):
-        # A graph tensor (a v1 graph's constant): used in that graph, broadcast to the rows.
-        shape = initializer.shape
-        if not (shape.is_compatible_with([]) or shape.is_compatible_with([dim])):
-            raise ValueError(f"initializer must be a scalar or have shape [dim] = [{dim}] when "
-                             f"given as a tensor; got shape {shape}")
-        return _constant_rows(
-            lambda n: tf.broadcast_to(tf.cast(initializer, dtype), tf.stack([n, dim])))
-    if isinstance(initializer, (np.ndarray, list, tuple, tf.Tensor)):
-        row = np.asarray(initializer)
-        if row.shape == ():   # a 0-d array or tensor is a number
-            return rows_maker(row.item(), dim, dtype)
-        if row.shape != (dim,):
-            raise ValueError(
-                f"initializer must have shape [dim] = [{dim}] when given as an array; "
-                f"got shape {list(row.shape)}")
-        return _constant_rows(
-            lambda n: tf.tile(tf.constant(row[np.newaxis, :], dtype), tf.stack([n, 1])))
+        return _constant_rows(0, dim, dtype)
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
-        initializer = tf.keras.initializers.get(initializer)
-    if not callable(initializer):
-        raise ValueError(
-            f"initializer must be None, a number, a [dim] array or a callable initializer; "
-            f"got {initializer!r}")
-    keras_draw = _KERAS_RANDOM.get(type(initializer).__name__)
-    if keras_draw is not None and type(initializer).__module__.startswith(("keras", "tf_keras")):
-        config = initializer.get_config()
-        return lambda n: keras_draw(config, tf.stack([n, dim]), dtype)
-
-    def make_rows(n):
         try:
-            rows = initializer(shape=tf.stack([n, dim]), dtype=dtype)
+            initializer = tf.keras.initializers.get(initializer)
+        except ValueError as error:
+            raise ValueError(f"initializer {initializer!r} is not a Keras initializer name: "
+                             f"{error}") from error
+    if not callable(initializer):
+        return _constant_rows(initializer, dim, dtype)
+    cls = type(initializer)
+    if cls.__module__.split(".")[0] in _LIBRARIES:
+        if cls.__name__ in _CONSTANT_CLASSES:
+            value = {"Zeros": 0, "Ones": 1}.get(cls.__name__)
+            if value is None:
+                value = getattr(initializer, "value", None)
+                if value is None:
+                    value = initializer.get_config().get("value", 0)
+            return _constant_rows(value, dim, dtype)
+        if cls.__name__ in _RANDOM:
+            return _random_rows(initializer, dim, dtype)
+        if any(base.__name__ == "VarianceScaling" for base in cls.__mro__):
+            return _variance_scaling_rows(initializer, dim, dtype)
+
+    def make_rows(keys):
+        try:
+            rows = initializer(shape=tf.stack([tf.size(keys), dim]), dtype=dtype)
         except (TypeError, ValueError) as error:
             raise ValueError(
                 f"initializer {initializer!r} cannot make rows of shape [n, {dim}] with a dynamic "
-                f"n (initializers whose values depend on the table's full shape, such as "
-                f"Glorot/VarianceScaling/Orthogonal, are not supported): {error}") from error
+                f"n (initializers bound to a full table shape, such as Orthogonal or Identity, "
+                f"are not supported): {error}") from error
         return tf.cast(rows, dtype)
 
-    return make_rows
-
-
-def _constant_rows(make_rows):
-    """Marks a row maker whose rows are all equal, so a caller may draw rows for every key."""
-    make_rows.is_constant = True
     return make_rows
 
 
 def is_constant(make_rows):
     """Whether `make_rows` (from `rows_maker`) gives the same row for every key."""
     return getattr(make_rows, "is_constant", False)
+
+
+def _constant_rows(value, dim, dtype):
+    """A maker repeating `value`: a number, or a scalar, `[1]` or `[dim]` array/list/tensor."""
+    # Tensors are made inside make_rows, in the graph that calls it: a tensor made here could
+    # belong to a tf.function trace and be out of scope in the next one.
+    if isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value):
+        # A graph tensor (a v1 graph's constant): used in that graph, broadcast to the rows.
+        if not any(value.shape.is_compatible_with(s) for s in ([], [1], [dim])):
+            raise ValueError(f"initializer must be a scalar or have shape [1] or [dim] = [{dim}] "
+                             f"when given as a tensor; got shape {value.shape}")
+
+        def make_rows(keys):
+            return tf.broadcast_to(tf.cast(value, dtype), tf.stack([tf.size(keys), dim]))
+    else:
+        if isinstance(value, bool):
+            raise ValueError(f"initializer must be a number, an array or an initializer; "
+                             f"got {value!r}")
+        row = np.asarray(value)
+        if not np.issubdtype(row.dtype, np.number):
+            raise ValueError(f"initializer must be None, a number, a [dim] array or a callable "
+                             f"initializer; got {value!r}")
+        if row.shape in ((), (1,)):   # one number for every column (TFRA broadcasts [1])
+            scalar = row.reshape(()).item()
+
+            def make_rows(keys):
+                return tf.fill(tf.stack([tf.size(keys), dim]), tf.constant(scalar, dtype))
+        elif row.shape == (dim,):
+            def make_rows(keys):
+                return tf.tile(tf.constant(row[np.newaxis, :], dtype),
+                               tf.stack([tf.size(keys), 1]))
+        else:
+            raise ValueError(f"initializer must be a scalar or have shape [1] or [dim] = [{dim}] "
+                             f"when given as an array or a constant initializer's value; got "
+                             f"shape {list(row.shape)}")
+    make_rows.is_constant = True
+    return make_rows
+
+
+def _seed_of(initializer):
+    """The integer seed the user gave `initializer`, or None (unseeded or a seed generator)."""
+    seed = initializer.get_config().get("seed")
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return int(seed)
+    return None
+
+
+def _stateful(kind, shape, a, b, dtype):
+    """Fresh stateful draws (drawn in float32 for 16-bit and integer rows, then cast)."""
+    draw_dtype = dtype if dtype in (tf.float32, tf.float64) else tf.float32
+    return tf.cast(_STATEFUL[kind](shape, tf.cast(a, draw_dtype), tf.cast(b, draw_dtype),
+                                   dtype=draw_dtype), dtype)
+
+
+def _random_rows(initializer, dim, dtype):
+    kind, key_a, key_b = _RANDOM[type(initializer).__name__]
+    config = initializer.get_config()
+    a, b = float(config[key_a]), float(config[key_b])
+    seed = _seed_of(initializer)
+    if seed is not None:
+        return lambda keys: keyed_random.keyed_rows(keys, kind, a, b, seed, dim, dtype)
+    return lambda keys: _stateful(kind, tf.stack([tf.size(keys), dim]), a, b, dtype)
+
+
+def _variance_scaling_rows(initializer, dim, dtype):
+    scale = float(initializer.scale)
+    mode, distribution = initializer.mode, initializer.distribution
+    if mode not in ("fan_in", "fan_out", "fan_avg"):
+        raise ValueError(f"initializer {initializer!r} has mode {mode!r}; expected fan_in, "
+                         f"fan_out or fan_avg")
+    if distribution == "uniform":
+        kind, unit_a, unit_b, factor = "uniform", -1.0, 1.0, math.sqrt(3.0)
+    elif distribution == "untruncated_normal":
+        kind, unit_a, unit_b, factor = "normal", 0.0, 1.0, 1.0
+    elif distribution in ("truncated_normal", "normal"):   # "normal" is v1's truncated normal
+        kind, unit_a, unit_b, factor = "truncated_normal", 0.0, 1.0, 1.0 / _TRUNCATED_STDDEV
+    else:
+        raise ValueError(f"initializer {initializer!r} has distribution {distribution!r}; "
+                         f"expected uniform, truncated_normal or untruncated_normal")
+    seed = _seed_of(initializer)
+
+    def make_rows(keys):
+        # TFRA calls the initializer with shape [n, dim]: fan_in = n, fan_out = dim.
+        n = tf.cast(tf.size(keys), tf.float64)
+        fan = {"fan_in": n, "fan_out": tf.constant(float(dim), tf.float64),
+               "fan_avg": (n + dim) / 2.0}[mode]
+        spread = factor * tf.sqrt(scale / tf.maximum(fan, 1.0))   # stddev or uniform limit
+        if seed is not None:
+            unit = keyed_random.keyed_rows(keys, kind, unit_a, unit_b, seed, dim, tf.float64)
+        else:
+            unit = _stateful(kind, tf.stack([tf.size(keys), dim]), unit_a, unit_b, tf.float64)
+        return tf.cast(unit * spread, dtype)
+
+    return make_rows

@@ -85,7 +85,7 @@ MODEL = PRELUDE + textwrap.dedent('''
                 assert np.array_equal(rows.numpy(), want)
             elif op in ("foi", "foi_native"):
                 init = (native.NativeInitializer("constant", 2.0) if op == "foi_native"
-                        else (lambda m: tf.fill(tf.stack([m, dim]), tf.constant(2, vd))))
+                        else (lambda m: tf.fill(tf.stack([tf.size(m), dim]), tf.constant(2, vd))))
                 rows, exists = t.find_or_insert(keys, init)
                 assert exists.numpy().tolist() == [k in ref for k in ids]
                 for k in ids:

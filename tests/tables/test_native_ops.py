@@ -125,7 +125,7 @@ def test_empty_batches():
     assert int(t.remove(empty)) == 0
     rows, exists = t.lookup_with_exists(empty, tf.zeros([2]))
     assert rows.shape == (0, 2) and exists.shape == (0,)
-    rows, exists = t.find_or_insert(empty, lambda n: tf.zeros(tf.stack([n, 2])))
+    rows, exists = t.find_or_insert(empty, lambda keys: tf.zeros(tf.stack([tf.size(keys), 2])))
     assert rows.shape == (0, 2)
     keys, values = t.export()
     assert keys.shape == (0,) and values.shape == (0, 2)
@@ -160,12 +160,13 @@ def test_find_or_insert_draws_only_for_distinct_missing_keys():
     t.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 1.0], [2.0, 2.0]]))
     drawn = []
 
-    def make_rows(n):
-        drawn.append(int(n))
+    def make_rows(keys):
+        drawn.append(sorted(keys.numpy().tolist()))
+        n = tf.size(keys)
         return tf.reshape(tf.range(2 * n, dtype=tf.float32) + 10.0, tf.stack([n, 2]))
 
     rows, exists = t.find_or_insert(tf.constant([1, 5, 2, 6, 5, 6, 6], tf.int64), make_rows)
-    assert drawn == [2]  # keys 5 and 6, each once
+    assert drawn == [[5, 6]]  # keys 5 and 6, each once
     np.testing.assert_array_equal(exists.numpy(), [1, 0, 1, 0, 0, 0, 0])
     r = rows.numpy()
     np.testing.assert_array_equal(r[[0, 2]], [[1, 1], [2, 2]])
@@ -175,7 +176,7 @@ def test_find_or_insert_draws_only_for_distinct_missing_keys():
     assert content(t) == {1: (1, 1), 2: (2, 2), 5: tuple(r[1]), 6: tuple(r[3])}
     drawn.clear()
     rows2, exists2 = t.find_or_insert(tf.constant([5, 6], tf.int64), make_rows)
-    assert drawn == [0] and exists2.numpy().all()
+    assert drawn == [[]] and exists2.numpy().all()
     np.testing.assert_array_equal(rows2.numpy(), r[[1, 3]])
 
 
@@ -195,7 +196,7 @@ def test_lookup_or_init_never_inserts():
     t = table(dim=2)
     t.insert(tf.constant([1], tf.int64), tf.constant([[5.0, 5.0]]))
     rows, exists = t.lookup_or_init(tf.constant([1, 4, 4], tf.int64),
-                                    lambda n: tf.fill(tf.stack([n, 2]), 7.0))
+                                    lambda keys: tf.fill(tf.stack([tf.size(keys), 2]), 7.0))
     np.testing.assert_array_equal(rows.numpy(), [[5, 5], [7, 7], [7, 7]])
     np.testing.assert_array_equal(exists.numpy(), [True, False, False])
     assert int(t.size()) == 1
@@ -254,8 +255,8 @@ def test_native_initializer_conversion():
     assert (i.kind, i.a, i.b) == ("uniform", -1.0, 3.0)
     assert conv("zeros", 4).a == 0.0
     assert conv(tf.keras.initializers.GlorotUniform(), 4) is None
-    # Used by another backend it draws with TF ops.
-    rows = conv(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16)(tf.constant(6))
+    # Used by another backend it draws with TF ops, one row per key.
+    rows = conv(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16)(tf.range(6))
     assert rows.shape == (6, 4) and rows.dtype == tf.float16
     with pytest.raises(ValueError, match="kind"):
         native.NativeInitializer("gamma")
@@ -278,7 +279,8 @@ def test_tf_function_and_v1_graph():
     with tf.Graph().as_default():
         g = native.NativeKVTable(tf.int32, tf.bfloat16, 2, "graph_table")
         keys = tf.compat.v1.placeholder(tf.int32, [None])
-        rows, _ = g.find_or_insert(keys, lambda n: tf.fill(tf.stack([n, 2]), tf.constant(4.0, tf.bfloat16)))
+        rows, _ = g.find_or_insert(keys, lambda k: tf.fill(tf.stack([tf.size(k), 2]),
+                                                           tf.constant(4.0, tf.bfloat16)))
         with tf.control_dependencies([rows]):
             acc = g.accum(keys, tf.ones(tf.stack([tf.size(keys), 2]), tf.bfloat16))
         with tf.control_dependencies([acc]):

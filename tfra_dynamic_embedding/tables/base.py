@@ -62,24 +62,26 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         """(rows, exists): like `lookup` plus a bool mask of the keys present. Never inserts."""
 
     def lookup_or_init(self, keys, make_rows):
-        """(rows, exists) without inserting: missing keys get rows from `make_rows(n)`.
+        """(rows, exists) without inserting: missing keys get rows from `make_rows(keys)`.
 
-        `make_rows` is called once, for the n distinct missing keys (a repeated key gets one
-        row). Backends may override this with a fused kernel.
+        `make_rows` is called once, with the 1-D tensor of distinct missing keys (a repeated key
+        gets one row), and returns their `[n, dim]` rows. Backends may override this with a fused
+        kernel.
         """
         with tf.device(self.device):
             rows, exists = self.lookup_with_exists(
                 keys, tf.zeros([tf.size(keys), self.dim], self.value_dtype))
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = tf.cast(make_rows(tf.size(unique_keys)), self.value_dtype)
+            new_rows = tf.cast(make_rows(unique_keys), self.value_dtype)
             return tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index)), exists
 
     @abc.abstractmethod
     def find_or_insert(self, keys, make_rows):
-        """(rows, exists): missing keys are inserted with `make_rows(n)` for exactly n missing keys.
+        """(rows, exists): missing keys are inserted with rows from `make_rows(missing_keys)`.
 
-        `make_rows(n)` returns an `[n, dim]` tensor of fresh initial rows.
+        `make_rows` gets the 1-D tensor of the distinct missing keys, exactly those, and returns
+        their `[n, dim]` initial rows (a row may depend on its key, e.g. a seeded draw).
         """
 
     @abc.abstractmethod

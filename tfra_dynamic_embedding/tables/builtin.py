@@ -72,8 +72,9 @@ class BuiltinKVTable(base.KVTable):
             zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
             rows, exists = self.lookup_with_exists(unique_keys, zeros)
             missing = tf.where(tf.logical_not(exists))
-            new_rows = tf.convert_to_tensor(make_rows(tf.shape(missing)[0]), self.value_dtype)
-            with tf.control_dependencies([self.insert(tf.gather_nd(unique_keys, missing), new_rows)]):
+            missing_keys = tf.gather_nd(unique_keys, missing)
+            new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
+            with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
                 rows = tf.tensor_scatter_nd_update(rows, missing, new_rows)
             return tf.gather(rows, index), tf.gather(exists, index)
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfra_dynamic_embedding.tables import base
+from tfra_dynamic_embedding.tables import keyed_random
 
 LIBRARY_ENV = "TFRA_DE_OPS_LIBRARY"
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
@@ -86,9 +87,11 @@ class NativeInitializer:
 
     kind: "constant" (a), "uniform" in [a, b), "normal" (mean a, stddev b) or
     "truncated_normal" (mean a, stddev b, redrawn beyond two stddev, as TF's).
-    In C++ the initial row of a key is a pure function of (seed, key): a read-only lookup and a
-    later find_or_insert of the same key give the same row, whichever batch or shard. Called as
-    `make_rows(n)` (e.g. by another backend) it draws `[n, dim]` rows with TF ops instead.
+    The initial row of a key is a pure function of (seed, key): a read-only lookup and a later
+    find_or_insert of the same key give the same row, whichever batch or shard. Called as
+    `make_rows(keys)` (e.g. by another backend) it draws the rows with TF ops
+    (`keyed_random.keyed_rows`): uniform rows of integer keys equal the kernels' bit for bit;
+    normal rows and string keys follow a different (equally deterministic) recipe.
     """
 
     def __init__(self, kind, a=0.0, b=0.0, seed=None, dim=None, dtype=tf.float32):
@@ -102,19 +105,14 @@ class NativeInitializer:
         self.dim = dim
         self.dtype = tf.as_dtype(dtype)
 
-    def __call__(self, n):
+    def __call__(self, keys):
         if self.dim is None:
             raise ValueError("NativeInitializer needs `dim` to draw rows with TF ops")
-        shape = tf.stack([tf.cast(n, tf.int32), self.dim])
+        # The kernels' a and b are float attrs: round them the same way so the rows agree.
+        a, b = float(np.float32(self.a)), float(np.float32(self.b))
         if self.kind == "constant":
-            return tf.fill(shape, tf.constant(self.a, self.dtype))
-        if self.kind == "uniform":
-            rows = tf.random.uniform(shape, self.a, self.b, tf.float32)
-        elif self.kind == "normal":
-            rows = tf.random.normal(shape, self.a, self.b, tf.float32)
-        else:
-            rows = tf.random.truncated_normal(shape, self.a, self.b, tf.float32)
-        return tf.cast(rows, self.dtype)
+            return tf.fill(tf.stack([tf.size(keys), self.dim]), tf.constant(a, self.dtype))
+        return keyed_random.keyed_rows(keys, self.kind, a, b, self.seed, self.dim, self.dtype)
 
     def __repr__(self):
         return f"NativeInitializer({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed})"
@@ -243,8 +241,8 @@ class NativeKVTable(base.KVTable):
     def lookup_or_init(self, keys, make_rows):
         """(rows, exists) without inserting; missing keys get initial rows.
 
-        With a `NativeInitializer` the rows are drawn in C++; otherwise `make_rows(n)` is called
-        once for the n distinct missing keys (a repeated key gets one row).
+        With a `NativeInitializer` the rows are drawn in C++; otherwise `make_rows(keys)` is
+        called once with the distinct missing keys (a repeated key gets one row).
         """
         with tf.device(self.device):
             keys = self._keys(keys)
@@ -254,16 +252,16 @@ class NativeKVTable(base.KVTable):
                 self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self._rows(make_rows(tf.size(unique_keys)), "make_rows(n)")
+            new_rows = self._rows(make_rows(unique_keys), "make_rows(keys)")
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
             return rows, exists
 
     def find_or_insert(self, keys, make_rows):
         """(rows, exists); missing keys are inserted with fresh rows.
 
-        With a `NativeInitializer` this is one fused kernel; otherwise `make_rows(n)` is called
-        for the n distinct missing keys and those rows are inserted unless another writer got
-        there first (then its row is returned, so the result always matches the table).
+        With a `NativeInitializer` this is one fused kernel; otherwise `make_rows(keys)` is
+        called with the distinct missing keys and those rows are inserted unless another writer
+        got there first (then its row is returned, so the result always matches the table).
         """
         with tf.device(self.device):
             keys = self._keys(keys)
@@ -273,7 +271,7 @@ class NativeKVTable(base.KVTable):
                 self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self._rows(make_rows(tf.size(unique_keys)), "make_rows(n)")
+            new_rows = self._rows(make_rows(unique_keys), "make_rows(keys)")
             stored = self._gen.tfra_de_insert_missing(self.resource_handle, unique_keys, new_rows,
                                                       dim=self.dim)
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
