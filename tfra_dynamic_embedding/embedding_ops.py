@@ -33,8 +33,8 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     with tf.name_scope(variable_lib.scope_name(name)):
         flat = tf.reshape(ids, [-1])
         unique_ids, index = tf.unique(flat)
-        rows, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
-        embeddings = tf.gather(rows, index)
+        rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
+        embeddings = tf.gather(rows, index if positions is None else tf.gather(positions, index))
         if max_norm is not None:
             embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])
         embeddings = tf.reshape(embeddings, tf.concat([tf.shape(ids), [params.dim]], 0))
@@ -116,16 +116,19 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
 
 
 def _batch_rows(params, unique_ids, name, return_trainable):
-    """(rows of `unique_ids`, their TrainableWrapper or None when no gradient is wanted).
+    """(rows, positions, wrapper): the rows holding `unique_ids` -- `unique_ids[i]`'s row is
+    `rows[positions[i]]`, or `rows[i]` when positions is None -- and the lookup's
+    TrainableWrapper, or None when no gradient is wanted.
 
     When training, the rows are read from the lookup's wrapper after it is loaded, so gradients
     w.r.t. them reach the wrapper (see trainable.needs_wrapper).
     """
     if not trainable_lib.needs_wrapper(params, return_trainable):
-        return params.lookup(unique_ids), None
+        return params.lookup(unique_ids), None, None
     wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(params, name))
-    with tf.control_dependencies([wrapper.prefetch(unique_ids)]):
-        return wrapper.read_value(), wrapper
+    loaded, positions = wrapper.load(unique_ids)
+    with tf.control_dependencies([loaded] if loaded is not None else []):
+        return wrapper.read_value(), positions, wrapper
 
 
 def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
@@ -136,7 +139,9 @@ def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
     unique_ids, index = tf.unique(keys)
     if leading_key is not None:
         index = index[1:]
-    rows, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
+    rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
+    if positions is not None:   # this lookup's rows, in unique_ids order (tf.nn indexes them)
+        rows = tf.gather(rows, positions)
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
     return rows, positions, wrapper
 

@@ -106,6 +106,9 @@ class _DynamicEmbeddingMixin:
     def _de_apply(self, grads_and_vars, create_slots, apply):
         """Runs `apply(grads_and_vars)` between prefetching slot rows and writing rows back."""
         grads_and_vars = list(grads_and_vars)
+        for g, v in grads_and_vars:   # a wrapper the loss skipped this step: its step ends too
+            if g is None and isinstance(v, trainable_lib.TrainableWrapper):
+                v.end_step()
         wrappers = [v for g, v in grads_and_vars
                     if g is not None and isinstance(v, trainable_lib.TrainableWrapper)]
         if not wrappers:

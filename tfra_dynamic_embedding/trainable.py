@@ -42,6 +42,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             self.ids = tf.Variable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
                 name=name + "_ids", validate_shape=False, collections=[])
+        self._open_step = None   # the step (see `load`) whose lookups the held rows serve
         if track:
             # A checkpoint dependency of `params` (saving only a placeholder): a restore then
             # also matches the wrappers that optimizers list among their variables and slots.
@@ -67,6 +68,36 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
             self._loaded = loaded
         return loaded
 
+    def load(self, unique_ids):
+        """Loads the rows of one lookup's `unique_ids`; returns (op, positions).
+
+        The first lookup of a step replaces the rows held (`positions` is None: row i is
+        `unique_ids[i]`). Later lookups of the same step -- one name used twice in a loss, or a
+        layer shared by two features -- add their ids after the held ones and return where
+        their rows sit, so the gradients of every lookup point at their own rows. A step is a
+        tf.function trace, or in eager mode the time until the write-back (or a step whose
+        gradient skipped this wrapper) ends it; a tf.compat.v1 graph gives each lookup its
+        own wrapper.
+        """
+        step = _step_marker()
+        if step is None or self._open_step is not step:
+            self._open_step = step
+            return self.prefetch(unique_ids), None
+        held = self.batch_ids()
+        held_count = tf.size(held)
+        all_ids, index = tf.unique(tf.concat([held, unique_ids], 0))
+        # Every row is read again, so a held row is the table's current one.
+        rows = self.params.lookup(all_ids)
+        loaded = tf.group(self.ids.assign(all_ids, read_value=False),
+                          self.assign(rows, read_value=False))
+        if loaded is not None:
+            self._loaded = loaded
+        return loaded, index[held_count:]
+
+    def end_step(self):
+        """The next lookup starts a new step (replaces the rows held)."""
+        self._open_step = None
+
     def batch_ids(self):
         """The ids of the rows held, read after this step's lookup loaded them."""
         return self._read_loaded(self.ids)
@@ -86,6 +117,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows
         as `looked_up` before the update (bp_v2), adds the change instead to the ids the table
         holds now, so concurrent writers' updates add up; ids it lacks get the rows held."""
+        self.end_step()
         ids = self.batch_ids()
         if looked_up is None:
             return self.params.upsert(ids, self.read_value())
@@ -102,6 +134,18 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     def _restore_from_tensors(self, restored_tensors):
         del restored_tensors
         return tf.no_op()
+
+
+_EAGER_STEP = object()
+
+
+def _step_marker():
+    """What one training step's lookups share: the tf.function graph being traced, a marker for
+    eager execution, or None in a tf.compat.v1 graph (where lookups never share a wrapper)."""
+    if tf.executing_eagerly():
+        return _EAGER_STEP
+    graph = tf.compat.v1.get_default_graph()
+    return graph if graph.building_function else None
 
 
 class ModelMode:
