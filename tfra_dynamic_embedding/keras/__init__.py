@@ -1,7 +1,13 @@
-"""Keras integration: `de.keras.layers.Embedding`.
+"""Keras integration: `de.keras.layers.Embedding`, `SquashedEmbedding`, `FieldWiseEmbedding`.
 
-The layers subclass the `tf.keras` in use: Keras 3 by default, tf_keras when
-`TF_USE_LEGACY_KERAS=1` is set before TensorFlow's Keras is first loaded.
+Each layer is a layer of one Keras, chosen when it is constructed (`binding.resolve`): `keras=`
+("keras" for Keras 3, "tf_keras"), else the Keras of Keras objects among its arguments (e.g. a
+tf_keras initializer), else the Keras `tf.keras` is (tf_keras when `TF_USE_LEGACY_KERAS=1` was
+set before TensorFlow's Keras loaded, else Keras 3).
+
+Example:
+    import tf_keras
+    layer = de.keras.layers.Embedding(8, keras="tf_keras")   # for a tf_keras.Model
 """
 
 from tfra_dynamic_embedding.keras import layers

@@ -1,10 +1,14 @@
 """`de.keras.layers.Embedding` (alias `BasicEmbedding`), `SquashedEmbedding` and
-`FieldWiseEmbedding`: Keras layers over a `de.Variable`.
+`FieldWiseEmbedding`: Keras layers over a `de.Variable`, for Keras 3 and for tf_keras.
 
 Looks up int or string ids of any shape (dense, `tf.RaggedTensor` or `tf.SparseTensor`), trains
 through `model.fit` with a `de.DynamicEmbeddingOptimizer`-wrapped optimizer, and is saved by
 `model.save_weights` / `tf.train.Checkpoint`. Ids never seen get initializer rows and no table
 entry until an optimizer step writes them.
+
+These classes hold the layer logic and name no Keras: constructing one gives a layer of the Keras
+chosen by `binding.resolve` (`keras=`, else the Keras of Keras objects among the arguments, else
+the Keras `tf.keras` is), an instance of both the class and that Keras' `layers.Layer`.
 
 Example:
     ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
@@ -13,18 +17,26 @@ Example:
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam()), loss="mse")
 """
 
+import numbers
+
 import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import embedding_ops
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
+from tfra_dynamic_embedding.keras import binding
 
 COMBINERS = ("sum", "mean", "sqrtn")
+_KERAS_NAMES = {binding.KERAS3: "Keras 3", binding.TF_KERAS: "tf_keras"}
 
 
-class Embedding(tf.keras.layers.Layer):
+class Embedding:
     """Embeddings of dynamic ids, one `[embedding_size]` row per id.
+
+    A Keras layer of the Keras chosen at construction (see the module docstring): with
+    `import tf_keras` in a process where `tf.keras` is Keras 3, pass a tf_keras initializer or
+    `keras="tf_keras"` to put the layer in a tf_keras model.
 
     Args:
       embedding_size: row length (the variable's dim).
@@ -32,19 +44,34 @@ class Embedding(tf.keras.layers.Layer):
       value_dtype: dtype of the rows.
       combiner: None (output `ids.shape + [embedding_size]`) or "sum"/"mean"/"sqrtn" to pool over
         the last id axis (required for SparseTensor ids, default "mean" there).
-      initializer: initializer of new rows (default Keras' "uniform").
+      initializer: initializer of new rows (default Keras' "uniform"), as `de.Variable` takes it.
       devices: devices of the shard tables (default: the placement plan in scope, else the
         current device).
       kv_creator: the table backend (default: native if built, else built-in).
       restrict_policy: a `de.RestrictPolicy` class (e.g. `de.FrequencyRestrictPolicy`); then
         `layer.params.restrict(n)` evicts down to n keys.
       bp_v2: training adds row updates instead of overwriting rows (see `de.Variable`).
+      keras: the layer's Keras, "keras" (Keras 3), "tf_keras" or the module; None to choose by
+        the other arguments, else `tf.keras`.
+
+    Example:
+        import tf_keras
+        layer = de.keras.layers.Embedding(4, initializer=tf_keras.initializers.Constant(0.1))
+        isinstance(layer, tf_keras.layers.Layer), layer.keras     # (True, "tf_keras")
     """
+
+    def __new__(cls, *args, **kwargs):
+        package = binding.resolve(cls, args, kwargs)   # also checks `keras=`
+        layer_class = cls if binding.package_of(cls) else binding.bound_class(cls, package)
+        # The Keras Layer's own __new__ (both Kerases set up the instance there).
+        return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
                  kv_creator=None, restrict_policy=None, bp_v2=False, init_capacity=0,
-                 partitioner=None, with_unique=True, checkpoint=True, max_norm=None, **kwargs):
+                 partitioner=None, with_unique=True, checkpoint=True, max_norm=None, keras=None,
+                 **kwargs):
+        del keras   # chose the class in __new__
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
         if combiner is not None and combiner not in COMBINERS:
@@ -58,6 +85,8 @@ class Embedding(tf.keras.layers.Layer):
         self.with_unique = with_unique   # lookups always fetch each unique id once
         self.max_norm = max_norm
         self.supports_jit = False  # hash-table kernels have no XLA implementation
+        if isinstance(initializer, dict):   # a serialized Keras initializer (from get_config)
+            initializer = binding.keras_module(self.keras).initializers.get(initializer)
         partitioner = partitioner or variable_lib.default_partition_fn
         placed = variable_lib.resolve_placement(self.name) if devices is None else None
         if placed is not None:  # inside a placement plan's scope (placement/apply.py)
@@ -76,6 +105,32 @@ class Embedding(tf.keras.layers.Layer):
         wrapper.regularizer = None  # Keras reads it off every trainable weight
         if self.params.trainable:
             _trainable_weight_list(self).append(wrapper)
+
+    @property
+    def keras(self):
+        """The layer's Keras: "keras" (Keras 3) or "tf_keras"."""
+        return binding.package_of(type(self))
+
+    @classmethod
+    def from_config(cls, config):
+        if binding.package_of(cls) is None:   # called on the logic class: pick the Keras first
+            cls = binding.bound_class(cls, binding.resolve(cls, (), config))
+        return super(Embedding, cls).from_config(config)
+
+    def __call__(self, *args, **kwargs):
+        # A layer of one Keras called on the other Keras' symbolic inputs would be traced as
+        # that Keras' op layers and fail deep inside the lookup: say what to do instead.
+        inputs = args[0] if args else kwargs.get("inputs", kwargs.get("ids"))
+        for tensor in tf.nest.flatten(inputs):
+            package = binding.package_of(tensor)
+            if package is not None and package != self.keras:
+                raise TypeError(
+                    f"layer {self.name!r} is a {_KERAS_NAMES[self.keras]} layer but was called "
+                    f"on a {_KERAS_NAMES[package]} tensor ({type(tensor).__name__}); construct "
+                    f"it with keras={package!r} or a {_KERAS_NAMES[package]} initializer"
+                    + (", or set TF_USE_LEGACY_KERAS=1 before TensorFlow's Keras loads"
+                       if package == binding.TF_KERAS else ""))
+        return super().__call__(*args, **kwargs)
 
     def call(self, ids):
         if isinstance(ids, tf.SparseTensor):
@@ -97,14 +152,19 @@ class Embedding(tf.keras.layers.Layer):
 
     def _lookup_sparse(self, sp_ids):
         sp_ids = tf.SparseTensor(sp_ids.indices, self._keys(sp_ids.values), sp_ids.dense_shape)
-        return embedding_ops.safe_embedding_lookup_sparse(
-            self.params, sp_ids, combiner=self.combiner or "mean", name=self.name)
+        return embedding_ops.pooled_lookup(
+            self.params, sp_ids, None, self.combiner or "mean", None, self.name, None, False,
+            lookup_name=self.name)
 
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)
         if self.combiner is not None:
             shape = shape[:-1]
-        return tuple(shape) + (self.embedding_size,)
+        return self._shape(tuple(shape) + (self.embedding_size,))
+
+    def _shape(self, shape):
+        """An output shape as this layer's Keras wants it (tf_keras: a TensorShape)."""
+        return tf.TensorShape(shape) if self.keras == binding.TF_KERAS else tuple(shape)
 
     def get_config(self):
         config = super().get_config()
@@ -113,8 +173,26 @@ class Embedding(tf.keras.layers.Layer):
                       value_dtype=self.params.value_dtype.name,
                       combiner=self.combiner, devices=self.params.devices,
                       bp_v2=self.params.bp_v2, init_capacity=self.params.init_size,
-                      with_unique=self.with_unique, max_norm=self.max_norm)
+                      with_unique=self.with_unique, max_norm=self.max_norm,
+                      # from_config on the logic class makes a layer of the same Keras
+                      keras=self.keras)
+        initializer = self._initializer_config()
+        if initializer is not None:
+            config["initializer"] = initializer
         return config
+
+    def _initializer_config(self):
+        """The initializer as a config value: a number, name, `[dim]` list or a serialized
+        initializer of this layer's Keras; None when it has no such form (then omitted, and
+        from_config uses the default)."""
+        initializer = self.params.initializer
+        if isinstance(initializer, (numbers.Number, str)) and not isinstance(initializer, bool):
+            return initializer
+        if isinstance(initializer, (np.ndarray, list, tuple)):
+            return np.asarray(initializer).tolist()
+        if binding.package_of(initializer) == self.keras:
+            return binding.keras_module(self.keras).initializers.serialize(initializer)
+        return None
 
     # Keras 3 `save_weights` / `load_weights`: the whole table, re-sharded on load.
     def save_own_variables(self, store):
@@ -167,8 +245,8 @@ class SquashedEmbedding(Embedding):
 
     def compute_output_shape(self, input_shape):
         if len(input_shape) == 1:
-            return (self.embedding_size,)
-        return (input_shape[0], self.embedding_size)
+            return self._shape((self.embedding_size,))
+        return self._shape((input_shape[0], self.embedding_size))
 
     def get_config(self):
         config = super().get_config()
@@ -224,11 +302,12 @@ class FieldWiseEmbedding(Embedding):
         return tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.nslots, self.embedding_size)
+        return self._shape((input_shape[0], self.nslots, self.embedding_size))
 
     def get_config(self):
         config = super().get_config()
-        config["nslots"] = self.nslots
+        # the function itself, as TFRA does: from_config round trips, JSON does not
+        config.update(nslots=self.nslots, slot_map_fn=self.slot_map_fn)
         return config
 
 
