@@ -129,3 +129,46 @@ def test_tfs_frozen_keras2_optimizers_train(make):
     # Adam is lazy on the de side: with only rows 0 and 2 ever touched it equals the dense run.
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert not np.allclose(got, 1.0)
+
+
+def test_trainable_wrapper_names_and_placement_follow_tfra():
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("test", reuse=tf.compat.v1.AUTO_REUSE):
+            p1 = de.get_variable(name="p1")
+            with tf.device(CPUS[1]):
+                ids = tf.constant([0, 1, 2], tf.int64)
+            with tf.compat.v1.variable_scope("q"), tf.device(CPUS[0]):
+                _, t1 = de.embedding_lookup(p1, ids, name="emb", return_trainable=True)
+                _, t2 = de.embedding_lookup(p1, ids, name="emb", return_trainable=True)
+                sp = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), [2, 2])
+                _, t3 = de.embedding_lookup_sparse(p1, sp, None, name="sp",
+                                                   return_trainable=True)
+                _, t4 = de.safe_embedding_lookup_sparse(p1, sp, None, name="safe",
+                                                        return_trainable=True)
+        assert (t1.name, t2.name) == ("test/q/emb/emb:0", "test/q/emb/emb_1:0")
+        assert t3.name == "test/q/sp/embedding_lookup/sp/embedding_lookup:0"
+        assert t4.name == ("test/q/safe/embedding_lookup_sparse/embedding_lookup/"
+                           "safe/embedding_lookup_sparse/embedding_lookup:0")
+        assert p1._tables[0].name == "test_p1_mht_1of1"   # pylint: disable=protected-access
+        # the batch's rows live with the ids (the worker), not in the enclosing device scope
+        assert t1.device.endswith("CPU:1")
+
+
+def test_update_op_writes_the_rows_held_back():
+    with tf.Graph().as_default():
+        var = de.get_variable("t300", devices=CPUS[:2], initializer=2.0)
+        emb, wrapper = de.embedding_lookup(var, tf.constant([0, 1, 2, 3, 4], tf.int64),
+                                           max_norm=1.0, return_trainable=True)
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(emb), [[1.0]] * 5)
+            assert sess.run(var.size()) == 0       # a lookup never inserts
+            sess.run(wrapper.update_op())
+            assert sess.run([var.size(), var.size(0), var.size(1)]) == [5, 3, 2]
+            np.testing.assert_array_equal(sess.run(var.lookup(tf.constant([4], tf.int64))),
+                                          [[2.0]])
+    bp = de.Variable(dim=1, bp_v2=True, name="bp_update_op")
+    with tf.GradientTape():
+        _, bp_wrapper = de.embedding_lookup(bp, tf.constant([1], tf.int64), name="l",
+                                            return_trainable=True)
+    with pytest.raises(ValueError, match="bp_v2 variable, needs v0"):
+        bp_wrapper.update_op()

@@ -33,7 +33,7 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     with tf.name_scope(variable_lib.scope_name(name)):
         flat = tf.reshape(ids, [-1])
         unique_ids, index = tf.unique(flat)
-        rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
+        rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable, ids)
         embeddings = tf.gather(rows, index if positions is None else tf.gather(positions, index))
         if max_norm is not None:
             embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])
@@ -66,7 +66,9 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sp_ids, sp_weights)
         with tf.control_dependencies(checks):
-            rows, position_ids, wrapper = _unique_rows(params, sp_ids, name, return_trainable)
+            # TFRA's name of the inner lookup (and so of its TrainableWrapper)
+            rows, position_ids, wrapper = _unique_rows(params, sp_ids, f"{name}/embedding_lookup",
+                                                       return_trainable)
         embeddings = tf.nn.embedding_lookup_sparse(rows, position_ids, sp_weights,
                                                    combiner=combiner, max_norm=max_norm)
         return (embeddings, wrapper) if return_trainable else embeddings
@@ -79,15 +81,25 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
 
     Every id is a key, negative ones included (hashed ids often are; TFRA documents the same,
     where `tf.nn` prunes them); unless combiner is "sum", ids with weights <= 0 are pruned. A
-    row with no ids left gets the row of key `default_id`, or zeros when it is None. `sparse_ids` may be N-D
-    (`[d_0, ..., d_n]`); the result is `[d_0, ..., d_{n-1}, dim]`.
+    row with no ids left gets the row of key `default_id`, or zeros when it is None.
+    `sparse_ids` may be N-D (`[d_0, ..., d_n]`); the result is `[d_0, ..., d_{n-1}, dim]`.
     With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy
+    name = name or "safe_embedding_lookup_sparse"
+    return pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
+                         name, max_norm, return_trainable,
+                         lookup_name=f"{name}/embedding_lookup_sparse/embedding_lookup")
+
+
+def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, name,
+                  max_norm, return_trainable, lookup_name):
+    """`safe_embedding_lookup_sparse` whose rows are read by the lookup called `lookup_name`
+    (Keras layers name it after themselves, so their one TrainableWrapper serves dense and
+    sparse inputs alike)."""
     params = _check_params(embedding_weights, "embedding_weights")
     combiner = _check_combiner(combiner)
     sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
-    name = name or "safe_embedding_lookup_sparse"
     with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sparse_ids, sparse_weights, arg="sparse_weights",
                                 ids_arg="sparse_ids")
@@ -98,7 +110,8 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
             sparse_ids, sparse_weights = _retain(sparse_ids, sparse_weights,
                                                  sparse_weights.values > 0)
         if default_id is None:
-            rows, position_ids, wrapper = _unique_rows(params, sparse_ids, name, return_trainable)
+            rows, position_ids, wrapper = _unique_rows(params, sparse_ids, lookup_name,
+                                                       return_trainable)
             # tf.nn fills empty rows with position 0 and then zeroes them: make sure a row 0
             # exists even when the batch has no ids at all.
             rows = tf.concat([rows, tf.zeros([1, params.dim], rows.dtype)], 0)
@@ -107,7 +120,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
             default_key = variable_lib.typed_tensor(default_id, params.key_dtype, "default_id")
             # The default key goes first, so unique() gives it position 0.
             rows, position_ids, wrapper = _unique_rows(
-                params, sparse_ids, name, return_trainable, leading_key=default_key)
+                params, sparse_ids, lookup_name, return_trainable, leading_key=default_key)
             default_position = 0
         embeddings = tf.nn.safe_embedding_lookup_sparse(
             rows, position_ids, sparse_weights, combiner=combiner, default_id=default_position,
@@ -115,17 +128,19 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         return (embeddings, wrapper) if return_trainable else embeddings
 
 
-def _batch_rows(params, unique_ids, name, return_trainable):
+def _batch_rows(params, unique_ids, name, return_trainable, ids):
     """(rows, positions, wrapper): the rows holding `unique_ids` -- `unique_ids[i]`'s row is
     `rows[positions[i]]`, or `rows[i]` when positions is None -- and the lookup's
     TrainableWrapper, or None when no gradient is wanted.
 
     When training, the rows are read from the lookup's wrapper after it is loaded, so gradients
-    w.r.t. them reach the wrapper (see trainable.needs_wrapper).
+    w.r.t. them reach the wrapper (see trainable.needs_wrapper); a new wrapper is placed with
+    the caller's `ids`.
     """
     if not trainable_lib.needs_wrapper(params, return_trainable):
         return params.lookup(unique_ids), None, None
-    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(params, name))
+    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(params, name),
+                                        ids=ids)
     loaded, positions = wrapper.load(unique_ids)
     with tf.control_dependencies([loaded] if loaded is not None else []):
         return wrapper.read_value(), positions, wrapper
@@ -139,7 +154,8 @@ def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
     unique_ids, index = tf.unique(keys)
     if leading_key is not None:
         index = index[1:]
-    rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable)
+    rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable,
+                                           sp_ids.values)
     if positions is not None:   # this lookup's rows, in unique_ids order (tf.nn indexes them)
         rows = tf.gather(rows, positions)
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)

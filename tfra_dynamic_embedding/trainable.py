@@ -11,6 +11,8 @@ Example:
     grads = tape.gradient(loss, [wrapper])          # IndexedSlices over wrapper rows
 """
 
+import contextlib
+
 import tensorflow as tf
 from tensorflow.python.eager import record  # "is a GradientTape recording?" has no public API
 from tensorflow.python.ops import resource_variable_ops  # ResourceVariable is not public API
@@ -29,7 +31,10 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
     def __init__(self, params, name, trainable=True, track=True):
         self.params = params
-        with tf.init_scope():
+        # `name` is the full name (see wrapper_name), not one inside the caller's name scope.
+        root_scope = (contextlib.nullcontext() if tf.executing_eagerly()
+                      else tf.compat.v1.get_default_graph().name_scope(""))
+        with tf.init_scope(), root_scope:
             # Not in GLOBAL_VARIABLES: the content is transient (re-read every step), so Savers
             # and initializers leave it alone; TRAINABLE_VARIABLES lets v1 `minimize` find it.
             super().__init__(
@@ -127,6 +132,23 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         before = tf.where(exists[:, None], looked_up, tf.zeros_like(looked_up))
         return self.params.accum(ids, self.read_value() - before)
 
+    def update_op(self, v0=None):
+        """TFRA's write-back op: stores the rows held into `params` and updates its restrict
+        policy's status. A bp_v2 variable needs `v0`, the rows as looked up (the change since
+        then is added). Optimizers wrapped by `de.DynamicEmbeddingOptimizer` do this themselves.
+
+        Example (tf.compat.v1): sess.run(wrapper.update_op())   # inserts the batch's rows
+        """
+        if self.params.bp_v2 and v0 is None:
+            raise ValueError(f"update_op of {self.params.name}, a bp_v2 variable, needs v0 (the "
+                             f"rows as looked up); got None")
+        write = self.write_back(v0 if self.params.bp_v2 else None)
+        policy = self.params.restrict_policy
+        if policy is None:
+            return write
+        with tf.control_dependencies([write] if write is not None else []):
+            return tf.group(policy.apply_update(self.batch_ids()))
+
     # Checkpoints save the held rows like any variable's value: they are only the last batch's
     # cache (the tables are what matters), but the standard entry keeps the wrapper loadable
     # wherever an optimizer lists it, including SavedModels served by stock TensorFlow. Restoring
@@ -187,22 +209,35 @@ def needs_wrapper(params, return_trainable=False):
 
 
 def wrapper_name(params, lookup_name):
-    """The name of the wrapper of the lookup called `lookup_name` on `params`."""
-    return f"{params.name}/{lookup_name}/TrainableWrapper"
+    """The name of the wrapper of the lookup called `lookup_name` on `params`: TFRA's
+    `<variable scope>/<lookup name>/<lookup name>` (a tf.compat.v1 graph adds `_1`, `_2`, ...
+    for further lookups of that name)."""
+    del params  # the store it lives in is the variable's own
+    scope = tf.compat.v1.get_variable_scope().name
+    return f"{scope}/{lookup_name}/{lookup_name}" if scope else f"{lookup_name}/{lookup_name}"
 
 
-def wrapper_for(params, name):
+def wrapper_for(params, name, ids=None):
     """The TrainableWrapper of `params` for the lookup called `name`, created on first use.
 
     In eager mode and inside `tf.function` a lookup site is known by its name, so every step
-    reuses one wrapper; a tf.compat.v1 graph builds each lookup once, so each gets its own.
+    reuses one wrapper; a tf.compat.v1 graph builds each lookup once, so each gets its own,
+    placed with the lookup's `ids` (as TFRA: the rows of a batch live with the worker that
+    reads them, not on the parameter server).
     """
     graph = tf.compat.v1.get_default_graph()
     store = params._trainable_store  # pylint: disable=protected-access
-    if not tf.executing_eagerly() and not graph.building_function:
-        name = graph.unique_name(name, mark_as_used=False)
+    in_graph = not tf.executing_eagerly() and not graph.building_function
+    if in_graph:
+        with graph.name_scope(""):   # unique among full names, as the wrapper will be named
+            name = graph.unique_name(name, mark_as_used=False)
     wrapper = store.get(name)
     if wrapper is None:
-        wrapper = TrainableWrapper(params, name=name, trainable=params.trainable)
+        # The ids' device, or none (not the enclosing scope's, e.g. a replica_device_setter
+        # sending variables to a parameter server).
+        place = (tf.compat.v1.device(ids.device or None) if in_graph and ids is not None
+                 else contextlib.nullcontext())
+        with place:
+            wrapper = TrainableWrapper(params, name=name, trainable=params.trainable)
         store[name] = wrapper
     return wrapper

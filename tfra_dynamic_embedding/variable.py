@@ -150,7 +150,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 self._tables = [
                     self._kv_creator.create(
                         self._key_dtype, self._value_dtype, dim,
-                        name=f"{name}_mht_{i + 1}of{shard_num}",
+                        name=f"{tables_lib.base.op_name(name)}_mht_{i + 1}of{shard_num}",
                         device=device,
                         shared_name=(f"{shared_name}_mht_{i + 1}of{shard_num}"
                                      if shared_name else None),
@@ -230,9 +230,15 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         tf.function, where a lookup site is known by its name), or None."""
         from tfra_dynamic_embedding import trainable as trainable_lib  # pylint: disable=import-outside-toplevel
         store = self._trainable_store
-        if name in store:
-            return store[name]
-        return store.get(trainable_lib.wrapper_name(self, name))
+        # A sparse lookup's wrapper is named after its inner lookup, as in TFRA.
+        for candidate in (name, f"{name}/embedding_lookup",
+                          f"{name}/embedding_lookup_sparse/embedding_lookup"):
+            if candidate in store:
+                return store[candidate]
+            full = trainable_lib.wrapper_name(self, candidate)
+            if full in store:
+                return store[full]
+        return None
 
     @property
     def short_file_name(self):
