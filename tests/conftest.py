@@ -29,3 +29,12 @@ def kv_creator(request):
     if creator is None:
         pytest.skip("native op library not built (run `make ops`)")
     return creator
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_graph():
+    """Every test starts with an empty default graph, as tf.test.TestCase does: `de.get_variable`
+    keeps variables in a store of the default graph (eager mode too), so a name reused by two
+    tests must not hand the second test the first one's variable."""
+    tf.compat.v1.reset_default_graph()
+    yield
