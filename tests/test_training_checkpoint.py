@@ -116,3 +116,50 @@ def test_v1_saver_resume_equals_uninterrupted(kv_creator, tmp_path):
     assert len(straight) == 5  # embedding, Adam's m and v, dense weight, size
     for a, b in zip(straight, resumed):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_eager_get_variable_resume_after_graph_reset_equals_uninterrupted(tmp_path):
+    # A notebook / tf.test.TestCase flow: build with de.get_variable, train, save, reset the
+    # default graph, rebuild under the same names, restore, continue. The rebuilt model must
+    # start from the checkpoint, not from the first model's live rows and slots.
+    tf_keras = pytest.importorskip("tf_keras")
+
+    def build():
+        emb = de.get_variable("resume_emb", dim=DIM, devices=CPUS[:2],
+                              initializer=tf.random_normal_initializer(0.0, 0.1, seed=7))
+        w = tf.Variable(tf.linspace(0.5, 1.5, DIM)[:, None])
+        opt = de.DynamicEmbeddingOptimizer(tf_keras.optimizers.legacy.Adam(0.05))
+        return emb, w, opt
+
+    def step(emb, w, opt, ids):
+        ids = tf.constant(ids, tf.int64)
+        with tf.GradientTape() as tape:
+            rows, wrapper = de.embedding_lookup(emb, ids, name="lookup", return_trainable=True)
+            loss = tf.reduce_mean((rows @ w - tf.cast(ids % 2, tf.float32)[:, None]) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, [wrapper, w]), [wrapper, w]))
+
+    def content(emb):
+        keys, values = emb.export()
+        order = np.argsort(keys.numpy())
+        return keys.numpy()[order], values.numpy()[order]
+
+    emb, w, opt = build()
+    for ids in BATCHES:
+        step(emb, w, opt, ids)
+    want_keys, want_values = content(emb)
+
+    tf.compat.v1.reset_default_graph()
+    emb, w, opt = build()
+    for ids in BATCHES[:3]:
+        step(emb, w, opt, ids)
+    path = tf.train.Checkpoint(emb=emb, w=w, opt=opt).save(str(tmp_path / "ckpt"))
+
+    tf.compat.v1.reset_default_graph()
+    emb2, w2, opt2 = build()
+    assert emb2 is not emb and int(emb2.size()) == 0
+    tf.train.Checkpoint(emb=emb2, w=w2, opt=opt2).restore(path)
+    for ids in BATCHES[3:]:
+        step(emb2, w2, opt2, ids)
+    got_keys, got_values = content(emb2)
+    np.testing.assert_array_equal(got_keys, want_keys)
+    np.testing.assert_allclose(got_values, want_values, rtol=1e-5, atol=1e-7)
