@@ -25,7 +25,11 @@ def filled(kv_creator, devices, name="emb", n=50):
 def test_round_trip_same_shards(kv_creator, tmp_path):
     var = filled(kv_creator, CPUS[:2])
     var.save_to_file_system(str(tmp_path))
-    names = sorted(os.listdir(tmp_path))
+    # One committed generation holding both shards under TFRA's names (tables/files.py).
+    record = (tmp_path / "emb_rank0_size1.commit").read_text().strip()
+    assert record.startswith("emb_rank0_size1.gen-")
+    assert sorted(os.listdir(tmp_path)) == sorted(["emb_rank0_size1.commit", record])
+    names = os.listdir(tmp_path / record)
     assert any(n.startswith("emb_mht_1of2_rank0_size1") for n in names)
     assert any(n.startswith("emb_mht_2of2_rank0_size1") for n in names)
     fresh = de.Variable(key_dtype=tf.int64, dim=3, devices=CPUS[:2], name="emb",
@@ -60,7 +64,7 @@ def test_rank_filter_and_env_dir(kv_creator, tmp_path, monkeypatch):
     var.save_to_file_system(str(tmp_path / "ignored"), proc_size=2, proc_rank=1)
     monkeypatch.delenv("TFRA_SAVED_KV")
     assert not os.path.exists(tmp_path / "ignored")
-    assert any("rank1_size2" in n for n in os.listdir(tmp_path / "env"))
+    assert "emb_rank1_size2.commit" in os.listdir(tmp_path / "env")
     fresh = de.Variable(key_dtype=tf.int64, dim=3, devices=CPUS[:1], name="emb",
                         kv_creator=kv_creator)
     fresh.load_from_file_system_with_restore_function(str(tmp_path / "env"), proc_size=2,
@@ -75,7 +79,7 @@ def test_bad_arguments(kv_creator, tmp_path):
         var.save_to_file_system(str(tmp_path), file_name_list=["only_one"])
     with pytest.raises(ValueError, match="append_to_file"):
         var.save_to_file_system(str(tmp_path), append_to_file=True)
-    with pytest.raises(ValueError, match="no shard files of variable 'emb'"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no shard files of variable 'emb'"):
         var.load_from_file_system(str(tmp_path), load_entire_dir=True)
     before = content(var)
     with pytest.raises(tf.errors.OpError):

@@ -6,12 +6,24 @@ with 4 shards restores into 3 (or 1 into 4). TF2 `tf.train.Checkpoint` calls the
 `_serialize_to_tensors` / `_restore_from_tensors`; a `tf.compat.v1.train.Saver` in graph mode
 finds the variable through the SAVEABLE_OBJECTS collection (`register_graph_saveable`).
 
+A variable made with `kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver())` is
+saved to files instead (TFRA's FileSystemSaver): the checkpoint holds only its shard count, and its
+tables go to `save_path`, else to `TFRADynamicEmbedding/` next to the checkpoint files, with
+`save_to_file_system` (all shards committed at once, see tables/files.py); a restore loads them
+re-partitioned over the restoring variable's shards (`load_from_file_system_with_restore_function`).
+
 Example:
     tf.train.Checkpoint(emb=w).save("/tmp/ckpt")                 # TF2
     saver = tf.compat.v1.train.Saver(); saver.save(sess, path)    # graph mode
 """
 
+import os
+import threading
+
 import tensorflow as tf
+# TF's registry of custom checkpoint savers (TF 2.16-2.21): the one hook through which
+# tf.train.Checkpoint hands a saver the checkpoint's file prefix, which FileSystemSaver needs.
+from tensorflow.python.saved_model.registration import registration
 # The v1 Saver only understands SaveableObjects (TF 2.16-2.21: tensorflow.python.training.saving).
 from tensorflow.python.training.saving import saveable_object
 
@@ -37,5 +49,231 @@ class GraphSaveable(saveable_object.SaveableObject):
 
 def register_graph_saveable(variable, name):
     """Graph mode: make `tf.compat.v1.train.Saver()` save `variable` under `name`."""
-    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                                   GraphSaveable(variable, name))
+    saver = file_system_saver_of(variable)
+    saveable = (FileSystemGraphSaveable(variable, name, saver) if saver is not None
+                else GraphSaveable(variable, name))
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
+
+
+def v1_saveable_factories(variable, name):
+    """`_gather_saveables_for_checkpoint` of a variable, which `Saver(var_list=[w])` asks first:
+    its file-system saveable, or nothing (then TF uses `_serialize_to_tensors`)."""
+    saver = file_system_saver_of(variable)
+    if saver is None:
+        return {}
+    return {"file_system": lambda name=name: FileSystemGraphSaveable(variable, name, saver)}
+
+
+# -- FileSystemSaver (TFRA's de.FileSystemSaver) -------------------------------------------------
+
+DIR_NAME = "TFRADynamicEmbedding"
+# TFRA's override of every file-system save and load directory (tables/files.py ENV_DIR; not
+# imported from there: tables/ imports this module).
+_ENV_DIR = "TFRA_SAVED_KV"
+
+
+class DynamicEmbeddingSaver:
+    """TFRA's base class of the `saver=` of a KVCreator; `de.FileSystemSaver` is the one kind."""
+
+
+class FileSystemSaverConfig:
+    """Settings of a `FileSystemSaver` (TFRA's names): proc_size, proc_rank, save_path,
+    buffer_size."""
+
+    def __init__(self, proc_size=None, proc_rank=None, save_path=None, buffer_size=4096):
+        if (proc_size is None) != (proc_rank is None):
+            raise TypeError(f"proc_size and proc_rank must both be set or both be None; got "
+                            f"proc_size={proc_size!r}, proc_rank={proc_rank!r}")
+        proc_size = 1 if proc_size is None else proc_size
+        proc_rank = 0 if proc_rank is None else proc_rank
+        if isinstance(proc_size, bool) or not isinstance(proc_size, int) or proc_size < 1:
+            raise ValueError(f"proc_size must be an int >= 1; got {proc_size!r}")
+        if (isinstance(proc_rank, bool) or not isinstance(proc_rank, int)
+                or not 0 <= proc_rank < proc_size):
+            raise ValueError(f"proc_rank must be an int in [0, proc_size={proc_size}); "
+                             f"got {proc_rank!r}")
+        if save_path is not None and (not isinstance(save_path, str) or not save_path):
+            raise ValueError(f"save_path must be None or a non-empty string; got {save_path!r}")
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive int; got {buffer_size!r}")
+        self.proc_size = proc_size
+        self.proc_rank = proc_rank
+        self.save_path = save_path
+        self.buffer_size = buffer_size
+
+
+class FileSystemSaver(DynamicEmbeddingSaver):
+    """Checkpoints write a variable's tables to files instead of into the checkpoint (TFRA).
+
+    The tables go to `save_path`, else to `TFRADynamicEmbedding/` in the checkpoint's directory
+    (`TFRADynamicEmbedding-<step>/` for `tf.compat.v1.train.Saver.save(..., global_step=step)`),
+    as `save_to_file_system(dir, proc_size, proc_rank)` writes them; restoring reads whatever
+    shard count and ranks wrote them. `$TFRA_SAVED_KV` overrides the directory, as in TFRA.
+    Works with tf.train.Checkpoint (eager, tf.function; a v1-graph `Checkpoint.restore` cannot
+    run registered restores, use tf.compat.v1.train.Saver there) and tf.compat.v1.train.Saver.
+    Note the files hold the latest save: restoring an older checkpoint of the same directory
+    reads the newer tables (TFRA's layout; use `save_path` per checkpoint to keep several).
+
+    Args:
+      proc_size, proc_rank: this process's rank among `proc_size` processes that each save
+        their own part of the variable (e.g. Horovod); both or neither.
+      save_path: directory of the table files (default: next to the checkpoint).
+      buffer_size: accepted for TFRA compatibility (native files stream in ~1 MB blocks).
+
+    Example:
+        w = de.get_variable("emb", dim=8,
+                            kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+        tf.train.Checkpoint(emb=w).save("/ckpt/model")   # tables in /ckpt/TFRADynamicEmbedding/
+    """
+
+    def __init__(self, proc_size=None, proc_rank=None, save_path=None, buffer_size=4096):
+        self.config = FileSystemSaverConfig(proc_size, proc_rank, save_path, buffer_size)
+        _register_checkpoint_saver()
+
+    def __repr__(self):
+        c = self.config
+        return (f"FileSystemSaver(proc_size={c.proc_size}, proc_rank={c.proc_rank}, "
+                f"save_path={c.save_path!r})")
+
+
+def file_system_saver_of(variable):
+    """The `FileSystemSaver` a checkpointed de.Variable was made with, else None."""
+    saver = getattr(getattr(variable, "kv_creator", None), "saver", None)
+    if (isinstance(saver, FileSystemSaver) and getattr(variable, "checkpoint", False)
+            and hasattr(variable, "save_to_file_system")):
+        return saver
+    return None
+
+
+def _sibling_dir(prefix, step_suffix=False):
+    """`<dirname(prefix)>/TFRADynamicEmbedding` (string tensor); with `step_suffix`, the Saver's
+    `-<step>` ending of `prefix` is appended as TFRA's Saver does."""
+    prefix = tf.convert_to_tensor(prefix, tf.string)
+    parent = tf.where(tf.strings.regex_full_match(prefix, ".*/.*"),
+                      tf.strings.regex_replace(prefix, "/[^/]*$", ""), ".")
+    directory = tf.strings.join([parent, DIR_NAME], separator="/")
+    if not step_suffix:
+        return directory
+    has_step = tf.strings.regex_full_match(prefix, r"(.*/)?[^/]*-\d+")
+    step = tf.strings.regex_replace(prefix, r"^.*-(\d+)$", r"\1")
+    return tf.where(has_step, tf.strings.join([directory, "-", step]), directory)
+
+
+def _directory(saver, prefix, step_suffix=False):
+    return saver.config.save_path or _sibling_dir(prefix, step_suffix)
+
+
+def _save(variable, saver, directory):
+    c = saver.config
+    return variable.save_to_file_system(directory, proc_size=c.proc_size, proc_rank=c.proc_rank)
+
+
+def _restore(variable, saver, directory):
+    c = saver.config
+    return variable.load_from_file_system_with_restore_function(
+        os.environ.get(_ENV_DIR) or directory, proc_size=c.proc_size, proc_rank=c.proc_rank)
+
+
+def _global_shard_num(variable, saver):
+    return tf.constant(variable.shard_num * saver.config.proc_size, tf.int32)
+
+
+# tf.train.Checkpoint: a registered saver gets the checkpoint prefix; it writes the tables, then
+# (as TF's contract asks) a small SaveV2 shard that the checkpoint merge waits for, so the table
+# writes run in v1 graphs too.
+_SHARD_NUM_KEY = "/.TFRA_DE_FILE_SYSTEM/global_shard_num"
+_registered = False
+_register_lock = threading.Lock()
+
+
+def _register_checkpoint_saver():
+    global _registered
+    with _register_lock:
+        if not _registered:
+            registration.register_checkpoint_saver(
+                package="tfra_dynamic_embedding", name="FileSystemSaver",
+                predicate=lambda obj: file_system_saver_of(obj) is not None,
+                save_fn=_checkpoint_save, restore_fn=_checkpoint_restore,
+                # A SavedModel loaded without this package revives no de.Variable: let it load.
+                strict_predicate_restore=False)
+            _registered = True
+
+
+def _checkpoint_save(trackables, file_prefix):
+    names, counts, writes = [], [], []
+    for object_name, variable in sorted(trackables.items()):
+        saver = file_system_saver_of(variable)
+        writes.append(_save(variable, saver, _directory(saver, file_prefix)))
+        names.append(object_name + _SHARD_NUM_KEY)
+        counts.append(_global_shard_num(variable, saver))
+    with tf.control_dependencies(writes), tf.device("/CPU:0"):
+        written = tf.raw_ops.SaveV2(prefix=file_prefix, tensor_names=names,
+                                    shape_and_slices=[""] * len(names), tensors=counts)
+        with tf.control_dependencies([written] if written is not None else []):
+            return [tf.identity(file_prefix)]
+
+
+def _checkpoint_restore(trackables, merged_prefix):
+    restores = []
+    for object_name, variable in trackables.items():
+        saver = file_system_saver_of(variable)
+        if saver is None:
+            continue
+        if "/.ATTRIBUTES/" in object_name:
+            # A checkpoint that holds the rows (saved without FileSystemSaver): TF hands the
+            # object over by its first checkpoint key. Read the rows from the checkpoint.
+            base = object_name.rsplit("/.ATTRIBUTES/", 1)[0] + "/.ATTRIBUTES/"
+            with tf.device("/CPU:0"):
+                keys, values = tf.raw_ops.RestoreV2(
+                    prefix=merged_prefix, tensor_names=[base + KEYS, base + VALUES],
+                    shape_and_slices=["", ""],
+                    dtypes=[variable.key_dtype, variable.value_dtype])
+            restores.append(variable.import_(keys, values))
+        else:
+            restores.append(_restore(variable, saver, _directory(saver, merged_prefix)))
+    return restores
+
+
+# tf.compat.v1.train.Saver: a SaveableObject has no view of the file name, but the Saver builds
+# its save and restore ops inside its own name scope, next to its file name placeholder.
+def _v1_saver_filename():
+    graph = tf.compat.v1.get_default_graph()
+    scope = graph.get_name_scope()
+    try:
+        filename = graph.get_tensor_by_name(f"{scope}/Const:0")
+    except (KeyError, ValueError):
+        filename = None
+    if filename is None or filename.op.type != "PlaceholderWithDefault":
+        raise ValueError(
+            f"a de.FileSystemSaver variable can be saved by tf.compat.v1.train.Saver or "
+            f"tf.train.Checkpoint; the saver building name scope {scope!r} is neither")
+    return filename
+
+
+class FileSystemGraphSaveable(saveable_object.SaveableObject):
+    """The v1 `Saver` view of a FileSystemSaver variable: its global shard count goes into the
+    checkpoint (`<name>-prev_global_shard_num`, as TFRA), its tables to files."""
+
+    def __init__(self, variable, name, saver):
+        self._variable = variable
+        self._saver = saver
+        spec = saveable_object.SaveSpec(self._save_tables, "", f"{name}-prev_global_shard_num",
+                                        dtype=tf.int32, device="/device:CPU:0")
+        super().__init__(variable, [spec], name)
+
+    def _save_tables(self):
+        directory = _directory(self._saver, _v1_saver_filename(), step_suffix=True)
+        with tf.control_dependencies([_save(self._variable, self._saver, directory)]):
+            return tf.identity(_global_shard_num(self._variable, self._saver))
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes  # the tables come from the files
+        saver = self._saver
+        if saver.config.save_path:
+            return _restore(self._variable, saver, saver.config.save_path)
+        filename = _v1_saver_filename()
+        # TFRA's Saver: `TFRADynamicEmbedding-<step>` when that exists, else the plain one.
+        stepped = _sibling_dir(filename, step_suffix=True)
+        exists = tf.size(tf.io.matching_files(tf.strings.regex_replace(
+            stepped, r"([*?\[\\])", r"\\\1"))) > 0
+        return _restore(self._variable, saver, tf.where(exists, stepped, _sibling_dir(filename)))

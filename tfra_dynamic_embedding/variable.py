@@ -13,7 +13,6 @@ Example:
 
 import contextlib
 import copy
-import os
 import threading
 import weakref
 
@@ -446,41 +445,51 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
                             dirpath_env=files.ENV_DIR, append_to_file=False,
                             buffer_size=4194304, name=None):
-        """Op writing shard i to `<dir>/<name>_mht_<i+1>of<n>_rank<proc_rank>_size<proc_size>`
-        (or to `file_name_list[i]`); `$TFRA_SAVED_KV` overrides `dirpath`. `buffer_size` is
-        accepted for TFRA compatibility (native files stream in ~1 MB blocks)."""
+        """Op saving every shard, all or nothing: shard i goes to
+        `<name>_mht_<i+1>of<n>_rank<proc_rank>_size<proc_size>` (or `file_name_list[i]`) in a new
+        generation directory under `dirpath`, then one atomic rename commits them together (layout
+        in tables/files.py). `$TFRA_SAVED_KV` overrides `dirpath`, which may be a string tensor.
+        `buffer_size` is accepted for TFRA compatibility (native files stream in ~1 MB blocks).
+
+        Example: `w.save_to_file_system("/ckpt/kv", proc_size=2, proc_rank=1)`.
+        """
         del buffer_size
         if append_to_file:
             raise ValueError("append_to_file=True is not supported: every save writes whole, "
                              "checksummed shard files")
+        _check_proc(proc_size, proc_rank)
         directory = files.resolve_dir(dirpath, dirpath_env)
         names = self._shard_file_names(file_name_list, proc_rank, proc_size)
         with tf.name_scope(name or scope_name(self._name + "_save_to_file_system")):
-            return tf.group(*[files.save_table(t, os.path.join(directory, n))
-                              for t, n in zip(self._tables, names)])
+            return files.save_shards(self._tables, directory, self._name, names, proc_rank,
+                                     proc_size)
 
     def load_from_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
                               dirpath_env=files.ENV_DIR, load_entire_dir=False,
                               buffer_size=4194304, name=None):
-        """Op replacing the content with files of `save_to_file_system`: shard i reads its own
-        file (same shard count), or with `load_entire_dir=True` every shard file of this
-        variable in the directory is read and re-partitioned over the current shards (any shard
-        count; the directory should hold one save, files are found when this is called)."""
+        """Op replacing the content with the last committed `save_to_file_system` (or plain
+        TFRA-layout files where nothing was committed): shard i reads its own file (same shard
+        count), or with `load_entire_dir=True` every shard file of this variable in the directory,
+        any rank and shard count, is read and re-partitioned over the current shards. Which save
+        is read is decided when the op runs."""
         del buffer_size
+        _check_proc(proc_size, proc_rank)
         directory = files.resolve_dir(dirpath, dirpath_env)
         with tf.name_scope(name or scope_name(self._name + "_load_from_file_system")):
             if load_entire_dir:
                 return self._load_files(directory)
             names = self._shard_file_names(file_name_list, proc_rank, proc_size)
-            return tf.group(*[files.load_table(t, os.path.join(directory, n))
-                              for t, n in zip(self._tables, names)])
+            prefixes = files.shard_prefixes(directory, self._name, names, proc_rank, proc_size)
+            return files.load_shards(self._tables, prefixes)
 
     def load_from_file_system_with_restore_function(self, dirpath, proc_size=1, proc_rank=0,
                                                     buffer_size=4194304):
-        """Op loading every shard file of this variable in `dirpath`, whatever shard count and
-        rank wrote them, re-partitioned over the current shards. With `proc_size` > 1 only the
-        keys of rank `proc_rank` (`key % proc_size == proc_rank`, as `default_partition_fn`)."""
+        """Op loading every shard file of this variable in `dirpath` (committed saves, see
+        `load_from_file_system`), whatever shard count and rank wrote them, re-partitioned over the
+        current shards. With `proc_size` > 1 only the keys of rank `proc_rank`
+        (`key % proc_size == proc_rank`, as `default_partition_fn`)."""
         del buffer_size
+        _check_proc(proc_size, proc_rank)
         with tf.name_scope(scope_name(self._name + "_load_from_file_system")):
             return self._load_files(files.resolve_dir(dirpath, None), proc_size, proc_rank)
 
@@ -491,16 +500,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if len(file_name_list) != self.shard_num:
             raise ValueError(f"file_name_list must name one file per shard ({self.shard_num}); "
                              f"got {len(file_name_list)}")
+        if not all(isinstance(n, str) and n and "/" not in n for n in file_name_list):
+            raise ValueError(f"file_name_list must hold plain file names; got {file_name_list!r}")
         return list(file_name_list)
 
     def _load_files(self, directory, proc_size=1, proc_rank=0):
-        prefixes = files.variable_files(directory, self._name)
-        if not prefixes:
-            raise ValueError(f"no shard files of variable {self._name!r} in {directory!r}")
-        read = [files.read_file(p, self._key_dtype, self._value_dtype, self._dim)
-                for p in prefixes]
-        keys = tf.concat([k for k, _ in read], 0)
-        values = tf.concat([v for _, v in read], 0)
+        keys, values = files.read_files(files.variable_files(directory, self._name),
+                                        self._key_dtype, self._value_dtype, self._dim)
         if proc_size > 1:
             mine = tf.equal(default_partition_fn(keys, proc_size), proc_rank)
             keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
@@ -529,6 +535,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         # variables in one var_list overwrite each other. Same names as the collection saveable.
         if not self._checkpoint:
             return {}
+        # A de.FileSystemSaver variable writes its tables to files instead (checkpoint.py).
+        file_system = checkpoint_lib.v1_saveable_factories(self, self._unique_name)
+        if file_system:
+            return file_system
         return {checkpoint_lib.KEYS: lambda name=self._unique_name: checkpoint_lib.GraphSaveable(
             self, name)}
 
@@ -740,6 +750,15 @@ def _outermost_graph():
     while getattr(graph, "outer_graph", None) is not None:
         graph = graph.outer_graph
     return graph
+
+
+def _check_proc(proc_size, proc_rank):
+    if isinstance(proc_size, bool) or not isinstance(proc_size, int) or proc_size < 1:
+        raise ValueError(f"proc_size must be an int >= 1; got {proc_size!r}")
+    if (isinstance(proc_rank, bool) or not isinstance(proc_rank, int)
+            or not 0 <= proc_rank < proc_size):
+        raise ValueError(f"proc_rank must be an int in [0, proc_size={proc_size}); "
+                         f"got {proc_rank!r}")
 
 
 def _checked_dtype(dtype, allowed, arg):

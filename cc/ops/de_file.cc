@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/lib/hash/crc32c.h"
+#include "tensorflow/core/platform/path.h"
 
 namespace tfra_de {
 namespace {
@@ -50,7 +51,19 @@ TableFileWriter::~TableFileWriter() {
 absl::Status TableFileWriter::Open(const std::string& path, const FileHeader& header) {
   path_ = path;
   tmp_path_ = path + UniqueSuffix();
-  absl::Status st = tsl::Env::Default()->NewWritableFile(tmp_path_, &file_);
+  tsl::Env* env = tsl::Env::Default();
+  // A save may name a directory that does not exist yet (a new generation
+  // directory of a multi-shard save, chosen when the op runs).
+  const std::string dir(tsl::io::Dirname(path));
+  if (!dir.empty() && !env->IsDirectory(dir).ok()) {
+    absl::Status made = env->RecursivelyCreateDir(dir);
+    if (!made.ok() && !absl::IsAlreadyExists(made)) {
+      tmp_path_.clear();
+      return absl::Status(made.code(), absl::StrCat("save_to_file: cannot create directory '",
+                                                    dir, "': ", made.message()));
+    }
+  }
+  absl::Status st = env->NewWritableFile(tmp_path_, &file_);
   if (!st.ok()) {
     std::string tmp = tmp_path_;
     tmp_path_.clear();
@@ -89,6 +102,9 @@ absl::Status TableFileWriter::Finish(uint64_t total_rows) {
   uint32_t crc = Mask(Crc(foot, 16));
   std::memcpy(foot + 16, &crc, 4);
   TF_RETURN_IF_ERROR(file_->Append(absl::string_view(foot, 20)));
+  // On disk before it is renamed into place (and before a commit record can
+  // point at it), so a power loss cannot leave a named but empty file.
+  TF_RETURN_IF_ERROR(file_->Sync());
   TF_RETURN_IF_ERROR(file_->Close());
   file_.reset();
   TF_RETURN_IF_ERROR(tsl::Env::Default()->RenameFile(tmp_path_, path_));

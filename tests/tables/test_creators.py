@@ -28,7 +28,7 @@ def test_cuckoo_creator_is_the_default_backend():
 def test_cuckoo_creator_rejects_what_it_cannot_honour():
     with pytest.raises(TypeError, match="config must be a de.CuckooHashTableConfig"):
         de.CuckooHashTableCreator(config={"init_capacity": 10})
-    with pytest.raises(ValueError, match="saver=.* is not supported"):
+    with pytest.raises(TypeError, match="saver must be None or a de.FileSystemSaver"):
         de.CuckooHashTableCreator(saver=object())
 
 

@@ -105,8 +105,15 @@ def test_mismatched_and_missing_files(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a table file at all" * 10)
     with pytest.raises(tf.errors.DataLossError, match="bad magic"):
         wrong_type.load_from(str(tmp_path / "junk"))
+    # A missing directory is created (as TFRA's kernels do; a generation directory of a
+    # multi-shard save is named only when the op runs).
+    t.save_to(str(tmp_path / "no_such_dir" / "sub" / "x"))
+    copy = native.NativeKVTable(tf.int64, tf.float32, 4, "copy")
+    copy.load_from(str(tmp_path / "no_such_dir" / "sub" / "x"))
+    assert snapshot(copy) == snapshot(t)
+    (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(tf.errors.OpError):
-        t.save_to(str(tmp_path / "no_such_dir" / "x"))
+        t.save_to(str(tmp_path / "file" / "x"))  # a directory that cannot be made
     with pytest.raises(tf.errors.InvalidArgumentError, match="path must not be empty"):
         t.save_to("")
 

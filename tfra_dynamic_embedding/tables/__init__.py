@@ -6,6 +6,7 @@ __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashT
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import checkpoint
 from tfra_dynamic_embedding.tables import native
 from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
@@ -32,16 +33,18 @@ class CuckooHashTableCreator(KVCreator):
 
     Example:
         w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(de.CuckooHashTableConfig()))
+        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
     """
 
     def __init__(self, config=None, saver=None):
         if config is not None and not isinstance(config, CuckooHashTableConfig):
             raise TypeError(f"config must be a de.CuckooHashTableConfig; got {config!r}")
-        if saver is not None:
-            raise ValueError(f"saver={saver!r} is not supported: checkpoints save the tables, "
-                             "and NativeKVTable.save_to / load_from write per-shard files")
+        if saver is not None and not isinstance(saver, checkpoint.DynamicEmbeddingSaver):
+            raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
         self.config = config or CuckooHashTableConfig()
-        self.saver = None
+        # With a de.FileSystemSaver, checkpoints write the variable's tables to files
+        # (checkpoint.py).
+        self.saver = saver
 
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         return default_kv_creator(value_dtype, key_dtype).create(

@@ -11,8 +11,6 @@ native table (`tables/native.py`) when the op library is built and the dtypes al
 int32 / int64 / string, floating values), else in TF's MutableHashTable (`tables/builtin.py`).
 """
 
-import os
-
 import tensorflow as tf
 
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
@@ -216,10 +214,6 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
 
     # -- files (tables/files.py) -------------------------------------------------------------
 
-    def _file_prefix(self, dirpath, file_name, dirpath_env):
-        return os.path.join(files.resolve_dir(dirpath, dirpath_env),
-                            base.op_name(file_name or self._name))
-
     def save_to_file_system(self, dirpath, file_name=None, dirpath_env=files.ENV_DIR,
                             append_to_file=False, buffer_size=4194304, name=None):
         """Writes the table to `<dirpath>/<file_name or name>` (`$TFRA_SAVED_KV` overrides
@@ -227,25 +221,20 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         `<prefix>-keys` and `<prefix>-values`. `buffer_size` is accepted for TFRA
         compatibility (native files stream in ~1 MB blocks)."""
         del buffer_size
-        if append_to_file:
-            raise ValueError("append_to_file=True is not supported: every save writes a whole, "
-                             "checksummed file")
-        prefix = self._file_prefix(dirpath, file_name, dirpath_env)
         with self._scope(name, "save_to_file_system"):
-            return files.save_table(self._table, prefix)
+            return files.save_file(self._table, dirpath, file_name or self._name, dirpath_env,
+                                   append_to_file)
 
     def load_from_file_system(self, dirpath, file_name=None, dirpath_env=files.ENV_DIR,
                               load_entire_dir=False, buffer_size=4194304, name=None):
-        """Replaces the content with what `save_to_file_system` wrote under the same names.
-        A truncated or corrupt native file raises DataLossError and leaves the table unchanged.
-        """
+        """Replaces the content with what `save_to_file_system` wrote under the same names, or
+        with `load_entire_dir=True` with every `<name before _mht_>_mht_*` shard file in
+        `dirpath`. A truncated or corrupt native file raises DataLossError and leaves the table
+        unchanged."""
         del buffer_size
-        if load_entire_dir:
-            raise ValueError("load_entire_dir=True is not supported: name the file_name a table "
-                             "was saved under")
-        prefix = self._file_prefix(dirpath, file_name, dirpath_env)
         with self._scope(name, "load_from_file_system"):
-            return files.load_table(self._table, prefix)
+            return files.load_file(self._table, dirpath, file_name or self._name, dirpath_env,
+                                   load_entire_dir)
 
     # -- checkpoints (TF2 object-based; the v1 Saver uses the graph saveable above) ---------
 

@@ -1,13 +1,34 @@
 """Tables to and from files on any TensorFlow filesystem (TFRA's `save_to_file_system`).
 
-One file (native tables) or one pair of files (built-in tables: `<prefix>-keys`,
-`<prefix>-values`, serialized tensors) per shard table, named by `shard_file_name` as TFRA names
-them: `<variable>_mht_<i>of<n>_rank<r>_size<s>`. A native file streams in checksummed blocks;
-loading one replaces the shard's content atomically (a truncated or corrupt file raises
-`DataLossError` and changes nothing).
+One table, one file: a native table streams one checksummed file (written under a temporary name
+and renamed, so it appears whole); a built-in table writes `<prefix>-keys` and `<prefix>-values`
+(serialized tensors). Shard i of n of variable V saved by process `proc_rank` of `proc_size` is
+named as TFRA names it: `V_mht_<i>of<n>_rank<r>_size<s>`. Loading a native file replaces the
+table's content atomically (a truncated or corrupt file raises `DataLossError`, changes nothing).
+
+A variable's save is all-or-nothing over its shards. It writes the shard files into a new
+generation directory and then commits them with one atomic rename of a small record file:
+
+    <dir>/V_rank<r>_size<s>.commit                   names the committed generation (one line)
+    <dir>/V_rank<r>_size<s>.gen-<micros>-<token>/    one save: V_mht_1of2_rank<r>_size<s>, ...
+
+A load reads the committed generation only, so it sees one whole save: the last one committed when
+the load op ran (never a mix of two saves, nor a save cut short by a crash). Each (rank, size) has
+its own record, so processes saving their own ranks into one directory do not touch each other's
+saves. A commit keeps the previously committed generation (a reader that resolved it just before
+may still be reading it) and deletes older generations, uncommitted ones left by interrupted saves
+and stale `*.tmp-*` records; a reader slower than two commits gets an error (NotFoundError, or
+InvalidArgumentError "incomplete"), never a mix: a load checks that all the files of a save are
+there before it replaces any shard.
+Where no record exists for a (rank, size), loads read plain TFRA-layout files `<dir>/V_mht_...`
+(written by TFRA, by older versions of this package, or by the per-table methods).
+The commit is the native op `TfraDeCommitSave` (cc/ops/de_commit.cc); without the op library
+it runs as a `tf.py_function` (graphs and tf.function work, in the Python process that runs them).
+Renames are atomic on local and POSIX filesystems; on object stores (S3, GCS) a rename is a copy.
+One writer per (variable, rank, size) and directory at a time.
 
 Example:
-    w.save_to_file_system("/ckpt/kv")           # one file per shard of de.Variable `w`
+    w.save_to_file_system("/ckpt/kv")           # every shard of de.Variable `w`, committed at once
     w.load_from_file_system("/ckpt/kv")         # the same shard count
     w.load_from_file_system("/ckpt/kv", load_entire_dir=True)  # any shard count: re-partitioned
 """
@@ -20,15 +41,26 @@ import tensorflow as tf
 from tfra_dynamic_embedding.tables import base, native
 
 ENV_DIR = "TFRA_SAVED_KV"
-_SHARD_SUFFIX = re.compile(r"_mht_(\d+)of(\d+)_rank(\d+)_size(\d+)(-keys)?$")
+RECORD_SUFFIX = ".commit"
+GENERATION_MARK = ".gen-"
+_TMP_MARK = ".tmp-"
 
+
+# -- names and paths ----------------------------------------------------------------------------
 
 def resolve_dir(dirpath, dirpath_env=ENV_DIR):
-    """The save directory: `$dirpath_env` when set (TFRA gives it priority), else `dirpath`."""
+    """The save directory: `$dirpath_env` when set (TFRA gives it priority), else `dirpath` (a
+    string or a string tensor)."""
     resolved = (os.environ.get(dirpath_env) if dirpath_env else None) or dirpath
-    if not resolved:
-        raise ValueError(f"dirpath must name a directory; got {dirpath!r}")
-    return resolved
+    if isinstance(resolved, (str, bytes)) or resolved is None:
+        if not resolved:
+            raise ValueError(f"dirpath must name a directory; got {dirpath!r}")
+        resolved = resolved.decode() if isinstance(resolved, bytes) else resolved
+        return resolved.rstrip("/") or "/"
+    resolved = tf.convert_to_tensor(resolved, tf.string)
+    if resolved.shape.rank not in (None, 0):
+        raise ValueError(f"dirpath must be a scalar string; got shape {resolved.shape}")
+    return tf.strings.regex_replace(resolved, "(.)/+$", "\\1")
 
 
 def shard_file_name(name, index, shard_num, proc_rank=0, proc_size=1):
@@ -36,14 +68,67 @@ def shard_file_name(name, index, shard_num, proc_rank=0, proc_size=1):
     return f"{base.op_name(name)}_mht_{index + 1}of{shard_num}_rank{proc_rank}_size{proc_size}"
 
 
+def record_stem(name, proc_rank=0, proc_size=1):
+    """`<variable>_rank<r>_size<s>`: + `.commit` is the commit record, + `.gen-*` a generation."""
+    return f"{base.op_name(name)}_rank{proc_rank}_size{proc_size}"
+
+
+def join(directory, name):
+    """`directory/name`, as a Python string when both are, else as a string tensor."""
+    if isinstance(directory, str) and isinstance(name, str):
+        return directory + name if directory.endswith("/") else f"{directory}/{name}"
+    return tf.strings.join([directory, name], separator="/")
+
+
+def glob_escape(path):
+    """`path` with glob metacharacters escaped, for `tf.io.matching_files`."""
+    if isinstance(path, str):
+        return re.sub(r"([*?\[\\])", r"\\\1", path)
+    return tf.strings.regex_replace(path, r"([*?\[\\])", r"\\\1")
+
+
+def _re_escape(text):
+    """A literal RE2 pattern for `text` (names here hold only [A-Za-z0-9._-])."""
+    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in text)
+
+
+def _basename(paths):
+    return tf.strings.regex_replace(paths, "^.*/", "")
+
+
+def _first_line(content):
+    return tf.strings.strip(tf.strings.regex_replace(content, "(?s)[\r\n].*", ""))
+
+
+def _at_run_time(path):
+    """`path` as a string tensor computed when the op runs. ReadFile and MatchingFiles are not
+    stateful ops: on constant inputs Grappler folds them once into the graph, and a graph run
+    again would read the directory as it was the first time."""
+    never_folded = tf.strings.substr(tf.strings.as_string(tf.timestamp()), 0, 0)  # ""
+    return tf.strings.join([path, never_folded])
+
+
+def _cpu(device):
+    """The CPU of `device`'s task (file and commit ops have CPU kernels only)."""
+    if not device:
+        return ""
+    return tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0).to_string()
+
+
+# -- one table, one file ------------------------------------------------------------------------
+
 def save_table(table, prefix):
-    """Op writing a `KVTable`'s whole content under `prefix`."""
-    tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")
+    """Op writing a `KVTable`'s whole content under `prefix` (a string or string tensor); the
+    directory is created when the op runs."""
     if isinstance(table, native.NativeKVTable):
         return table.save_to(prefix)
     keys, values = table.export()
-    return tf.group(tf.io.write_file(prefix + "-keys", tf.io.serialize_tensor(keys)),
-                    tf.io.write_file(prefix + "-values", tf.io.serialize_tensor(values)))
+    return tf.group(tf.io.write_file(_suffixed(prefix, "-keys"), tf.io.serialize_tensor(keys)),
+                    tf.io.write_file(_suffixed(prefix, "-values"), tf.io.serialize_tensor(values)))
+
+
+def _suffixed(prefix, suffix):
+    return prefix + suffix if isinstance(prefix, str) else tf.strings.join([prefix, suffix])
 
 
 def load_table(table, prefix):
@@ -56,30 +141,286 @@ def load_table(table, prefix):
 
 def read_builtin_file(prefix, key_dtype, value_dtype, dim):
     """(keys `[n]`, values `[n, dim]`) of a built-in table's `<prefix>-keys` / `-values`."""
-    keys = tf.io.parse_tensor(tf.io.read_file(prefix + "-keys"), key_dtype)
-    values = tf.io.parse_tensor(tf.io.read_file(prefix + "-values"), value_dtype)
+    prefix = _at_run_time(prefix)
+    keys = tf.io.parse_tensor(tf.io.read_file(_suffixed(prefix, "-keys")), key_dtype)
+    values = tf.io.parse_tensor(tf.io.read_file(_suffixed(prefix, "-values")), value_dtype)
     return tf.reshape(keys, [-1]), tf.reshape(values, [-1, dim])
 
 
-def read_file(prefix, key_dtype, value_dtype, dim):
-    """(keys, values) tensors of a file written by `save_table`, whichever backend wrote it."""
-    if tf.io.gfile.exists(prefix + "-keys"):
-        return read_builtin_file(prefix, key_dtype, value_dtype, dim)
-    # A native file: stage it in a private native table, then export.
-    staging = native.NativeKVTable(key_dtype, value_dtype, dim, "file_staging")
-    with tf.control_dependencies([staging.load_from(prefix)]):
-        return staging.export()
+def save_file(table, dirpath, file_name=None, dirpath_env=ENV_DIR, append_to_file=False):
+    """TFRA's per-table `save_to_file_system`: op writing `table` to `<dir>/<file_name>` (default:
+    the table's name), a plain file outside any generation."""
+    if append_to_file:
+        raise ValueError("append_to_file=True is not supported: every save writes a whole, "
+                         "checksummed file")
+    return save_table(table, join(resolve_dir(dirpath, dirpath_env),
+                                  _checked_file_name(file_name, table)))
 
 
-def variable_files(dirpath, name):
-    """Prefixes of every shard file of variable `name` in `dirpath` (any shard count, any rank),
-    sorted."""
+def load_file(table, dirpath, file_name=None, dirpath_env=ENV_DIR, load_entire_dir=False):
+    """TFRA's per-table `load_from_file_system`: op replacing `table`'s content with
+    `<dir>/<file_name>`, or with `load_entire_dir=True` with every shard file of the same variable
+    (the name before `_mht_`) in the directory, committed saves first (see the module doc)."""
+    directory = resolve_dir(dirpath, dirpath_env)
+    file_name = _checked_file_name(file_name, table)
+    if not load_entire_dir:
+        return load_table(table, join(directory, file_name))
+    stem = file_name[:file_name.rfind("_mht_")] if "_mht_" in file_name else file_name
+    keys, values = read_files(variable_files(directory, stem), table.key_dtype,
+                              table.value_dtype, table.dim)
+    return table.import_(keys, values)
+
+
+def _checked_file_name(file_name, table):
+    if file_name is None:
+        return base.op_name(table.name)
+    if not isinstance(file_name, str) or not file_name:
+        raise ValueError(f"file_name must be a non-empty string; got {file_name!r}")
+    return base.op_name(file_name)
+
+
+# -- a variable: generations and commit records --------------------------------------------------
+
+def save_shards(tables, directory, name, file_names, proc_rank=0, proc_size=1):
+    """Op saving `tables[i]` as `file_names[i]` into a new generation of variable `name`, then
+    committing it (ordered after every shard write). `directory` may be a string tensor."""
+    stem = record_stem(name, proc_rank, proc_size)
+    with tf.device(_cpu(tables[0].device)):
+        # The time is read when the op runs (each run of a graph's save op writes a fresh
+        # generation); the token tells apart ops built by different processes or calls. (No TF
+        # random op: it would shift the random sequence of a user's seeded program.)
+        micros = tf.cast(tf.timestamp() * 1e6, tf.int64)
+        token = f"-{os.getpid():x}{os.urandom(4).hex()}"
+        generation = tf.strings.join([stem + GENERATION_MARK,
+                                      tf.strings.as_string(micros, width=17, fill="0"), token])
+        generation_dir = join(directory, generation)
+    writes, expected = [], []
+    for table, file_name in zip(tables, file_names):
+        writes.append(save_table(table, join(generation_dir, file_name)))
+        expected += ([file_name] if isinstance(table, native.NativeKVTable)
+                     else [file_name + "-keys", file_name + "-values"])
+    with tf.control_dependencies(writes):
+        with tf.device(_cpu(tables[0].device)):
+            return commit(directory, stem + RECORD_SUFFIX, generation, expected)
+
+
+def commit(directory, record, generation, expected_files):
+    """Op pointing `<directory>/<record>` at `<directory>/<generation>` after checking that it
+    holds `expected_files` (see the module doc); native op, else a `tf.py_function`."""
+    if native.is_available():
+        return native.commit_save(directory, record, generation, expected_files)
+    done = tf.py_function(_commit_in_python,
+                          [directory, record, generation,
+                           tf.convert_to_tensor(list(expected_files), tf.string)],
+                          Tout=tf.bool, name="commit_save")
+    return tf.group(done)
+
+
+def _commit_in_python(directory, record, generation, expected_files):
+    """The commit of cc/ops/de_commit.cc with tf.io.gfile, for builds without the op library."""
+    directory, record, generation = (t.numpy().decode() for t in (directory, record, generation))
+    stem = record[:-len(RECORD_SUFFIX)]
+    generation_dir = join(directory, generation)
+    for name in expected_files.numpy():
+        path = join(generation_dir, name.decode())
+        if not tf.io.gfile.exists(path):
+            raise tf.errors.NotFoundError(None, None, f"commit_save: '{path}' is missing, so the "
+                                          f"save of '{stem}' was not committed")
+    record_path = join(directory, record)
+    previous = ""
+    if tf.io.gfile.exists(record_path):
+        with tf.io.gfile.GFile(record_path) as f:
+            previous = f.read().split("\n", 1)[0].strip()
+    tmp = f"{record_path}{_TMP_MARK}{os.getpid()}-{os.urandom(8).hex()}"
+    try:
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write(generation + "\n")
+        tf.io.gfile.rename(tmp, record_path, overwrite=True)
+    except Exception:
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.remove(tmp)
+        raise
+    for child in tf.io.gfile.listdir(directory):
+        child = child.rstrip("/")
+        if child in (generation, previous):
+            continue
+        path = join(directory, child)
+        try:
+            if child.startswith(stem + GENERATION_MARK):
+                tf.io.gfile.rmtree(path)
+            elif child.startswith(record + _TMP_MARK):
+                tf.io.gfile.remove(path)
+        except tf.errors.OpError:
+            pass  # cleanup is best effort: the save is committed
+    return True
+
+
+def _describe(directory):
+    return repr(directory) if isinstance(directory, str) else "dirpath"
+
+
+def _committed_generation(directory, stem):
+    """String tensor: `directory/<generation>` when `<stem>.commit` exists, else `directory`."""
+    where = _describe(directory)
+    directory = _at_run_time(directory)
+    record = join(directory, stem + RECORD_SUFFIX)
+    found = tf.io.matching_files(glob_escape(record))
+
+    def committed():
+        generation = _first_line(tf.io.read_file(record))
+        valid = tf.strings.regex_full_match(
+            generation, _re_escape(stem + GENERATION_MARK) + "[0-9A-Za-z-]+")
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                valid, True, message=f"corrupt commit record {stem + RECORD_SUFFIX} in "
+                                     f"{where}: it must name a generation "
+                                     f"{stem + GENERATION_MARK}<id>")]):
+            return tf.identity(join(directory, generation))
+
+    return tf.cond(tf.size(found) > 0, committed, lambda: tf.identity(directory))
+
+
+def shard_prefixes(directory, name, file_names, proc_rank=0, proc_size=1):
+    """String tensors `<dir>[/<committed generation>]/<file_names[i]>`, resolved when the ops run
+    (a graph built once loads whatever save is committed when it runs)."""
+    base_dir = _committed_generation(directory, record_stem(name, proc_rank, proc_size))
+    return [join(base_dir, n) for n in file_names]
+
+
+def load_shards(tables, prefixes):
+    """Op loading `tables[i]` from `prefixes[i]`, all or nothing as far as it can: every file must
+    be there before any table is replaced (else NotFoundError naming it), built-in files are all
+    read before any is imported, and each native load is atomic. (A native file failing its
+    checksum halfway leaves the shards before it loaded.)"""
+    expected = []
+    for table, prefix in zip(tables, prefixes):
+        expected += ([prefix] if isinstance(table, native.NativeKVTable)
+                     else [_suffixed(prefix, "-keys"), _suffixed(prefix, "-values")])
+    expected = tf.stack(expected)
+    present = tf.map_fn(lambda path: tf.size(tf.io.matching_files(glob_escape(path))) > 0,
+                        expected, fn_output_signature=tf.bool)
+
+    def first_missing():  # reading it raises TF's own NotFoundError, naming the file
+        missing = tf.boolean_mask(expected, tf.logical_not(present))
+        return tf.strings.length(tf.io.read_file(missing[0])) >= 0
+
+    checked = tf.cond(tf.reduce_all(present), lambda: tf.constant(True), first_missing)
+    with tf.control_dependencies([checked]):
+        reads = [None if isinstance(t, native.NativeKVTable)
+                 else read_builtin_file(tf.identity(p), t.key_dtype, t.value_dtype, t.dim)
+                 for t, p in zip(tables, prefixes)]
+        ready = [checked] + [tensor for read in reads if read for tensor in read]
+    loads = []
+    with tf.control_dependencies(ready):
+        for table, prefix, read in zip(tables, prefixes, reads):
+            loads.append(table.load_from(tf.identity(prefix)) if read is None
+                         else table.import_(*read))
+    return tf.group(*loads)
+
+
+def variable_files(directory, name):
+    """(native prefixes, built-in prefixes), 1-D string tensors: the shard files of variable
+    `name` in `directory`, any shard count and rank. Per (rank, size): its committed generation's
+    files when it has a commit record, else the plain TFRA-layout files. Found when the op runs."""
     stem = base.op_name(name)
-    found = set()
-    for path in tf.io.gfile.glob(os.path.join(dirpath, f"{stem}_mht_*")):
-        base_name = os.path.basename(path)
-        match = _SHARD_SUFFIX.search(base_name)
-        if match and base_name[:match.start()] == stem:
-            found.add(os.path.join(dirpath, base_name[:match.start(5)] if match.group(5)
-                                   else base_name))
-    return sorted(found)
+    where = _describe(directory)
+    directory = _at_run_time(directory)
+    pattern_dir = glob_escape(directory)
+    records = tf.io.matching_files(join(pattern_dir, glob_escape(stem) + "_rank*_size*.commit"))
+    records = tf.boolean_mask(records, tf.strings.regex_full_match(
+        _basename(records), _re_escape(stem) + r"_rank\d+_size\d+" + _re_escape(RECORD_SUFFIX)))
+    record_keys = tf.strings.regex_replace(_basename(records), r"^.*_(rank\d+_size\d+)\.commit$",
+                                           r"\1")
+    generations = tf.map_fn(lambda r: _first_line(tf.io.read_file(r)), records,
+                            fn_output_signature=tf.string)
+    valid = tf.strings.regex_full_match(
+        generations, _re_escape(stem) + r"_rank\d+_size\d+" + _re_escape(GENERATION_MARK)
+        + "[0-9A-Za-z-]+")
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.reduce_all(valid), True,
+            message=f"corrupt commit record of {stem} in {where}: it must name a generation")]):
+        committed = tf.io.matching_files(tf.strings.join(
+            [pattern_dir, "/", glob_escape(generations), "/", glob_escape(stem), "_mht_*"]))
+    committed = tf.boolean_mask(committed, tf.strings.regex_full_match(
+        _basename(committed), _re_escape(stem) + r"_mht_\d+of\d+_rank\d+_size\d+(-keys|-values)?"))
+    with tf.control_dependencies([_check_complete(committed, tf.size(records), stem, where)]):
+        committed = tf.identity(committed)
+    plain = tf.io.matching_files(join(pattern_dir, glob_escape(stem) + "_mht_*"))
+    plain_keys = tf.strings.regex_replace(
+        _basename(plain), r"^.*_mht_\d+of\d+_(rank\d+_size\d+)(-keys|-values)?$", r"\1")
+    # Per-table names carry no rank: a single process's save.
+    plain_keys = tf.strings.regex_replace(plain_keys, r"^.*_mht_\d+of\d+(-keys|-values)?$",
+                                          "rank0_size1")
+    superseded = tf.reduce_any(tf.equal(plain_keys[:, None], record_keys[None, :]), axis=1)
+    paths = tf.concat([committed, tf.boolean_mask(plain, tf.logical_not(superseded))], 0)
+    paths = tf.boolean_mask(paths, tf.strings.regex_full_match(
+        _basename(paths), _re_escape(stem) + r"_mht_\d+of\d+(_rank\d+_size\d+)?(-keys|-values)?"))
+    with tf.control_dependencies([tf.debugging.assert_positive(
+            tf.size(paths), message=f"no shard files of variable {stem!r} in {where}")]):
+        paths = tf.identity(paths)
+    is_keys = tf.strings.regex_full_match(paths, ".*-keys")
+    is_values = tf.strings.regex_full_match(paths, ".*-values")
+    builtin = tf.strings.regex_replace(tf.boolean_mask(paths, is_keys), "-keys$", "")
+    native_files = tf.boolean_mask(paths, tf.logical_not(tf.logical_or(is_keys, is_values)))
+    return native_files, builtin
+
+
+def _check_complete(paths, num_generations, stem, where):
+    """Op failing unless `paths` hold every shard (`_mht_<i>of<n>`, i = 1..n) of each of the
+    `num_generations` committed generations: a reader slower than two commits may see a
+    generation being deleted, which must be an error, never a partial load."""
+    prefixes, _ = tf.unique(tf.strings.regex_replace(paths, "-(keys|values)$", ""))
+    generation_of = tf.strings.regex_replace(prefixes, "/[^/]*$", "")
+    shard_num = tf.strings.to_number(tf.strings.regex_replace(
+        _basename(prefixes), r"^.*_mht_\d+of(\d+)_rank.*$", r"\1"), tf.int32)
+    generations, index, found = tf.unique_with_counts(generation_of)
+    wanted = tf.math.unsorted_segment_max(shard_num, index, tf.size(generations))
+    message = (f"a committed save of {stem!r} in {where} is incomplete (deleted by newer saves "
+               f"while this load read it?)")
+    return tf.group(tf.debugging.assert_equal(tf.size(generations), num_generations,
+                                              message=message),
+                    tf.debugging.assert_equal(found, wanted, message=message))
+
+
+def read_files(prefixes, key_dtype, value_dtype, dim):
+    """(keys `[n]`, values `[n, dim]`) of every file in `prefixes` = (native prefixes, built-in
+    prefixes) as `variable_files` returns them, whichever backend wrote them."""
+    native_prefixes, builtin_prefixes = prefixes
+    key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+    # Unknown-length starts: with static [0] starts Grappler's constant folding takes the loop
+    # results for empty too (tf.size of them folded to 0).
+    empty = (tf.compat.v1.placeholder_with_default(tf.zeros([0], key_dtype), [None]),
+             tf.compat.v1.placeholder_with_default(tf.zeros([0, dim], value_dtype), [None, dim]))
+    keys, values = _read_each(builtin_prefixes, empty,
+                              lambda p: read_builtin_file(p, key_dtype, value_dtype, dim))
+    if native.is_available():
+        # Each native file is staged in a private native table, then exported.
+        staging = native.NativeKVTable(key_dtype, value_dtype, dim, "file_staging")
+
+        def read_native(prefix):
+            with tf.control_dependencies([staging.load_from(prefix)]):
+                return staging.export()
+
+        keys, values = _read_each(native_prefixes, (keys, values), read_native)
+    else:
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.size(native_prefixes), 0,
+                message="native table files need the native op library (`make ops`)")]):
+            keys = tf.identity(keys)
+    return keys, values
+
+
+def _read_each(prefixes, initial, read):
+    """Concatenates `read(prefix)` over a 1-D tensor of prefixes, one file after another."""
+    def body(i, keys, values):
+        # The previous file's rows are inputs of this read: one staging table, in order.
+        with tf.control_dependencies([keys, values]):
+            prefix = tf.identity(prefixes[i])
+        new_keys, new_values = read(prefix)
+        return i + 1, tf.concat([keys, new_keys], 0), tf.concat([values, new_values], 0)
+
+    _, keys, values = tf.while_loop(
+        lambda i, *_: i < tf.size(prefixes), body, (tf.constant(0), *initial),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]),
+                          tf.TensorShape([None, initial[1].shape[1]])),
+        parallel_iterations=1)
+    return keys, values

@@ -77,6 +77,17 @@ def _ops():
     return lib
 
 
+def commit_save(dirpath, record, generation, expected_files):
+    """Op committing a multi-shard save (cc/ops/de_commit.cc; see tables/files.py for the layout):
+    checks `<dirpath>/<generation>/<f>` exists for every f in `expected_files`, renames a new
+    `<dirpath>/<record>` (naming `generation`) over the old one, removes stale generations."""
+    return _ops().tfra_de_commit_save(
+        tf.convert_to_tensor(dirpath, tf.string), tf.convert_to_tensor(record, tf.string),
+        tf.convert_to_tensor(generation, tf.string),
+        tf.convert_to_tensor(list(expected_files), tf.string, name="expected_files")
+        if isinstance(expected_files, (list, tuple)) else expected_files)
+
+
 # ----------------------------------------------------------------------------- initializers --
 
 _INIT_KINDS = ("constant", "uniform", "normal", "truncated_normal")
