@@ -188,3 +188,18 @@ def test_de_math_has_tfras_sparse_helpers():
     np.testing.assert_array_equal(tf.sparse.to_dense(filled).numpy(), [[0, 7], [-1, 0], [8, 0]])
     np.testing.assert_array_equal(empty.numpy(), [False, True, False])
     assert de.math.sparse_reshape(sp, [6]).dense_shape.numpy().tolist() == [6]
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sum"])
+def test_ragged_ids_and_weights_pool_like_their_sparse_form(tables, combiner):
+    # TFRA's ragged lookups take RaggedTensors; they mean the SparseTensor of their entries.
+    w, _ = tables
+    ids = tf.ragged.constant([[1, 2, 2], [], [-7, 3]], dtype=tf.int64)
+    weights = tf.ragged.constant([[1.0, 0.5, 2.0], [], [1.0, 3.0]])
+    w.upsert(tf.constant([-7], tf.int64), tf.fill([1, DIM], 0.25))
+    for lookup in (de.safe_embedding_lookup_sparse, de.embedding_lookup_sparse):
+        got = lookup(w, ids, weights, combiner=combiner)
+        want = lookup(w, ids.to_sparse(), weights.to_sparse(), combiner=combiner)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    with pytest.raises(TypeError, match="sp_ids must be a tf.SparseTensor or tf.RaggedTensor"):
+        de.embedding_lookup_sparse(w, tf.constant([[1]], tf.int64), None)

@@ -54,14 +54,15 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
                             combiner="mean", max_norm=None, return_trainable=False):
     """Like `tf.nn.embedding_lookup_sparse`: combines the rows of each row of `sp_ids`.
 
-    `sp_ids` is a 2-D SparseTensor of keys; `sp_weights` None or a SparseTensor with the same
-    indices; `combiner` one of "mean", "sqrtn", "sum" (None means "mean").
+    `sp_ids` is a 2-D SparseTensor (or RaggedTensor) of keys; `sp_weights` None or a
+    SparseTensor (RaggedTensor) with the same indices; `combiner` one of "mean", "sqrtn", "sum" (None means "mean").
     With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy
     params = _check_params(params, "params")
     combiner = _check_combiner(combiner)
     sp_ids = _check_sparse(sp_ids, params.key_dtype, "sp_ids")
+    sp_weights = _as_sparse(sp_weights)
     name = name or "embedding_lookup_sparse"
     with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sp_ids, sp_weights)
@@ -100,6 +101,7 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
     params = _check_params(embedding_weights, "embedding_weights")
     combiner = _check_combiner(combiner)
     sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
+    sparse_weights = _as_sparse(sparse_weights)
     with tf.name_scope(variable_lib.scope_name(name)):
         checks = _check_weights(sparse_ids, sparse_weights, arg="sparse_weights",
                                 ids_arg="sparse_ids")
@@ -188,9 +190,18 @@ def _check_combiner(combiner):
     return combiner
 
 
+def _as_sparse(ids_or_weights):
+    """A RaggedTensor (TFRA's ragged lookups take them) as the SparseTensor of its entries."""
+    if isinstance(ids_or_weights, tf.RaggedTensor):
+        return ids_or_weights.to_sparse()
+    return ids_or_weights
+
+
 def _check_sparse(sp, key_dtype, arg):
+    sp = _as_sparse(sp)
     if not isinstance(sp, tf.SparseTensor):
-        raise TypeError(f"{arg} must be a tf.SparseTensor; got {type(sp).__name__}")
+        raise TypeError(f"{arg} must be a tf.SparseTensor or tf.RaggedTensor; got "
+                        f"{type(sp).__name__}")
     if sp.dtype != key_dtype:
         raise variable_lib.DTypeError(
             f"{arg} must have dtype {key_dtype.name} (the variable's key_dtype); got {sp.dtype.name}")
