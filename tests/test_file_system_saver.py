@@ -134,6 +134,22 @@ def test_checkpoint_writes_tables_to_files_like_the_plain_reference(kv_creator, 
         assert np.all(np.mod(shard_keys, shards_after) == i)
 
 
+def test_saved_model_export_writes_the_tables_beside_its_variables(tmp_path):
+    """TFRA's Keras flow: `model.save(path)` then `load_weights(path)` on a new model."""
+    module = tf.Module()
+    module.emb = _filled(_fs_creator(), 2)
+    module.lookup = tf.function(lambda ids: de.embedding_lookup(module.emb, ids),
+                                input_signature=[tf.TensorSpec([None], tf.int64)])
+    export_dir = str(tmp_path / "model")
+    tf.saved_model.save(module, export_dir)
+    assert os.path.exists(os.path.join(export_dir, "variables", "TFRADynamicEmbedding",
+                                       "emb_rank0_size1.commit"))
+    target = de.Variable(key_dtype=tf.int64, dim=4, devices=CPUS[:3], name="emb",
+                         kv_creator=_fs_creator())
+    tf.train.Checkpoint(emb=target).restore(os.path.join(export_dir, "variables", "variables"))
+    assert _content(target) == _content(module.emb)
+
+
 def test_plain_checkpoint_restores_into_a_file_system_variable(tmp_path):
     plain = _filled(None, 2)
     path = tf.train.Checkpoint(emb=plain).save(str(tmp_path / "ckpt"))

@@ -199,9 +199,15 @@ def _register_checkpoint_saver():
             _registered = True
 
 
+def _live(variable):
+    """The variable itself, or for a SavedModel's export copy the variable it copies."""
+    return getattr(variable, "_exported_from", variable)
+
+
 def _checkpoint_save(trackables, file_prefix):
     names, counts, writes = [], [], []
     for object_name, variable in sorted(trackables.items()):
+        variable = _live(variable)
         saver = file_system_saver_of(variable)
         writes.append(_save(variable, saver, _directory(saver, file_prefix)))
         names.append(object_name + _SHARD_NUM_KEY)
@@ -214,8 +220,10 @@ def _checkpoint_save(trackables, file_prefix):
 
 
 def _checkpoint_restore(trackables, merged_prefix):
-    restores = []
+    # Returns nothing: TF ignores the result, and a SavedModel traces this into a function,
+    # whose outputs may not be ops (the ops run as the function's stateful ops).
     for object_name, variable in trackables.items():
+        variable = _live(variable)
         saver = file_system_saver_of(variable)
         if saver is None:
             continue
@@ -228,10 +236,9 @@ def _checkpoint_restore(trackables, merged_prefix):
                     prefix=merged_prefix, tensor_names=[base + KEYS, base + VALUES],
                     shape_and_slices=["", ""],
                     dtypes=[variable.key_dtype, variable.value_dtype])
-            restores.append(variable.import_(keys, values))
+            variable.import_(keys, values)
         else:
-            restores.append(_restore(variable, saver, _directory(saver, merged_prefix)))
-    return restores
+            _restore(variable, saver, _directory(saver, merged_prefix))
 
 
 # tf.compat.v1.train.Saver: a SaveableObject has no view of the file name, but the Saver builds

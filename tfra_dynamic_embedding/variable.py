@@ -551,6 +551,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         del tensor_map, options, kwargs
         exported = copy.copy(self)
         exported._tables = [object_map[t] for t in self._tables]  # pylint: disable=protected-access
+        # TF hands a registered saver (de.FileSystemSaver, checkpoint.py) this copy but maps the
+        # captures of its functions from the live tables: it must trace the live variable.
+        object.__setattr__(exported, "_exported_from", self)
         object_map[self] = exported
         return []
 
