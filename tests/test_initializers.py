@@ -234,6 +234,15 @@ def test_unseeded_initializers_draw_a_fresh_row_per_key(kv_creator):
         assert np.abs(rows).max() > 0
 
 
+def test_v1_uniform_initializer_without_maxval_draws_in_zero_one(kv_creator):
+    # tf.compat.v1.random_uniform_initializer() keeps maxval None, meaning 1 for floats.
+    for init in (tf.compat.v1.random_uniform_initializer(),
+                 tf.compat.v1.random_uniform_initializer(seed=5)):
+        w = de.Variable(dim=50, kv_creator=kv_creator, initializer=init)
+        rows = w.lookup(tf.range(40, dtype=tf.int64)).numpy()
+        assert rows.min() >= 0.0 and rows.max() < 1.0 and rows.max() > 0.9
+
+
 # -- constants ---------------------------------------------------------------------------------
 
 CONSTANT_ROWS = {

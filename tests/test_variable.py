@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
 from tests.conftest import CPUS
+from tfra_dynamic_embedding.tables import native
 
 VALUE_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 
@@ -186,7 +187,7 @@ def test_saved_meta_graph_imports_and_restores(tmp_path):
     (dict(dim=2.5), "dim"),
     (dict(key_dtype=tf.float32), "key_dtype"),
     (dict(value_dtype=tf.bool), "value_dtype"),
-    (dict(value_dtype=tf.string), "value_dtype"),
+    (dict(value_dtype=tf.uint16), "value_dtype"),
     (dict(initializer=np.zeros(5), dim=3), "initializer"),
     (dict(partitioner="mod"), "partitioner"),
 ])
@@ -420,3 +421,35 @@ def test_accum_tfra_form_adds_changes_of_existing_keys_and_sets_new_ones(kv_crea
                                   [[13.0], [20.0], [9.0]])
     with pytest.raises(ValueError, match="needs both new_values and exists"):
         w.accum(tf.constant([1], tf.int64), tf.ones([1, 1]), new_values=tf.ones([1, 1]))
+
+
+@pytest.mark.parametrize("key_dtype, value_dtype", [
+    (tf.int64, tf.int8), (tf.string, tf.int8), (tf.int32, tf.int8), (tf.int64, tf.string)])
+def test_int8_and_string_rows_on_the_builtin_backend(key_dtype, value_dtype):
+    # TFRA tables hold int8 and string values too (non-trainable side tables).
+    as_value = (lambda x: np.array(x).astype(str)) if value_dtype == tf.string else \
+        (lambda x: np.array(x, np.int8))
+    as_key = (lambda x: np.array(x).astype(str)) if key_dtype == tf.string else \
+        (lambda x: np.array(x, key_dtype.as_numpy_dtype))
+    w = de.Variable(key_dtype=key_dtype, value_dtype=value_dtype, dim=2, devices=CPUS[:2],
+                    initializer=as_value([-1]), name=f"side_{key_dtype.name}_{value_dtype.name}")
+    assert isinstance(w.kv_creator, de.BuiltinKVCreator)
+    w.upsert(tf.constant(as_key([0, 1, 2])), tf.constant(as_value([[0, 0], [1, 1], [2, 2]])))
+    w.remove(tf.constant(as_key([1, 5])))
+    rows, exists = w.lookup(tf.constant(as_key([0, 1, 2])), return_exists=True)
+    got = rows.numpy()
+    if value_dtype == tf.string:
+        got = np.vectorize(bytes.decode)(got)
+    np.testing.assert_array_equal(got, as_value([[0, 0], [-1, -1], [2, 2]]))
+    np.testing.assert_array_equal(exists.numpy(), [True, False, True])
+    assert int(w.size()) == 2
+    if native.is_available():
+        with pytest.raises(ValueError, match="needs the built-in backend"):
+            de.Variable(value_dtype=value_dtype, dim=2, kv_creator=de.NativeKVCreator())
+
+
+def test_builtin_key_value_pairs_without_a_kernel_are_named():
+    with pytest.raises(ValueError, match="key_dtype string to value_dtype string"):
+        de.Variable(key_dtype=tf.string, value_dtype=tf.string, dim=1)
+    with pytest.raises(ValueError, match="key_dtype int32 to value_dtype int64"):
+        de.Variable(key_dtype=tf.int32, value_dtype=tf.int64, dim=1)

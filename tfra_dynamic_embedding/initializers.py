@@ -111,7 +111,9 @@ def _constant_rows(value, dim, dtype):
             raise ValueError(f"initializer must be a number, an array or an initializer; "
                              f"got {value!r}")
         row = np.asarray(value)
-        if not np.issubdtype(row.dtype, np.number):
+        numeric = np.issubdtype(row.dtype, np.number) or row.dtype.name == "bfloat16"
+        text = row.dtype.kind in "SU" and dtype == tf.string   # string-valued tables
+        if not (numeric or text):
             raise ValueError(f"initializer must be None, a number, a [dim] array or a callable "
                              f"initializer; got {value!r}")
         if row.shape in ((), (1,)):   # one number for every column (TFRA broadcasts [1])
@@ -149,7 +151,9 @@ def _stateful(kind, shape, a, b, dtype):
 def _random_rows(initializer, dim, dtype):
     kind, key_a, key_b = _RANDOM[type(initializer).__name__]
     config = initializer.get_config()
-    a, b = float(config[key_a]), float(config[key_b])
+    # tf.compat.v1's random_uniform_initializer leaves maxval None: 1 for float rows, as TF.
+    a = float(0.0 if config[key_a] is None else config[key_a])
+    b = float(1.0 if config[key_b] is None else config[key_b])
     seed = _seed_of(initializer)
     if seed is not None:
         return lambda keys: keyed_random.keyed_rows(keys, kind, a, b, seed, dim, dtype)

@@ -27,8 +27,8 @@ from tfra_dynamic_embedding.tables import files
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-# Integer rows (e.g. a restrict policy's status) live in the built-in backend only.
-INT_VALUE_DTYPES = (tf.int32, tf.int64)
+# Integer and string rows (e.g. a restrict policy's status) live in the built-in backend only.
+BUILTIN_VALUE_DTYPES = (tf.int8, tf.int32, tf.int64, tf.string)
 
 
 class GraphKeys:
@@ -66,8 +66,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     Args:
       key_dtype: tf.int32, tf.int64 or tf.string.
-      value_dtype: tf.float16, tf.bfloat16, tf.float32 or tf.float64 (tf.int32 / tf.int64 for
-        non-trainable tables on the built-in backend, e.g. a restrict policy's status).
+      value_dtype: tf.float16, tf.bfloat16, tf.float32 or tf.float64 (tf.int8, tf.int32,
+        tf.int64 or tf.string for non-trainable tables on the built-in backend, e.g. a restrict
+        policy's status).
       dim: row length, > 0.
       devices: a device string or list of them, one shard table per entry (default: the current
         device).
@@ -105,7 +106,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                  short_file_name=False):
         self._short_file_name = bool(short_file_name)
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
-        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + INT_VALUE_DTYPES,
+        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + BUILTIN_VALUE_DTYPES,
                                            "value_dtype")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int; got {dim!r}")
@@ -129,8 +130,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                                                                           self._key_dtype)
         if not isinstance(self._kv_creator, tables_lib.KVCreator):
             raise ValueError(f"kv_creator must be a de.KVCreator; got {kv_creator!r}")
-        if self._value_dtype in INT_VALUE_DTYPES and isinstance(self._kv_creator,
-                                                               tables_lib.NativeKVCreator):
+        if self._value_dtype in BUILTIN_VALUE_DTYPES and isinstance(self._kv_creator,
+                                                                   tables_lib.NativeKVCreator):
             raise ValueError(f"value_dtype {self._value_dtype.name} needs the built-in backend "
                              f"(kv_creator=de.BuiltinKVCreator()); native tables hold "
                              f"floating rows")

@@ -16,8 +16,12 @@ from tfra_dynamic_embedding.tables import base
 # Bit-pattern integer types used to compare rows exactly (NaN-safe for floats) when detecting
 # presence; integer rows are their own bit patterns.
 _BITS = {tf.float32: tf.int32, tf.float64: tf.int64, tf.int32: tf.int32, tf.int64: tf.int64}
-# The stock kernels store no 16-bit floats: those rows are kept as float32 (exact, 2x the bytes).
-_STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32}
+# The stock kernels store no 16-bit floats or int8: those rows are kept widened (exact).
+_STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32, tf.int8: tf.int32}
+# Key dtype -> value (storage) dtypes TF registers MutableHashTableOfTensors kernels for.
+_KERNELS = {tf.int32: (tf.int32, tf.float32, tf.float64),
+            tf.int64: (tf.int32, tf.int64, tf.float32, tf.float64, tf.string),
+            tf.string: (tf.int32, tf.int64, tf.float32, tf.float64)}
 
 
 class BuiltinKVTable(base.KVTable):
@@ -26,6 +30,9 @@ class BuiltinKVTable(base.KVTable):
     def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
         super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
         self._storage_dtype = _STORAGE.get(self.value_dtype, self.value_dtype)
+        if self._storage_dtype not in _KERNELS.get(self.key_dtype, ()):
+            raise ValueError(f"the built-in backend has no table from key_dtype "
+                             f"{self.key_dtype.name} to value_dtype {self.value_dtype.name}")
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -50,12 +57,13 @@ class BuiltinKVTable(base.KVTable):
         # first column's every bit: a present key returns its stored row both times, a missing key
         # the two different defaults. Comparing bit patterns makes NaN rows count as present.
         with tf.device(self.device):
-            bits = _BITS.get(self._storage_dtype)
-            if bits is None:
-                raise TypeError(f"lookup_with_exists supports float and int32/int64 values; this "
-                                f"table holds {self.value_dtype.name}")
             default_rows = tf.cast(default_rows, self._storage_dtype)
             rows = self._find(keys, default_rows)
+            if self._storage_dtype == tf.string:   # any other first column will do
+                probe = self._find(keys, tf.concat(
+                    [tf.strings.join([default_rows[:, :1], "\x01"]), default_rows[:, 1:]], 1))
+                return rows, tf.equal(rows[:, 0], probe[:, 0])
+            bits = _BITS[self._storage_dtype]
             flipped = tf.bitcast(tf.bitwise.invert(tf.bitcast(default_rows[:, :1], bits)),
                                  self._storage_dtype)
             probe = self._find(keys, tf.concat([flipped, default_rows[:, 1:]], axis=1))
