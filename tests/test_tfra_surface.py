@@ -172,3 +172,19 @@ def test_update_op_writes_the_rows_held_back():
                                             return_trainable=True)
     with pytest.raises(ValueError, match="bp_v2 variable, needs v0"):
         bp_wrapper.update_op()
+
+
+def test_a_direct_read_of_the_wrapper_sees_the_batch_rows():
+    # TFRA code builds losses on the wrapper itself (loss = wrapper * wrapper): in a v1 graph
+    # that read must wait for the batch's rows, or it reads an unloaded variable.
+    with tf.Graph().as_default():
+        var = de.get_variable("direct", dim=2, initializer=1.0)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        _, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="direct_read")
+        opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        train = opt.minimize(lambda: tf.reduce_sum(wrapper * wrapper), var_list=[wrapper])
+        with tf.compat.v1.Session() as sess:
+            for _ in range(3):
+                sess.run(train, {ids: [3, 5]})
+            got = sess.run(var.lookup(tf.constant([3, 5, 9], tf.int64)))
+    np.testing.assert_allclose(got, [[0.8 ** 3] * 2, [0.8 ** 3] * 2, [1.0, 1.0]], rtol=1e-6)

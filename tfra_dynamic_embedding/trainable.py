@@ -112,11 +112,25 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         return self._read_loaded(self)
 
     def _read_loaded(self, variable):
+        with self._after_load():
+            return variable.read_value()
+
+    def _after_load(self):
+        """In the graph that loads this wrapper, a context ordering reads after the load."""
         loaded = getattr(self, "_loaded", None)
         if loaded is not None and loaded.graph is tf.compat.v1.get_default_graph():
-            with tf.control_dependencies([loaded]):
-                return variable.read_value()
-        return variable.read_value()
+            return tf.control_dependencies([loaded])
+        return contextlib.nullcontext()
+
+    # Every read of the wrapper in its graph -- also a user's own (`loss = wrapper * wrapper`,
+    # as TFRA code writes) -- sees this step's rows: the read waits for the load.
+    def value(self):
+        with self._after_load():
+            return super().value()
+
+    def read_value(self):
+        with self._after_load():
+            return super().read_value()
 
     def write_back(self, looked_up=None):
         """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows
