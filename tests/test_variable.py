@@ -355,12 +355,12 @@ def test_get_variable_inside_tf_function_uses_the_outer_store():
 
 
 def test_placement_scope_chooses_devices():
-    from tfra_dynamic_embedding import variable as variable_lib
+    from tfra_dynamic_embedding import scopes  # pylint: disable=import-outside-toplevel
 
     def resolver(full_name):
         return (CPUS[1:3], None) if full_name == "placed" else None
 
-    with variable_lib.placement_scope(resolver):
+    with scopes.placement_scope(resolver):
         placed = de.get_variable("placed", dim=2)
         other = de.get_variable("not_placed", dim=2, devices=[CPUS[3]])
     assert placed.devices == CPUS[1:3] and other.devices == [CPUS[3]]

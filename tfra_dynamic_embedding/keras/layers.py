@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import embedding_ops
+from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
@@ -88,7 +89,7 @@ class Embedding:
         if isinstance(initializer, dict):   # a serialized Keras initializer (from get_config)
             initializer = binding.keras_module(self.keras).initializers.get(initializer)
         partitioner = partitioner or variable_lib.default_partition_fn
-        placed = variable_lib.resolve_placement(self.name) if devices is None else None
+        placed = scopes.resolve_placement(self.name) if devices is None else None
         if placed is not None:  # inside a placement plan's scope (placement/apply.py)
             devices, partitioner = placed[0], placed[1] or partitioner
         self.params = variable_lib.Variable(

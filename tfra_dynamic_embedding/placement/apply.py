@@ -43,7 +43,7 @@ def partitioner_for(plan, name):
 
 
 def plan_resolver(plan, strict=False):
-    """A resolver for `variable.placement_scope`: full_name -> (devices, partitioner) or None."""
+    """A resolver for `scopes.placement_scope`: full_name -> (devices, partitioner) or None."""
     plan.validate(check_memory=False)
     seen = set()
 
@@ -71,8 +71,8 @@ def plan_scope(plan, strict=False):
 
     Scopes nest; the innermost with an opinion wins.
     """
-    from tfra_dynamic_embedding import variable  # pylint: disable=import-outside-toplevel
-    with variable.placement_scope(plan_resolver(plan, strict=strict)):
+    from tfra_dynamic_embedding import scopes  # pylint: disable=import-outside-toplevel
+    with scopes.placement_scope(plan_resolver(plan, strict=strict)):
         yield plan
 
 
