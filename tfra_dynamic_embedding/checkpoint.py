@@ -31,6 +31,17 @@ KEYS = "keys"
 VALUES = "values"
 
 
+def check_ranks(proc_size, proc_rank):
+    """Raises ValueError naming the argument unless 0 <= proc_rank < proc_size (ints): the
+    process ranks of file-system saves."""
+    if isinstance(proc_size, bool) or not isinstance(proc_size, int) or proc_size < 1:
+        raise ValueError(f"proc_size must be an int >= 1; got {proc_size!r}")
+    if (isinstance(proc_rank, bool) or not isinstance(proc_rank, int)
+            or not 0 <= proc_rank < proc_size):
+        raise ValueError(f"proc_rank must be an int in [0, proc_size={proc_size}); "
+                         f"got {proc_rank!r}")
+
+
 class GraphSaveable(saveable_object.SaveableObject):
     """The v1 `Saver` view of a variable: `<name>-keys` and `<name>-values`."""
 
@@ -86,12 +97,7 @@ class FileSystemSaverConfig:
                             f"proc_size={proc_size!r}, proc_rank={proc_rank!r}")
         proc_size = 1 if proc_size is None else proc_size
         proc_rank = 0 if proc_rank is None else proc_rank
-        if isinstance(proc_size, bool) or not isinstance(proc_size, int) or proc_size < 1:
-            raise ValueError(f"proc_size must be an int >= 1; got {proc_size!r}")
-        if (isinstance(proc_rank, bool) or not isinstance(proc_rank, int)
-                or not 0 <= proc_rank < proc_size):
-            raise ValueError(f"proc_rank must be an int in [0, proc_size={proc_size}); "
-                             f"got {proc_rank!r}")
+        check_ranks(proc_size, proc_rank)
         if save_path is not None and (not isinstance(save_path, str) or not save_path):
             raise ValueError(f"save_path must be None or a non-empty string; got {save_path!r}")
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:

@@ -456,7 +456,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if append_to_file:
             raise ValueError("append_to_file=True is not supported: every save writes whole, "
                              "checksummed shard files")
-        _check_proc(proc_size, proc_rank)
+        checkpoint_lib.check_ranks(proc_size, proc_rank)
         directory = files.resolve_dir(dirpath, dirpath_env)
         names = self._shard_file_names(file_name_list, proc_rank, proc_size)
         with tf.name_scope(name or scope_name(self._name + "_save_to_file_system")):
@@ -472,7 +472,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         any rank and shard count, is read and re-partitioned over the current shards. Which save
         is read is decided when the op runs."""
         del buffer_size
-        _check_proc(proc_size, proc_rank)
+        checkpoint_lib.check_ranks(proc_size, proc_rank)
         directory = files.resolve_dir(dirpath, dirpath_env)
         with tf.name_scope(name or scope_name(self._name + "_load_from_file_system")):
             if load_entire_dir:
@@ -488,7 +488,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         current shards. With `proc_size` > 1 only the keys of rank `proc_rank`
         (`key % proc_size == proc_rank`, as `default_partition_fn`)."""
         del buffer_size
-        _check_proc(proc_size, proc_rank)
+        checkpoint_lib.check_ranks(proc_size, proc_rank)
         with tf.name_scope(scope_name(self._name + "_load_from_file_system")):
             return self._load_files(files.resolve_dir(dirpath, None), proc_size, proc_rank)
 
@@ -643,15 +643,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
 
 # -- small helpers ----------------------------------------------------------------------------
-def _check_proc(proc_size, proc_rank):
-    if isinstance(proc_size, bool) or not isinstance(proc_size, int) or proc_size < 1:
-        raise ValueError(f"proc_size must be an int >= 1; got {proc_size!r}")
-    if (isinstance(proc_rank, bool) or not isinstance(proc_rank, int)
-            or not 0 <= proc_rank < proc_size):
-        raise ValueError(f"proc_rank must be an int in [0, proc_size={proc_size}); "
-                         f"got {proc_rank!r}")
-
-
 def _checked_dtype(dtype, allowed, arg):
     try:
         dtype = tf.as_dtype(dtype)
