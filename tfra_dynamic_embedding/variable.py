@@ -73,7 +73,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
       partitioner: `fn(keys, shard_num) -> int32 shard ids` in [0, shard_num).
       shared_name: tables with the same shared name on one device share storage.
       name: the variable's name (also its checkpoint name in graph mode).
-      initializer: None (zeros), a number, a `[dim]` array, a TF/Keras initializer or its name.
+      initializer: None (zeros), a number, a `[1]` or `[dim]` array, a TF/Keras initializer or
+        its name. A seeded random initializer makes a key's row a pure function of (seed, key).
       trainable: whether optimizers may train it.
       checkpoint: whether checkpoints save it.
       init_size: expected number of keys (a sizing hint for backends that pre-allocate).
