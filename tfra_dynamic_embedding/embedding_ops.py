@@ -141,7 +141,7 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids):
     """
     if not trainable_lib.needs_wrapper(params, return_trainable):
         return params.lookup(unique_ids), None, None
-    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(params, name),
+    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name),
                                         ids=ids)
     loaded, positions = wrapper.load(unique_ids)
     with tf.control_dependencies([loaded] if loaded is not None else []):

@@ -222,11 +222,10 @@ def needs_wrapper(params, return_trainable=False):
             or record.could_possibly_record())
 
 
-def wrapper_name(params, lookup_name):
-    """The name of the wrapper of the lookup called `lookup_name` on `params`: TFRA's
-    `<variable scope>/<lookup name>/<lookup name>` (a tf.compat.v1 graph adds `_1`, `_2`, ...
-    for further lookups of that name)."""
-    del params  # the store it lives in is the variable's own
+def wrapper_name(lookup_name):
+    """The name of the wrapper of the lookup called `lookup_name` (in its variable's store):
+    TFRA's `<variable scope>/<lookup name>/<lookup name>` (a tf.compat.v1 graph adds `_1`, `_2`,
+    ... for further lookups of that name)."""
     scope = tf.compat.v1.get_variable_scope().name
     return f"{scope}/{lookup_name}/{lookup_name}" if scope else f"{lookup_name}/{lookup_name}"
 

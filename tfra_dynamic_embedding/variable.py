@@ -234,7 +234,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                           f"{name}/embedding_lookup_sparse/embedding_lookup"):
             if candidate in store:
                 return store[candidate]
-            full = trainable_lib.wrapper_name(self, candidate)
+            full = trainable_lib.wrapper_name(candidate)
             if full in store:
                 return store[full]
         return None

@@ -102,7 +102,7 @@ class Embedding:
         # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
         # before and after training). It is transient: save_own_variables stores the table.
         wrapper = trainable_lib.wrapper_for(
-            self.params, trainable_lib.wrapper_name(self.params, self.name))
+            self.params, trainable_lib.wrapper_name(self.name))
         wrapper.regularizer = None  # Keras reads it off every trainable weight
         if self.params.trainable:
             _trainable_weight_list(self).append(wrapper)
