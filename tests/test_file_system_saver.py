@@ -227,11 +227,11 @@ def test_file_system_saver_rejects_bad_arguments():
     assert de.CuckooHashTableCreator(saver=saver).saver is saver
 
 
-# -- per-table methods on the backend tables (KVTable) ----------------------------------------
+# -- per-table methods (TFRA's, on `var.tables[i]`) ---------------------------------------------
 
-def test_kv_table_file_methods(kv_creator, tmp_path):
+def test_table_file_methods(kv_creator, tmp_path):
     var = _filled(kv_creator, 2)
-    tables = [t.kv_table for t in var.tables]
+    tables = list(var.tables)
     for table in tables:
         table.save_to_file_system(str(tmp_path))   # default name: the table's own
     suffixes = [""] if isinstance(kv_creator, de.NativeKVCreator) else ["-keys", "-values"]
@@ -241,12 +241,12 @@ def test_kv_table_file_methods(kv_creator, tmp_path):
                        kv_creator=kv_creator)
     copy.upsert(tf.constant([10**12], tf.int64), tf.ones([1, 4]))  # replaced by the loads
     for src, dst in zip(tables, copy.tables):
-        dst.kv_table.load_from_file_system(str(tmp_path), file_name=src.name)
+        dst.load_from_file_system(str(tmp_path), file_name=src.name)
     assert _content(copy) == _content(var)
     # load_entire_dir: every `emb_mht_*` file of the directory, into one table.
     single = de.Variable(key_dtype=tf.int64, dim=4, devices=CPUS[:1], name="emb",
                          kv_creator=kv_creator)
-    single.tables[0].kv_table.load_from_file_system(str(tmp_path), load_entire_dir=True)
+    single.tables[0].load_from_file_system(str(tmp_path), load_entire_dir=True)
     assert _content(single) == _content(var)
     with pytest.raises(ValueError, match="append_to_file"):
         tables[0].save_to_file_system(str(tmp_path), append_to_file=True)

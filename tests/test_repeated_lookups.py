@@ -67,3 +67,13 @@ def test_a_new_step_replaces_the_rows_held():
         np.testing.assert_array_equal(np.sort(wrapper.batch_ids().numpy()), ids)
     np.testing.assert_array_equal(var.lookup(tf.constant([1, 2, 7], tf.int64)).numpy(),
                                   [[-1.0], [-1.0], [-1.0]])
+
+
+def test_eager_lookups_outside_a_tape_do_not_pile_up():
+    # Without a recording tape (inspection, return_trainable=True), a lookup replaces the rows
+    # held: the wrapper does not grow across calls that no optimizer step ends.
+    var = de.Variable(dim=2, initializer=1.0, name="no_pile")
+    for ids in ([1, 2], [3], [4, 5, 6]):
+        _, wrapper = de.embedding_lookup(var, tf.constant(ids, tf.int64), name="look",
+                                         return_trainable=True)
+        np.testing.assert_array_equal(np.sort(wrapper.batch_ids().numpy()), ids)

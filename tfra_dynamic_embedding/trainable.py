@@ -12,6 +12,7 @@ Example:
 """
 
 import contextlib
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.eager import record  # "is a GradientTape recording?" has no public API
@@ -80,13 +81,15 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         `unique_ids[i]`). Later lookups of the same step -- one name used twice in a loss, or a
         layer shared by two features -- add their ids after the held ones and return where
         their rows sit, so the gradients of every lookup point at their own rows. A step is a
-        tf.function trace, or in eager mode the time until the write-back (or a step whose
-        gradient skipped this wrapper) ends it; a tf.compat.v1 graph gives each lookup its
-        own wrapper.
+        tf.function trace, or in eager mode the lookups under a recording GradientTape until the
+        write-back (or a step whose gradient skipped this wrapper) ends it; a tf.compat.v1
+        graph gives each lookup its own wrapper.
         """
         step = _step_marker()
-        if step is None or self._open_step is not step:
-            self._open_step = step
+        open_step = self._open_step() if self._open_step is not None else None
+        if step is None or open_step is not step:
+            # A weak reference: a traced graph must not live on in the wrapper.
+            self._open_step = None if step is None else weakref.ref(step)
             return self.prefetch(unique_ids), None
         held = self.batch_ids()
         held_count = tf.size(held)
@@ -172,14 +175,19 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         return tf.no_op()
 
 
-_EAGER_STEP = object()
+class _EagerStep:
+    """The marker of eager steps (a class, so that it can be weakly referenced)."""
+
+
+_EAGER_STEP = _EagerStep()
 
 
 def _step_marker():
     """What one training step's lookups share: the tf.function graph being traced, a marker for
-    eager execution, or None in a tf.compat.v1 graph (where lookups never share a wrapper)."""
+    eager lookups under a recording GradientTape, or None (a tf.compat.v1 graph, where lookups
+    never share a wrapper, or an eager lookup outside a tape, which replaces the rows held)."""
     if tf.executing_eagerly():
-        return _EAGER_STEP
+        return _EAGER_STEP if record.could_possibly_record() else None
     graph = tf.compat.v1.get_default_graph()
     return graph if graph.building_function else None
 

@@ -21,6 +21,7 @@ from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import data_flow
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
+from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding.tables import files
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
@@ -227,7 +228,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def get_trainable_by_name(self, name):
         """The TrainableWrapper of the lookup called `name` (e.g. in eager mode or a
         tf.function, where a lookup site is known by its name), or None."""
-        from tfra_dynamic_embedding import trainable as trainable_lib  # pylint: disable=import-outside-toplevel
         store = self._trainable_store
         # A sparse lookup's wrapper is named after its inner lookup, as in TFRA.
         for candidate in (name, f"{name}/embedding_lookup",
@@ -273,21 +273,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return views
 
     def _default_row(self):
-        """TFRA's static default value of the shard tables: the initializer's `[dim]` row (one
-        draw for random initializers), zeros when it cannot make one."""
-        init, dim, dtype = self._initializer, self._dim, self._value_dtype
-        try:
-            if isinstance(init, str):
-                init = tf.keras.initializers.get(init)
-            if callable(init) and not isinstance(init, (tf.Tensor, tf.Variable)):
-                init = init(shape=[dim], dtype=dtype)
-            if init is None:
-                return tf.zeros([dim], dtype)
-            row = tf.reshape(tf.cast(init, dtype), [-1])
-            return tf.broadcast_to(row, [dim]) if row.shape.num_elements() == 1 else \
-                tf.reshape(row, [dim])
-        except (TypeError, ValueError, tf.errors.OpError):
-            return tf.zeros([dim], dtype)
+        """The shard tables' static default value (TFRA's): the initializer's row of key 0 --
+        the constant row, a seeded initializer's keyed row, or one draw of an unseeded one."""
+        return self._make_rows(tf.zeros([1], self._key_dtype))[0]
 
     # -- data plane -------------------------------------------------------------------------
     def restrict(self, num_reserved, **kwargs):
@@ -399,7 +387,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         """Number of keys (int64): of shard `index`, or of all shards when index is None.
 
         In a tf.compat.v1 graph the op is built once per graph and index (as TFRA does), so
-        `size()` also works after the graph is finalized (e.g. in a MonitoredTrainingSession).
+        `size()` also works after the graph is finalized (e.g. in a MonitoredTrainingSession);
+        `name` names that first op.
         """
         if index is not None and not 0 <= index < self.shard_num:
             raise ValueError(

@@ -112,37 +112,6 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
     def import_(self, keys, values):
         """Replace the whole content of the shard with `keys`/`values`."""
 
-    # -- files (TFRA's per-table names; tables/files.py) --------------------------------------
-
-    def save_to_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
-                            append_to_file=False, buffer_size=4194304, name=None):
-        """Op writing this table to `<dirpath>/<file_name or table name>` (`$dirpath_env`, when
-        set, overrides `dirpath`): one checksummed file for a native table (it appears whole),
-        `-keys` / `-values` files for a built-in one. `buffer_size` is accepted for TFRA.
-
-        Example: `w.tables[0].save_to_file_system("/ckpt/kv")` (for all shards at once, use
-        `w.save_to_file_system`, which commits them together).
-        """
-        # files.py builds on this module, hence the late import.
-        from tfra_dynamic_embedding.tables import files  # pylint: disable=import-outside-toplevel
-        del buffer_size
-        with tf.name_scope(name or f"{op_name(self.name)}_save_to_file_system"):
-            return files.save_file(self, dirpath, file_name, dirpath_env, append_to_file)
-
-    def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
-                              load_entire_dir=False, buffer_size=4194304, name=None):
-        """Op replacing this table's content with `<dirpath>/<file_name or table name>`, or with
-        `load_entire_dir=True` with every shard file of the same variable (the name before
-        `_mht_`) in `dirpath`, any shard count and rank (committed saves first, tables/files.py).
-
-        Example: `w.tables[0].load_from_file_system("/ckpt/kv")`.
-        """
-        # files.py builds on this module, hence the late import.
-        from tfra_dynamic_embedding.tables import files  # pylint: disable=import-outside-toplevel
-        del buffer_size
-        with tf.name_scope(name or f"{op_name(self.name)}_load_from_file_system"):
-            return files.load_file(self, dirpath, file_name, dirpath_env, load_entire_dir)
-
 
 class KVCreator(metaclass=abc.ABCMeta):
     """Makes the shard tables of a Variable; `de.Variable(kv_creator=...)` selects the backend."""

@@ -222,7 +222,8 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         compatibility (native files stream in ~1 MB blocks)."""
         del buffer_size
         with self._scope(name, "save_to_file_system"):
-            return files.save_file(self._table, dirpath, file_name or self._name, dirpath_env,
+            return files.save_file(self._table, dirpath,
+                                   self._name if file_name is None else file_name, dirpath_env,
                                    append_to_file)
 
     def load_from_file_system(self, dirpath, file_name=None, dirpath_env=files.ENV_DIR,
@@ -233,7 +234,8 @@ class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
         unchanged."""
         del buffer_size
         with self._scope(name, "load_from_file_system"):
-            return files.load_file(self._table, dirpath, file_name or self._name, dirpath_env,
+            return files.load_file(self._table, dirpath,
+                                   self._name if file_name is None else file_name, dirpath_env,
                                    load_entire_dir)
 
     # -- checkpoints (TF2 object-based; the v1 Saver uses the graph saveable above) ---------
