@@ -1,15 +1,22 @@
 """Alias package: `import tensorflow_recommenders_addons.dynamic_embedding as de`.
 
-Holds no logic; `dynamic_embedding` is `tfra_dynamic_embedding` itself.
+`dynamic_embedding` is `tfra_dynamic_embedding` itself. As TFRA does, importing it registers
+this package's kernels with TensorFlow, so that a plain `tf.distribute.Server` in the same
+process (a parameter server) can host native tables placed on it by remote clients.
+(`import tfra_dynamic_embedding` alone stays light: `tfra-de` commands that need no TensorFlow
+start fast.)
 """
 
 import sys
 
 import tfra_dynamic_embedding as dynamic_embedding
+from tfra_dynamic_embedding.tables import native as _native
 
 # Register the alias so `import tensorflow_recommenders_addons.dynamic_embedding` (and its
 # submodules such as `.keras`) resolve to the real package's module objects.
 sys.modules[__name__ + ".dynamic_embedding"] = dynamic_embedding
+
+_native.is_available()  # loads the op library (a warning, not an error, when it is not built)
 
 __version__ = dynamic_embedding.__version__
 

@@ -6,6 +6,7 @@
     tfra-de evaluate --plan plan.json              # re-score a (hand-edited) plan
     tfra-de workloads generate --tables 856 --out pool/ --split --tasks 10
     tfra-de workloads import --criteo day_0.tsv --out criteo_tables.json
+    tfra-de server --cluster cluster.json --job ps --task 0   # a PS with the kernels loaded
 
 Adding a subcommand: write `add_parser(subparsers)` in any module -- it creates its parser with
 `subparsers.add_parser(name, help=...)`, sets `parser.set_defaults(run=fn)` where
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "demo": "tfra_dynamic_embedding.demo.run:add_parser",
     "benchmark": "tfra_dynamic_embedding.placement.benchmark.collect:add_parser",
     "train-planner": "tfra_dynamic_embedding.placement.train:add_parser",
+    "server": "tfra_dynamic_embedding.distributed.server:add_parser",
 }
 
 

@@ -1,0 +1,143 @@
+"""LocalCluster: TensorFlow servers (and client scripts) as separate processes on loopback.
+
+Every process is started with `subprocess` (never fork after importing TensorFlow), writes its
+output to a log file, and is killed by its pid when the cluster closes -- also when the code
+using it fails. Servers also exit by themselves when the launching process is gone.
+
+Example:
+    with LocalCluster(ps=2) as cluster:              # two `tfra-de server` processes
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
+        ...
+        cluster.kill("ps", 1)                        # SIGKILL, e.g. to test failures
+        cluster.start_server("ps", 1)                # the same address again
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfra_dynamic_embedding.distributed import cluster as cluster_lib
+from tfra_dynamic_embedding.distributed import server as server_lib
+
+
+class ProcessError(RuntimeError):
+    """A cluster process died or did not get ready in time (the message has its log's tail)."""
+
+
+class LocalCluster:
+    """A loopback cluster spec and the processes started on it.
+
+    Args:
+      servers: which jobs get a `tfra-de server` process per task on `start()` (default: ps and
+        worker; a chief is usually the calling process or a script started with `run`).
+      log_dir: where each process writes `<job>_<task>.log` (default: a temporary directory).
+      env: extra environment variables for every process.
+      **job_sizes: tasks per job, e.g. ps=2, worker=2, chief=1.
+    """
+
+    def __init__(self, servers=("ps", "worker"), log_dir=None, env=None, **job_sizes):
+        self.spec = cluster_lib.local_spec(**job_sizes)
+        self._servers = tuple(job for job in servers if job in self.spec)
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="tfra_de_cluster_")
+        self._env = dict(env or {})
+        self.processes = {}  # (job, task) -> Popen
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self, timeout=120.0):
+        """Starts a server for every task of the server jobs; waits until all are ready."""
+        for job in self._servers:
+            for task in range(len(self.spec[job])):
+                self.start_server(job, task, wait=False)
+        deadline = time.monotonic() + timeout
+        for job in self._servers:
+            for task in range(len(self.spec[job])):
+                self.wait_ready(job, task, max(1.0, deadline - time.monotonic()))
+        return self
+
+    def close(self):
+        """Kills every process still running (SIGKILL by pid) and reaps it."""
+        for key in list(self.processes):
+            self.kill(*key)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- processes ----------------------------------------------------------------------------
+    def start_server(self, job, task, wait=True, timeout=120.0):
+        """Starts (or restarts) the `tfra-de server` of task `task` of `job` at its address."""
+        argv = [sys.executable, "-m", "tfra_dynamic_embedding.distributed.server",
+                "--cluster", json.dumps(self.spec), "--job", job, "--task", str(task),
+                "--parent-pid", str(os.getpid())]
+        self._spawn((job, task), argv, {})
+        if wait:
+            self.wait_ready(job, task, timeout)
+
+    def run(self, job, task, argv, env=None):
+        """Starts `argv` (e.g. [sys.executable, "worker.py"]) as task `task` of `job`, with
+        `TF_CONFIG` naming that task; returns its Popen (killed on close like the servers)."""
+        extra = {"TF_CONFIG": cluster_lib.tf_config(self.spec, job, task)}
+        extra.update(env or {})
+        return self._spawn((job, task), argv, extra)
+
+    def _spawn(self, key, argv, extra_env):
+        if key in self.processes and self.processes[key].poll() is None:
+            raise ProcessError(f"/job:{key[0]}/task:{key[1]} is already running")
+        env = dict(os.environ)
+        env.update(self._env)
+        env.update(extra_env)
+        with open(self.log_path(*key), "ab") as log:
+            self.processes[key] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, env=env)
+        return self.processes[key]
+
+    def wait_ready(self, job, task, timeout=120.0):
+        """Blocks until the server of (job, task) printed its ready line; ProcessError if it
+        exits first or `timeout` seconds pass."""
+        proc = self.processes[(job, task)]
+        deadline = time.monotonic() + timeout
+        while server_lib.READY not in self.log(job, task):
+            if proc.poll() is not None:
+                raise ProcessError(f"/job:{job}/task:{task} exited with {proc.returncode}:\n"
+                                   f"{self.log(job, task)[-3000:]}")
+            if time.monotonic() > deadline:
+                raise ProcessError(f"/job:{job}/task:{task} not ready after {timeout:.0f} s:\n"
+                                   f"{self.log(job, task)[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self, job, task, sig=signal.SIGKILL, timeout=30.0):
+        """Sends `sig` to the process of (job, task) and waits for it; returns its exit code."""
+        proc = self.processes.pop((job, task), None)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+                return proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return proc.wait()
+
+    def log_path(self, job, task):
+        return os.path.join(self.log_dir, f"{job}_{task}.log")
+
+    def log(self, job, task):
+        """The output of (job, task) so far (all of its runs)."""
+        try:
+            with open(self.log_path(job, task), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def address(self, job, task):
+        return self.spec[job][task]
+
+    def devices(self, job="ps"):
+        """`/job:<job>/replica:0/task:<i>` for every task of `job` (e.g. a Variable's devices)."""
+        return [f"/job:{job}/replica:0/task:{i}" for i in range(len(self.spec.get(job, [])))]
