@@ -23,6 +23,8 @@ import time
 from tfra_dynamic_embedding.distributed import cluster as cluster_lib
 from tfra_dynamic_embedding.distributed import server as server_lib
 
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 class ProcessError(RuntimeError):
     """A cluster process died or did not get ready in time (the message has its log's tail)."""
@@ -90,6 +92,10 @@ class LocalCluster:
         if key in self.processes and self.processes[key].poll() is None:
             raise ProcessError(f"/job:{key[0]}/task:{key[1]} is already running")
         env = dict(os.environ)
+        # Children import this very package, wherever it lives (an install, a source tree,
+        # Bazel's runfiles).
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env.update(self._env)
         env.update(extra_env)
         with open(self.log_path(*key), "ab") as log:
