@@ -3,6 +3,7 @@
 #   make venv    .venv/ with TensorFlow (CPU), tf-keras, test tools, the package (editable) + its ops
 #   make test    make venv, then the pytest suite, then `bazel test //...`
 #   make demo    run the end-to-end demo of the command line tool
+#   make demo-cluster  the demo with its tables on 2 local PS processes (tfra-de demo --ps 2)
 #   make ops     rebuild the native op library (incremental)
 #   make bench   run the benchmarks in benchmarks/ (optional; never fails on speed)
 #   make clean   remove build outputs (keeps .venv);  make distclean  also removes .venv
@@ -26,10 +27,10 @@ BAZEL_ARGS ?= $(if $(CI),--config=ci,)
 DEPS_STAMP := $(VENV)/.tfra-deps.stamp
 INSTALL_STAMP := $(VENV)/.tfra-install.stamp
 
-.PHONY: help venv ops configure test pytest bazel-test bazel-install demo bench clean distclean
+.PHONY: help venv ops configure test pytest bazel-test bazel-install demo demo-cluster bench clean distclean
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -89,6 +90,10 @@ bazel-install:
 
 demo: venv
 	$(PY) -m tfra_dynamic_embedding.cli demo
+
+# The same demo, its embedding tables on 2 PS processes on loopback (docs/distributed.md).
+demo-cluster: venv
+	$(PY) -m tfra_dynamic_embedding.cli demo --ps 2
 
 bench: venv
 	@shopt -s nullglob; files=(benchmarks/*.py); \

@@ -56,7 +56,8 @@ def add_arguments(parser):
                         help="do not load the SavedModel in a fresh stock-TensorFlow process")
     output.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="Keras verbosity: 1 progress bar, 2 one line per epoch, 0 silent")
-    return parser
+    from tfra_dynamic_embedding.demo import cluster  # pylint: disable=import-outside-toplevel
+    return cluster.add_arguments(parser)
 
 
 def add_parser(subparsers):
@@ -86,6 +87,9 @@ def run(args):
 
     Returns the results (metrics.json holds the same, less "model": the trained DLRM).
     """
+    if getattr(args, "ps", 0):  # tables on a local cluster of PS processes: demo/cluster.py
+        from tfra_dynamic_embedding.demo import cluster  # pylint: disable=import-outside-toplevel
+        return cluster.run(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -125,7 +129,8 @@ def run(args):
     eval_ds = criteo.read_tsv(path, 4096, skip=num_train, take=num_eval)
 
     # -- model ---------------------------------------------------------------------------------
-    model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction)
+    model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction,
+                      devices=getattr(args, "devices", None))
     optimizer = de.DynamicEmbeddingOptimizer(_keras_optimizer(tf, args))
     model.compile(optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy(),
                   metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)],
