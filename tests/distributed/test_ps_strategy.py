@@ -1,0 +1,103 @@
+"""TF2 `tf.distribute.ParameterServerStrategy` + `ClusterCoordinator` (TFRA issue #182).
+
+One LocalCluster(ps=2, worker=2, chief=1) and one coordinator script (psst_train.py) serve every
+case: the script trains, checkpoints and survives a killed worker; the tests check its report.
+Tables use both backends (native when its kernels are built, and built-in) side by side.
+"""
+
+import os
+import time
+
+import pytest
+
+from tests.distributed import procs
+from tfra_dynamic_embedding.distributed.local import LocalCluster
+from tfra_dynamic_embedding.tables import native
+
+PS = ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
+BACKENDS = ["native", "builtin"] if native.is_available() else ["builtin"]
+SUM_STEPS, KILL_STEPS = 16, 8 + 12 + 8   # as in psst_train.py
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(cluster, report, work dir) of one psst_train.py run, whose worker 1 is killed after the
+    first batch of its kill phase and restarted while the job goes on."""
+    work = tmp_path_factory.mktemp("ps_strategy")
+    cluster = LocalCluster(ps=2, worker=2, chief=1, log_dir=str(work))
+    try:
+        cluster.start()
+        proc = procs.start_script(cluster, "chief", 0, "psst_train.py", work, ",".join(BACKENDS))
+        deadline = time.monotonic() + 240
+        while "PSST_KILL" not in cluster.log("chief", 0) and proc.poll() is None:
+            assert time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
+            time.sleep(0.2)
+        if proc.poll() is None:
+            assert cluster.kill("worker", 1) is not None
+            (work / "killed").touch()           # the script schedules steps with worker 1 down
+            cluster.start_server("worker", 1)   # the same address again
+            (work / "restarted").touch()
+        report = procs.wait_json(cluster, "chief", 0, proc, timeout=240)
+        yield cluster, report, work
+    finally:
+        cluster.close()
+
+
+def test_tables_and_slots_live_on_the_ps_tasks(run):
+    _, report, _ = run
+    # No devices given under the strategy: one shard per PS task.
+    assert report["sum_devices"] == {b: PS for b in BACKENDS}
+    assert report["keras_devices"] == {"user": PS, "item": PS}
+    assert report["keras_slot_devices"] == {f"{layer}/adam/{slot}": PS for layer in ("user", "item")
+                                            for slot in ("momentum", "velocity")}
+    assert report["keras_dense_devices"] == [d + "/device:CPU:0" for d in PS]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_bp_v2_updates_add_up_exactly(run, backend):
+    _, report, _ = run
+    assert report["sum_losses_done"] == SUM_STEPS
+    steps = report["sum_worker_steps"]          # both workers trained, every step ran once
+    assert len(steps) == 2 and min(steps) > 0 and sum(steps) == SUM_STEPS
+    result = report[f"sum_{backend}"]
+    assert result["keys"] == result["expected_keys"]
+    assert result["max_abs_error"] == 0.0      # rows == numpy's sum of every step's gradient
+
+
+def test_keras_model_trains_with_a_custom_loop(run):
+    _, report, _ = run
+    assert report["keras_steps_done"] == 40
+    # Keras 3 counts steps with `iterations.assign(iterations + 1)`, which concurrent workers
+    # may interleave (a Keras matter: the tables' updates do not depend on it).
+    assert 20 <= report["keras_iterations"] <= 40
+    assert report["keras_last_loss"] < 0.1 * report["keras_first_loss"]
+    # Rows exist for exactly the ids trained: 16 users (i % 16), 11 items ((7 i) % 11).
+    assert report["keras_sizes"] == {"user": 16, "item": 11}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_killed_worker_is_survived(run, backend):
+    cluster, report, _ = run
+    assert "Worker /job:worker/replica:0/task:1 failed" in cluster.log("chief", 0)
+    assert report["kill_steps_done"] == KILL_STEPS   # every scheduled step finished
+    result = report[f"kill_{backend}"]
+    assert result["keys"] == result["expected_keys"]
+    # Worker 1 died between batches: no step ran twice, no update was lost.
+    assert result["max_abs_error"] == 0.0
+
+
+def test_checkpoint_restores_in_a_local_process(run):
+    cluster, report, work = run
+    local = procs.run_script(cluster, "psst_restore.py", work, ",".join(BACKENDS), job="local",
+                             timeout=180)
+    assert local["iterations"] == report["keras_iterations"]
+    names = [f"{layer}{slot}" for layer in ("user", "item")
+             for slot in ("", "/adam/momentum", "/adam/velocity")]
+    assert sorted(local["tables"]) == sorted(names)
+    assert local["saved_tables"] == report["keras_tables"]
+    for name in names:
+        assert local["tables"][name] == {
+            "size": 16 if name.startswith("user") else 11, "keys_equal": True,
+            "values_equal": True}, name
+        assert local["devices"][name] == [""]       # one local shard, whatever saved it
+    assert os.path.exists(work / "ckpt.index")
