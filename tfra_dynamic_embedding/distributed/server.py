@@ -50,12 +50,14 @@ def serve(spec, job, task, parent_pid=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if parent_pid:
         threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
-    start_server(spec, job, task)
-    print(f"{READY}: /job:{job}/task:{task} at {spec[job][task]}", flush=True)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_now)
-    while True:  # a sleeping main thread runs the signal handler at once
-        time.sleep(3600)
+    start_server(spec, job, task)
+    print(f"{READY}: /job:{job}/task:{task} at {spec[job][task]}", flush=True)
+    while True:
+        # Short sleeps: the signal may reach one of TensorFlow's threads, which does not
+        # interrupt this sleep; Python runs the handler when the main thread wakes.
+        time.sleep(0.2)
 
 
 def start_server(spec, job, task):
