@@ -47,7 +47,10 @@ class GraphSaveable(saveable_object.SaveableObject):
 
     def __init__(self, variable, name):
         self._variable = variable
-        keys, values = variable.export()
+        # The trackable's own tensors: joined on the task of the variable's first shard, so a
+        # sharded Saver writes them there (a PS), not where the saving session runs.
+        tensors = variable._serialize_to_tensors()  # pylint: disable=protected-access
+        keys, values = tensors[KEYS], tensors[VALUES]
         specs = [saveable_object.SaveSpec(keys, "", f"{name}-{KEYS}"),
                  saveable_object.SaveSpec(values, "", f"{name}-{VALUES}")]
         super().__init__(variable, specs, name)

@@ -27,6 +27,7 @@ Example:
     opt.apply_gradients(zip(tape.gradient(loss, [wrapper]), [wrapper]))
 """
 
+import contextlib
 import sys
 
 import numpy as np
@@ -86,8 +87,16 @@ class _DynamicEmbeddingMixin:
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
             if params.restrict_policy is not None:   # evictions remove the slot's rows too
                 params.restrict_policy._track_params_in_slots([table])  # pylint: disable=protected-access
-        buffer = trainable_lib.TrainableWrapper(
-            table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False, track=track)
+        # A tf.compat.v1 graph: the buffer lives with its wrapper (a worker's own cache), not
+        # where the enclosing scope sends variables (a replica_device_setter's PS, where every
+        # worker's graph would share one buffer).
+        in_graph = (not tf.executing_eagerly()
+                    and not tf.compat.v1.get_default_graph().building_function)
+        with (tf.compat.v1.device(wrapper.device or None) if in_graph
+              else contextlib.nullcontext()):
+            buffer = trainable_lib.TrainableWrapper(
+                table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False,
+                track=track)
         self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
         return buffer
 
@@ -182,6 +191,17 @@ class _V1Mixin(_DynamicEmbeddingMixin):
         # Some optimizers size slots statically (ProximalAdagrad: tf.constant(c, shape=...)).
         return super()._create_slots(_static_views(var_list))
 
+    def _create_non_slot_variable(self, initial_value, name, colocate_with):
+        # Optimizers put non-slot variables (Adam's beta powers) next to the first variable by
+        # name. In a tf.compat.v1 graph a wrapper is the worker's own cache, so they would be
+        # worker-local: every worker would count its own steps, and a non-chief worker of
+        # between-graph training would wait forever for the chief to initialize them. They go
+        # next to the embedding's first table shard instead (on a PS when the tables are).
+        wrapper = _wrapper_of(colocate_with)
+        if wrapper is not None and not tf.compat.v1.executing_eagerly_outside_functions():
+            colocate_with = _ColocateWith(wrapper.params._tables[0].resource_handle)  # pylint: disable=protected-access
+        return super()._create_non_slot_variable(initial_value, name, colocate_with)
+
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         def create_slots(var_list):
             with tf.init_scope():
@@ -275,6 +295,19 @@ class _StaticShapeView:
 
     def __getattr__(self, name):
         return getattr(self.wrapper, name)
+
+
+class _ColocateWith:
+    """A resource handle seen as a resource variable by `colocate_with` (its handle's op) and
+    by tf.compat.v1 optimizers (which then make resource variables next to it)."""
+
+    _should_act_as_resource_variable = True
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.device = handle.device
+        self.name = handle.name
+        self.graph = handle.graph
 
 
 def _static_views(var_list):

@@ -12,6 +12,7 @@ Example:
 """
 
 import contextlib
+import itertools
 import weakref
 
 import tensorflow as tf
@@ -19,7 +20,65 @@ from tensorflow.python.eager import record  # "is a GradientTape recording?" has
 from tensorflow.python.ops import resource_variable_ops  # ResourceVariable is not public API
 
 
-class TrainableWrapper(resource_variable_ops.ResourceVariable):
+class _WorkerLocal:
+    """A ResourceVariable that, made under a `tf.distribute.ParameterServerStrategy`, is each
+    worker's own inside functions: there its handle is a `VarHandleOp` of the function itself
+    (one per traced graph, one shared name), so a function the coordinator schedules on a worker
+    reads and writes that worker's copy. Workers then never share a batch's rows, and no
+    function captures the coordinator's variable (TensorFlow aborts a worker that receives a
+    remote resource handle of unknown shape)."""
+
+    def _set_worker_local(self, local):
+        self._worker_local_name = f"tfra_de_worker_local/{next(_LOCAL_IDS)}" if local else None
+        self._worker_handles = weakref.WeakKeyDictionary()   # traced graph -> its handle
+
+    @property
+    def handle(self):
+        name = self.__dict__.get("_worker_local_name")
+        if name is None or tf.executing_eagerly():
+            return self._handle
+        graph = tf.compat.v1.get_default_graph()
+        if not graph.building_function:
+            return self._handle
+        handle = self._worker_handles.get(graph)
+        if handle is None:
+            # Not under the caller's control dependencies, colocation or device.
+            with tf.control_dependencies(None), graph.colocate_with(None, ignore_existing=True), \
+                    tf.compat.v1.device(None):
+                handle = tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=self._shape,
+                                                shared_name=name, name="worker_local")
+            self._worker_handles[graph] = handle
+        return handle
+
+    def _serialize_to_tensors(self):
+        if self.__dict__.get("_worker_local_name") is None:
+            return super()._serialize_to_tensors()
+        # A checkpoint (written by the coordinator) holds the coordinator's own copy, read now:
+        # the handle of the saving function would be a copy the coordinator never loaded.
+        with tf.init_scope():
+            return {"VARIABLE_VALUE": tf.raw_ops.ReadVariableOp(resource=self._handle,  # TF's key
+                                                                dtype=self.dtype)}
+
+
+_LOCAL_IDS = itertools.count()
+
+
+def _under_ps_strategy():
+    """Whether the current strategy (scope or replica context) is a ParameterServerStrategy."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    return isinstance(strategy, (tf.distribute.ParameterServerStrategy,
+                                 tf.distribute.experimental.ParameterServerStrategy))
+
+
+class _WorkerLocalVariable(_WorkerLocal, resource_variable_ops.ResourceVariable):
+    """A plain ResourceVariable with `_WorkerLocal`'s handle (a wrapper's ids)."""
+
+    def __init__(self, *args, worker_local=False, **kwargs):
+        self._set_worker_local(worker_local)
+        super().__init__(*args, **kwargs)
+
+
+class TrainableWrapper(_WorkerLocal, resource_variable_ops.ResourceVariable):
     """The prefetched rows of `params` for the unique ids of one lookup (see module docstring).
 
     `track=False` leaves it out of `params`' checkpoint dependencies, for optimizers that
@@ -32,6 +91,8 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
 
     def __init__(self, params, name, trainable=True, track=True):
         self.params = params
+        local = _under_ps_strategy()   # before init_scope, which may leave the strategy's scope
+        self._set_worker_local(local)
         # `name` is the full name (see wrapper_name), not one inside the caller's name scope.
         root_scope = (contextlib.nullcontext() if tf.executing_eagerly()
                       else tf.compat.v1.get_default_graph().name_scope(""))
@@ -45,9 +106,12 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
                 name=name,
                 collections=[],
                 validate_shape=False)
-            self.ids = tf.Variable(
+            # Like the rows, in no collection (`tf.Variable` would ignore `collections` and
+            # land in GLOBAL_VARIABLES: a non-chief MonitoredTrainingSession would then wait
+            # forever for the chief to initialize this worker-local variable).
+            self.ids = _WorkerLocalVariable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
-                name=name + "_ids", validate_shape=False, collections=[])
+                name=name + "_ids", validate_shape=False, collections=[], worker_local=local)
         self._open_step = None   # the step (see `load`) whose lookups the held rows serve
         if track:
             # A checkpoint dependency of `params` (saving only a placeholder): a restore then

@@ -11,6 +11,7 @@ Example:
     rows, exists = w.lookup(tf.constant([[1, 5]], tf.int64), return_exists=True)  # [1, 2, 4], [1, 2]
 """
 
+import contextlib
 import copy
 import weakref
 
@@ -70,7 +71,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         policy's status).
       dim: row length, > 0.
       devices: a device string or list of them, one shard table per entry (default: the current
-        device).
+        device; under a `tf.distribute.ParameterServerStrategy` without a device scope, one
+        shard per PS task).
       partitioner: `fn(keys, shard_num) -> int32 shard ids` in [0, shard_num).
       shared_name: tables with the same shared name on one device share storage.
       name: the variable's name (also its checkpoint name in graph mode).
@@ -425,10 +427,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             flat_values = tf.reshape(values, [-1, self._dim])
             if self.shard_num == 1:
                 return self._tables[0].import_(flat_keys, flat_values)
-            parts, positions = self._partition(flat_keys)
-            return tf.group(*[
-                t.import_(p, tf.gather(flat_values, pos))
-                for t, p, pos in zip(self._tables, parts, positions)])
+            # Split where the rows are (e.g. a PS that restored them), not on the client.
+            with _task_cpu_scope(keys.device or self._tables[0].device):
+                parts, positions = self._partition(flat_keys)
+                parts = [(p, tf.gather(flat_values, pos)) for p, pos in zip(parts, positions)]
+            return tf.group(*[t.import_(p, v) for t, (p, v) in zip(self._tables, parts)])
 
     # -- files (TFRA's save_to_file_system; see tables/files.py) --------------------------
     def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
@@ -494,12 +497,27 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return list(file_name_list)
 
     def _load_files(self, directory, proc_size=1, proc_rank=0):
+        if len({_task_cpu(d) for d in self._devices}) > 1:
+            # Shards on several tasks (PSs): each task reads the files and keeps its own keys
+            # (Paddle's PS-side load); no row passes through the client.
+            loads = []
+            for i, table in enumerate(self._tables):
+                with _task_cpu_scope(table.device):
+                    keys, values = self._read_files(directory, proc_size, proc_rank)
+                    ids = tf.cast(self._partitioner(keys, self.shard_num), tf.int32)
+                    mine = tf.equal(ids, i)
+                    loads.append(table.import_(tf.boolean_mask(keys, mine),
+                                               tf.boolean_mask(values, mine)))
+            return tf.group(*loads)
+        return self.import_(*self._read_files(directory, proc_size, proc_rank))
+
+    def _read_files(self, directory, proc_size, proc_rank):
         keys, values = files.read_files(files.variable_files(directory, self._name),
                                         self._key_dtype, self._value_dtype, self._dim)
         if proc_size > 1:
             mine = tf.equal(default_partition_fn(keys, proc_size), proc_rank)
             keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
-        return self.import_(keys, values)
+        return keys, values
 
     def get_slot_variables(self, optimizer):
         """The slot `de.Variable`s that `optimizer` (a DynamicEmbeddingOptimizer) made for this."""
@@ -509,7 +527,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def _serialize_to_tensors(self):
         if not self._checkpoint:
             return {}
-        keys, values = self.export()
+        # Joined on the first shard's task, whose SaveV2 writes them (TF saves a tensor where it
+        # lives): on a cluster the rows go PS to PS, never through the client.
+        with _task_cpu_scope(self._tables[0].device):
+            keys, values = self.export()
         return {checkpoint_lib.KEYS: keys, checkpoint_lib.VALUES: values}
 
     def _restore_from_tensors(self, restored_tensors):
@@ -659,7 +680,8 @@ def typed_tensor(value, dtype, arg):
 
 def _device_list(devices):
     if devices is None:
-        return [_current_device()]
+        current = _current_device()
+        return [current] if current else (_ps_strategy_devices() or [current])
     if isinstance(devices, (str, tf.DeviceSpec)):
         devices = [devices]
     devices = [d.to_string() if isinstance(d, tf.DeviceSpec) else d for d in devices]
@@ -667,6 +689,33 @@ def _device_list(devices):
         raise ValueError(f"devices must be a device string or a non-empty list of them; "
                          f"got {devices!r}")
     return devices
+
+
+def _ps_strategy_devices():
+    """Under a `tf.distribute.ParameterServerStrategy` (its scope or a replica of it): one
+    device per PS task of its cluster, `/job:ps/replica:0/task:<i>`; else None."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    if not isinstance(strategy, (tf.distribute.ParameterServerStrategy,
+                                 tf.distribute.experimental.ParameterServerStrategy)):
+        return None
+    # The strategy connected this process to its cluster: the PS tasks' devices are listed.
+    specs = (tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices())
+    tasks = sorted({spec.task for spec in specs if spec.job == "ps"})
+    return [f"/job:ps/replica:0/task:{i}" for i in tasks] or None
+
+
+def _task_cpu(device):
+    """The CPU of `device`'s task ('' for no device): where file, split and join ops of a shard
+    run (they have CPU kernels)."""
+    if not device:
+        return ""
+    return tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0).to_string()
+
+
+def _task_cpu_scope(device):
+    """`tf.device` of `_task_cpu(device)`, or no scope for no device."""
+    cpu = _task_cpu(device)
+    return tf.device(cpu) if cpu else contextlib.nullcontext()
 
 
 def _current_device():

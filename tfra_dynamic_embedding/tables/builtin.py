@@ -98,8 +98,25 @@ class BuiltinKVTable(base.KVTable):
             summed = tf.math.unsorted_segment_sum(deltas, index, tf.size(unique_keys))
             # Summed in storage precision, so 16-bit rows round once, not once per delta.
             summed = tf.cast(summed, self._storage_dtype)
-            current = self._find(unique_keys, tf.zeros_like(summed))
-            return self.insert(unique_keys, current + summed)
+
+        def add():
+            with tf.device(self.device):
+                current = self._find(unique_keys, tf.zeros_like(summed))
+                inserted = self.insert(unique_keys, current + summed)
+                with tf.control_dependencies([inserted] if inserted is not None else []):
+                    return tf.size(unique_keys)
+
+        # The stock kernels have no atomic add: the find and insert hold the table's lock, so
+        # concurrent writers (e.g. the workers of a parameter server) all add up.
+        return tf.group(self._accum_lock().execute(add))
+
+    def _accum_lock(self):
+        lock = self.__dict__.get("_lock")
+        if lock is None:
+            with tf.init_scope(), tf.device(self.device):
+                lock = tf.CriticalSection(name=base.op_name(self.name) + "_accum_lock")
+            object.__setattr__(self, "_lock", lock)
+        return lock
 
     def remove(self, keys):
         with tf.device(self.device):
