@@ -21,11 +21,10 @@ import os
 import threading
 
 import tensorflow as tf
-# TF's registry of custom checkpoint savers (TF 2.16-2.21): the one hook through which
-# tf.train.Checkpoint hands a saver the checkpoint's file prefix, which FileSystemSaver needs.
-from tensorflow.python.saved_model.registration import registration
-# The v1 Saver only understands SaveableObjects (TF 2.16-2.21: tensorflow.python.training.saving).
-from tensorflow.python.training.saving import saveable_object
+
+# SaveableObject/SaveSpec (the v1 Saver's) and register_checkpoint_saver (tf.train.Checkpoint's
+# hook that passes a saver the checkpoint prefix) are private TF API: see _tf_private.py.
+from tfra_dynamic_embedding import _tf_private
 
 KEYS = "keys"
 VALUES = "values"
@@ -42,7 +41,7 @@ def check_ranks(proc_size, proc_rank):
                          f"got {proc_rank!r}")
 
 
-class GraphSaveable(saveable_object.SaveableObject):
+class GraphSaveable(_tf_private.SaveableObject):
     """The v1 `Saver` view of a variable: `<name>-keys` and `<name>-values`."""
 
     def __init__(self, variable, name):
@@ -51,8 +50,8 @@ class GraphSaveable(saveable_object.SaveableObject):
         # sharded Saver writes them there (a PS), not where the saving session runs.
         tensors = variable._serialize_to_tensors()  # pylint: disable=protected-access
         keys, values = tensors[KEYS], tensors[VALUES]
-        specs = [saveable_object.SaveSpec(keys, "", f"{name}-{KEYS}"),
-                 saveable_object.SaveSpec(values, "", f"{name}-{VALUES}")]
+        specs = [_tf_private.SaveSpec(keys, "", f"{name}-{KEYS}"),
+                 _tf_private.SaveSpec(values, "", f"{name}-{VALUES}")]
         super().__init__(variable, specs, name)
 
     def restore(self, restored_tensors, restored_shapes):
@@ -199,7 +198,7 @@ def _register_checkpoint_saver():
     global _registered
     with _register_lock:
         if not _registered:
-            registration.register_checkpoint_saver(
+            _tf_private.register_checkpoint_saver(
                 package="tfra_dynamic_embedding", name="FileSystemSaver",
                 predicate=lambda obj: file_system_saver_of(obj) is not None,
                 save_fn=_checkpoint_save, restore_fn=_checkpoint_restore,
@@ -266,14 +265,14 @@ def _v1_saver_filename():
     return filename
 
 
-class FileSystemGraphSaveable(saveable_object.SaveableObject):
+class FileSystemGraphSaveable(_tf_private.SaveableObject):
     """The v1 `Saver` view of a FileSystemSaver variable: its global shard count goes into the
     checkpoint (`<name>-prev_global_shard_num`, as TFRA), its tables to files."""
 
     def __init__(self, variable, name, saver):
         self._variable = variable
         self._saver = saver
-        spec = saveable_object.SaveSpec(self._save_tables, "", f"{name}-prev_global_shard_num",
+        spec = _tf_private.SaveSpec(self._save_tables, "", f"{name}-prev_global_shard_num",
                                         dtype=tf.int32, device="/device:CPU:0")
         super().__init__(variable, [spec], name)
 

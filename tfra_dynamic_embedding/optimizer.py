@@ -32,8 +32,8 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context  # eager evaluation inside graphs has no public API
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -336,15 +336,13 @@ def _mixin_for(optimizer):
             return _NewTfKerasMixin
     # TF's own frozen copy of the Keras 2 optimizers (tensorflow.python.keras, TF <= 2.21):
     # TFRA code and tests import optimizers from there; the API is tf_keras' legacy one.
-    tf_optimizer_v2 = sys.modules.get(_TF_OPTIMIZER_V2_MODULE)
-    if tf_optimizer_v2 is not None and isinstance(optimizer, tf_optimizer_v2.OptimizerV2):
+    tf_optimizer_v2 = _tf_private.loaded_tf_keras_optimizer_v2_class()
+    if tf_optimizer_v2 is not None and isinstance(optimizer, tf_optimizer_v2):
         return _LegacyKerasMixin
     raise TypeError(
         f"DynamicEmbeddingOptimizer needs a tf.compat.v1.train, Keras 3 or tf_keras optimizer; "
         f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
 
-
-_TF_OPTIMIZER_V2_MODULE = "tensorflow.python.keras.optimizer_v2.optimizer_v2"
 
 
 def _summed_rows(grad, wrapper):
@@ -361,18 +359,18 @@ def _is_restore_request(initializer):
     A wrapper's slot buffer needs the slot's start value, which only the optimizer's own slot
     creation gives, so these requests are declined and the optimizer queues the restore.
     """
-    return isinstance(initializer, tf.__internal__.tracking.CheckpointInitialValueCallable)
+    return isinstance(initializer, _tf_private.CheckpointInitialValueCallable)
 
 
 def _v1_var_key(var):
     # The key tf.compat.v1.train.Optimizer files slots under (its private `_var_key`).
     if hasattr(var, "op") and not tf.executing_eagerly():
         return (var.op.graph, var.op.name)
-    return var._unique_id  # pylint: disable=protected-access
+    return _tf_private.variable_unique_id(var)
 
 
 def _legacy_keras_var_key(var):
-    return var._unique_id  # pylint: disable=protected-access  (tf_keras' slot key)
+    return _tf_private.variable_unique_id(var)  # tf_keras' slot key
 
 
 def _optimizer_name(optimizer):
@@ -395,7 +393,7 @@ def _fill_value(initializer, dtype, dim):
     if callable(value) and not isinstance(value, (tf.Tensor, tf.Variable)):
         # Evaluated eagerly even while a graph or tf.function is being built: the initializer
         # only makes constants, and an eager result is a plain number to read.
-        with context.eager_mode():
+        with _tf_private.eager_mode():
             try:
                 value = value(shape=[1, dim], dtype=dtype)
             except TypeError:

@@ -16,8 +16,9 @@ import itertools
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.eager import record  # "is a GradientTape recording?" has no public API
-from tensorflow.python.ops import resource_variable_ops  # ResourceVariable is not public API
+
+# could_possibly_record and ResourceVariable have no public API: see _tf_private.py.
+from tfra_dynamic_embedding import _tf_private
 
 
 class _WorkerLocal:
@@ -70,7 +71,7 @@ def _under_ps_strategy():
                                  tf.distribute.experimental.ParameterServerStrategy))
 
 
-class _WorkerLocalVariable(_WorkerLocal, resource_variable_ops.ResourceVariable):
+class _WorkerLocalVariable(_WorkerLocal, _tf_private.ResourceVariable):
     """A plain ResourceVariable with `_WorkerLocal`'s handle (a wrapper's ids)."""
 
     def __init__(self, *args, worker_local=False, **kwargs):
@@ -78,7 +79,7 @@ class _WorkerLocalVariable(_WorkerLocal, resource_variable_ops.ResourceVariable)
         super().__init__(*args, **kwargs)
 
 
-class TrainableWrapper(_WorkerLocal, resource_variable_ops.ResourceVariable):
+class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     """The prefetched rows of `params` for the unique ids of one lookup (see module docstring).
 
     `track=False` leaves it out of `params`' checkpoint dependencies, for optimizers that
@@ -251,7 +252,7 @@ def _step_marker():
     eager lookups under a recording GradientTape, or None (a tf.compat.v1 graph, where lookups
     never share a wrapper, or an eager lookup outside a tape, which replaces the rows held)."""
     if tf.executing_eagerly():
-        return _EAGER_STEP if record.could_possibly_record() else None
+        return _EAGER_STEP if _tf_private.could_possibly_record() else None
     graph = tf.compat.v1.get_default_graph()
     return graph if graph.building_function else None
 
@@ -291,7 +292,7 @@ def needs_wrapper(params, return_trainable=False):
     if not params.trainable or _mode["current"] == ModelMode.INFERENCE:
         return False
     return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
-            or record.could_possibly_record())
+            or _tf_private.could_possibly_record())
 
 
 def wrapper_name(lookup_name):

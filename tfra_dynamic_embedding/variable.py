@@ -16,8 +16,8 @@ import copy
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.eager import context  # the eager device scope has no public getter
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import data_flow
 from tfra_dynamic_embedding import initializers
@@ -61,7 +61,7 @@ def default_partition_fn(keys, shard_num):
     return tf.cast(tf.math.floormod(keys, tf.cast(shard_num, keys.dtype)), tf.int32)
 
 
-class Variable(tf.__internal__.tracking.AutoTrackable):
+class Variable(_tf_private.AutoTrackable):
     """A dynamic embedding table: `key -> [dim]` rows in one hash table per device.
 
     Args:
@@ -721,7 +721,7 @@ def _task_cpu_scope(device):
 def _current_device():
     """The device of the enclosing `tf.device` scope ('' when there is none)."""
     if tf.executing_eagerly():
-        return context.context().device_name or ""
+        return _tf_private.eager_device_name()
     return tf.no_op(name="device_probe").device  # a throwaway op picks up the device scope
 
 

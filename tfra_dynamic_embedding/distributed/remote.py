@@ -19,9 +19,9 @@ import contextlib
 import socket
 
 import tensorflow as tf
-# The eager context's ConfigProto: TF has no public setter of operation_timeout_in_ms for an
-# eager client (TF 2.16-2.21: tensorflow.python.eager.context.Context.operation_timeout_in_ms).
-from tensorflow.python.eager import context as _context
+
+# TF has no public setter of the eager client's operation_timeout_in_ms: see _tf_private.py.
+from tfra_dynamic_embedding import _tf_private
 
 
 def ps_devices(spec, job="ps"):
@@ -38,7 +38,7 @@ def connect(spec, job_name="localhost", task_index=0, operation_timeout_in_ms=No
     context starts, i.e. before this process ran any op.
     """
     if operation_timeout_in_ms is not None:
-        _context.context().operation_timeout_in_ms = int(operation_timeout_in_ms)
+        _tf_private.set_operation_timeout_in_ms(operation_timeout_in_ms)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec), job_name=job_name,
                                               task_index=task_index)
 

@@ -13,11 +13,12 @@ int32 / int64 / string, floating values), else in TF's MutableHashTable (`tables
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding.tables import base, files
 
 
-class CuckooHashTable(tf.__internal__.tracking.AutoTrackable):
+class CuckooHashTable(_tf_private.AutoTrackable):
     """A mutable hash table from keys to fixed-shape values (TFRA's `de.CuckooHashTable`).
 
     Args:

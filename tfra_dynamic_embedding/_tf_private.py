@@ -1,0 +1,85 @@
+"""Every private TensorFlow API this package uses, in one place (house rule, DESIGN.md).
+
+Each name below has no public equivalent; the comment next to it says what it is needed for.
+"Checked" is the TF versions on which the name was seen to resolve and behave as used here:
+only the pinned TF 2.21 so far; "noted for 2.16-2.21" marks names this package's earlier
+comments already claimed for that range (not re-verified here on 2.16-2.20). When a TF release
+moves one, tests/test_tf_private.py fails first, naming it; the fix then belongs here only.
+No other module of the package imports `tensorflow.python` or reads `tf.__internal__`
+(tests/test_tf_private.py checks that too).
+
+Not routed through here, because they are overrides rather than look-ups: the protected hooks a
+subclass of a TF/Keras optimizer implements or calls on `super()` (`_create_slots`,
+`_get_or_make_slot`, `_resource_apply_*`, ... in optimizer.py) and the Trackable hooks our own
+trackables implement (`_serialize_to_tensors`, `_restore_from_tensors`, `_track_trackable`).
+"""
+
+import sys
+
+import tensorflow as tf
+# Checked: 2.21 (noted for 2.16-2.21). The eager context: its current device scope and its
+# ConfigProto's operation_timeout_in_ms have no public getter/setter; neither has eager_mode.
+from tensorflow.python.eager import context as _eager_context
+# Checked: 2.21. "Could a GradientTape be recording?" has no public API.
+from tensorflow.python.eager import record as _record
+# Checked: 2.21. ResourceVariable (a subclassable variable class) is not public API.
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+# Checked: 2.21 (noted for 2.16-2.21). TF's registry of custom checkpoint savers: the one hook
+# through which tf.train.Checkpoint hands a saver the checkpoint's prefix (FileSystemSaver).
+from tensorflow.python.saved_model.registration import registration as _registration
+# Checked: 2.21 (noted for 2.16-2.21). The v1 Saver only understands SaveableObjects, whose
+# classes are not public.
+from tensorflow.python.training.saving import saveable_object as _saveable_object
+
+# --- tensorflow.python.eager.context -------------------------------------------------------
+eager_mode = _eager_context.eager_mode  # run eagerly even while a graph is being built
+
+
+def eager_device_name():
+    """The device of the enclosing eager `tf.device` scope ('' when there is none)."""
+    return _eager_context.context().device_name or ""
+
+
+def set_operation_timeout_in_ms(milliseconds):
+    """Sets the eager context's ConfigProto.operation_timeout_in_ms (before it is initialized)."""
+    _eager_context.context().operation_timeout_in_ms = int(milliseconds)
+
+
+# --- tensorflow.python.eager.record ---------------------------------------------------------
+could_possibly_record = _record.could_possibly_record
+
+# --- tensorflow.python.ops.resource_variable_ops -------------------------------------------
+ResourceVariable = _resource_variable_ops.ResourceVariable
+
+# --- tensorflow.python.saved_model.registration ---------------------------------------------
+register_checkpoint_saver = _registration.register_checkpoint_saver
+
+# --- tensorflow.python.training.saving.saveable_object --------------------------------------
+SaveableObject = _saveable_object.SaveableObject
+SaveSpec = _saveable_object.SaveSpec
+
+# --- tf.__internal__ (exported, but "internal: no compatibility guarantees") ----------------
+# Checked: 2.21. The base class of TF's own trackables (tables, variables): tracked by
+# tf.train.Checkpoint and tf.saved_model without the Keras/tf.Module attribute machinery.
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
+# Checked: 2.21. What a slot initializer is while a checkpoint restore is pending.
+CheckpointInitialValueCallable = tf.__internal__.tracking.CheckpointInitialValueCallable
+
+
+# --- private attributes of TF objects -------------------------------------------------------
+def variable_unique_id(variable):
+    """`variable._unique_id` (checked: 2.21): the key TF's v1 optimizers (eagerly) and tf_keras'
+    optimizers file a variable's slots under; there is no public accessor."""
+    return variable._unique_id  # pylint: disable=protected-access
+
+
+# --- TF's frozen copy of the Keras 2 optimizers ---------------------------------------------
+# Checked: 2.21 (tensorflow.python.keras, still shipped). TFRA code imports optimizers from
+# there; they are never imported here, only recognized when the caller already loaded them.
+TF_KERAS_OPTIMIZER_V2_MODULE = "tensorflow.python.keras.optimizer_v2.optimizer_v2"
+
+
+def loaded_tf_keras_optimizer_v2_class():
+    """`tensorflow.python.keras`'s OptimizerV2 class if that module is loaded, else None."""
+    module = sys.modules.get(TF_KERAS_OPTIMIZER_V2_MODULE)
+    return getattr(module, "OptimizerV2", None) if module is not None else None
