@@ -12,20 +12,17 @@ that runs can share a cluster), sync_dir (files that order the processes), ckpt_
 wait_for (files to wait for before training, e.g. "worker0_session", which a non-chief
 writes once its session is ready), done (file written after training),
 ready_after/ready_file (file written after that many steps), step_deadline_s (see
-`step_deadline_hook`), and on the chief: wait_workers (files to wait for before the final
+`failures.StepDeadlineHook`), and on the chief: wait_workers (files to wait for before the final
 export). Non-chief tasks create their session only after the chief wrote `chief_ready` (a
 non-chief MonitoredTrainingSession re-checks readiness only every 30 s).
 Prints one JSON line last: the steps it ran and (chief) the final state read from the PS tasks
 (`state`) and which task's Saver shard writes which checkpoint entry.
 
-What a user sets for a dead PS to fail training in bounded time instead of hanging:
-  * GRPC_FAIL_FAST=true in the environment: RPCs to an unreachable task fail at once. The
-    default ("use_caller") lets Session.close and CreateSession wait for the dead PS forever.
-  * ConfigProto(operation_timeout_in_ms=OPERATION_TIMEOUT_MS): a step blocked on a PS that
-    stops answering without closing its connection fails with DeadlineExceeded.
-  * `step_deadline_hook`: MonitoredSession retries UnavailableError forever (it waits for the
-    PS to be restarted); the hook gives up once no step finished for `step_deadline_s`.
-  * ConfigProto(device_filters=[ps, own task]): a task never waits for the other workers.
+What a user sets for a dead PS to fail training in bounded time instead of hanging is in
+`tfra_dynamic_embedding.distributed.failures`: `fail_fast_environment()` (GRPC_FAIL_FAST=true),
+`session_config(job, task, operation_timeout_in_ms=...)` (the ConfigProto: operation timeout and
+device_filters) and `StepDeadlineHook(step_deadline_s)` (ends MonitoredSession's endless
+recovery with a StepDeadlineError naming the dead task).
 
 `build(...)` and `train_local(...)` are also used in-process by the tests for the
 single-process reference run.
@@ -33,7 +30,6 @@ single-process reference run.
 
 import json
 import os
-import re
 import sys
 import time
 
@@ -179,72 +175,10 @@ def _touch(path):
     os.replace(path + ".tmp", path)
 
 
-class StepDeadlineError(RuntimeError):
-    """No training step finished within the deadline (a task of the cluster is gone)."""
-
-
-def step_deadline_hook(seconds):
-    """A hook bounding MonitoredSession's recovery: training fails with a StepDeadlineError
-    once no step finished for `seconds` (counted from the first step) while MonitoredSession
-    keeps recovering.
-
-    MonitoredSession treats UnavailableError (a dead PS) as a preemption: it re-creates the
-    session until the PS is back -- forever if it never is. It logs each error it recovers
-    from; this hook watches those log records (in the main thread, inside the recovery loop)
-    and, past the deadline, raises from there, naming the first error since the last step
-    (e.g. "From /job:ps/replica:0/task:1: Socket closed"). With GRPC_FAIL_FAST=true no RPC to
-    the dead task blocks, so the loop keeps coming back here. A watchdog thread exits the
-    process (status 3) if the main thread is stuck elsewhere for 30 s more.
-    """
-    import logging  # pylint: disable=import-outside-toplevel
-    import threading  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    class Hook(tf.compat.v1.train.SessionRunHook, logging.Filter):
-        def __init__(self):
-            super().__init__()
-            self.last_step = None
-            self.first_error = None
-            self._stop = threading.Event()
-            tf.get_logger().addFilter(self)
-            threading.Thread(target=self._watch, daemon=True).start()
-
-        def after_run(self, run_context, run_values):
-            self.last_step = time.monotonic()
-            self.first_error = None
-
-        def _late(self, grace=0.0):
-            return (self.last_step is not None
-                    and time.monotonic() - self.last_step > seconds + grace)
-
-        def filter(self, record):  # logging.Filter: MonitoredSession's recovery log lines
-            if "An error was raised" in str(record.msg):
-                self.first_error = self.first_error or record.getMessage()
-                if self._late():
-                    detail = self.first_error.split("Error: ", 1)[-1]
-                    codes = sorted(set(re.findall(r"\b([A-Z][A-Z_]{4,}): ", detail)))
-                    tasks = sorted(set(re.findall(r"/job:\w+/replica:\d+/task:\d+", detail)))
-                    raise StepDeadlineError(
-                        f"no training step finished in {seconds} s; MonitoredSession kept "
-                        f"re-creating its session after {', '.join(codes) or 'an error'} "
-                        f"involving {', '.join(tasks) or 'an unknown task'}")
-            return True
-
-        def _watch(self):
-            while not self._stop.wait(0.5):
-                if self._late(grace=30.0):
-                    print(f"no training step finished in {seconds + 30} s and the session "
-                          f"is stuck; exiting", file=sys.stderr, flush=True)
-                    os._exit(3)  # pylint: disable=protected-access
-
-        def stop(self):
-            self._stop.set()
-            tf.get_logger().removeFilter(self)
-
-    return Hook()
-
-
 def main(config):
+    # pylint: disable-next=import-outside-toplevel
+    from tfra_dynamic_embedding.distributed import failures
+    failures.fail_fast_environment()   # before this process's server exists
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     # Registers the kernels (as in every TFRA process); build() uses it too.
     import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=all
@@ -254,10 +188,8 @@ def main(config):
     tf_config = json.loads(os.environ["TF_CONFIG"])
     spec, job, task = tf_config["cluster"], tf_config["task"]["type"], tf_config["task"]["index"]
     cluster = tf.train.ClusterSpec(spec)
-    session_config = tf.compat.v1.ConfigProto(
-        operation_timeout_in_ms=OPERATION_TIMEOUT_MS,
-        # Only this task and the PS tasks: never wait for the other workers.
-        device_filters=["/job:ps", f"/job:{job}/task:{task}"])
+    session_config = failures.session_config(job, task,
+                                              operation_timeout_in_ms=OPERATION_TIMEOUT_MS)
     server = tf.distribute.Server(cluster, job_name=job, task_index=task, config=session_config)
     is_chief = job == "chief"
     ps = len(spec["ps"])
@@ -268,9 +200,8 @@ def main(config):
     sync = config["sync_dir"]
     if not is_chief:   # a non-chief session re-checks readiness only every 30 s: come later
         _wait_files([os.path.join(sync, "chief_ready")])
-    deadline = step_deadline_hook(config.get("step_deadline_s", 60))
     result = {"job": job, "task": task, "ran": 0}
-    try:
+    with failures.StepDeadlineHook(config.get("step_deadline_s", 60)) as deadline:
         with tf.compat.v1.train.MonitoredTrainingSession(
                 master=server.target, is_chief=is_chief,
                 checkpoint_dir=config.get("ckpt_dir") if is_chief else None,
@@ -286,13 +217,10 @@ def main(config):
                     _touch(os.path.join(sync, config["ready_file"]))
             if config.get("done"):
                 _touch(os.path.join(sync, config["done"]))
-            if is_chief:
-                deadline.last_step = None   # waiting for the workers is not a stalled step
+            if is_chief:   # (time between steps does not count against the deadline)
                 _wait_files([os.path.join(sync, f) for f in config.get("wait_workers", [])])
                 result.update(state(sess, model))
                 result["save_devices"] = _save_devices()
-    finally:
-        deadline.stop()
     print(json.dumps(result), flush=True)
 
 
