@@ -30,6 +30,8 @@ EXPECTED = {
     "variable_unique_id": "function",
     "TF_KERAS_OPTIMIZER_V2_MODULE": "str",
     "loaded_tf_keras_optimizer_v2_class": "function",
+    "dispatched_worker_index": "function",
+    "copy_handle_data": "callable",
 }
 
 
@@ -81,6 +83,22 @@ def test_names_behave_as_used():
     # The eager context exposes the timeout (set only before it is initialized; not set here).
     context = sys.modules["tensorflow.python.eager.context"]
     assert isinstance(getattr(type(context.context()), "operation_timeout_in_ms"), property)
+    # No ClusterCoordinator dispatching here; handle data (dtype and shape) copies over.
+    assert _tf_private.dispatched_worker_index() is None
+    variable = tf.Variable(tf.zeros([0, 3]), shape=tf.TensorShape([None, 3]))
+
+    shapes = []
+
+    @tf.function
+    def read_through_a_bare_placeholder():
+        bare = tf.raw_ops.Placeholder(dtype=tf.resource, shape=[])
+        shapes.append(tf.raw_ops.ReadVariableOp(resource=bare, dtype=tf.float32).shape)
+        _tf_private.copy_handle_data(variable.handle, bare)
+        shapes.append(tf.raw_ops.ReadVariableOp(resource=bare, dtype=tf.float32).shape)
+        return tf.constant(0)
+
+    read_through_a_bare_placeholder.get_concrete_function()
+    assert shapes[0].rank is None and shapes[1].as_list() == [None, 3]
 
 
 def test_frozen_keras_optimizer_v2_module():

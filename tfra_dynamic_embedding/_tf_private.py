@@ -22,6 +22,12 @@ import tensorflow as tf
 from tensorflow.python.eager import context as _eager_context
 # Checked: 2.21. "Could a GradientTape be recording?" has no public API.
 from tensorflow.python.eager import record as _record
+# Checked: 2.21. Which worker a ClusterCoordinator is dispatching a function to, read eagerly
+# when the function's by-reference captures are evaluated (the public
+# experimental_get_current_worker_index works only inside a function).
+from tensorflow.python.distribute.coordinator import coordinator_context as _coordinator_context
+# Checked: 2.21. Copying a resource handle's dtype/shape data onto a placeholder has no public API.
+from tensorflow.python.ops import handle_data_util as _handle_data_util
 # Checked: 2.21. ResourceVariable (a subclassable variable class) is not public API.
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 # Checked: 2.21 (noted for 2.16-2.21). TF's registry of custom checkpoint savers: the one hook
@@ -47,6 +53,16 @@ def set_operation_timeout_in_ms(milliseconds):
 
 # --- tensorflow.python.eager.record ---------------------------------------------------------
 could_possibly_record = _record.could_possibly_record
+
+# --- tensorflow.python.distribute.coordinator.coordinator_context ---------------------------
+def dispatched_worker_index():
+    """The index of the worker a ClusterCoordinator is dispatching to now, or None."""
+    dispatch = _coordinator_context.get_current_dispatch_context()
+    return None if dispatch is None else dispatch.worker_index
+
+
+# --- tensorflow.python.ops.handle_data_util -------------------------------------------------
+copy_handle_data = _handle_data_util.copy_handle_data
 
 # --- tensorflow.python.ops.resource_variable_ops -------------------------------------------
 ResourceVariable = _resource_variable_ops.ResourceVariable

@@ -96,7 +96,7 @@ class _DynamicEmbeddingMixin:
               else contextlib.nullcontext()):
             buffer = trainable_lib.TrainableWrapper(
                 table, name=f"{wrapper.name.split(':')[0]}/{slot_name}", trainable=False,
-                track=track)
+                track=track, ps_strategy=wrapper.ps_strategy)  # worker-local as its wrapper
         self._de_buffers.setdefault(wrapper.ref(), []).append(buffer)
         return buffer
 
@@ -248,7 +248,21 @@ class _LegacyKerasMixin(_DynamicEmbeddingMixin):
         def apply(pairs):
             return super(_LegacyKerasMixin, self).apply_gradients(pairs, name=name, **kwargs)
 
-        return self._de_apply(grads_and_vars, self._create_all_weights, apply)
+        def create_slots(var_list):
+            with tf.init_scope():  # as tf_keras itself: outside any function or replica context
+                self._create_all_weights(var_list)
+
+        return self._de_apply(grads_and_vars, create_slots, apply)
+
+    def _aggregate_gradients(self, grads_and_vars):
+        # A wrapper's gradient is for its own replica's batch rows: it is never summed across
+        # replicas (under a ParameterServerStrategy a wrapper is worker-local and has no device
+        # to reduce to). Dense variables are aggregated as usual.
+        pairs = list(grads_and_vars)
+        dense = [(g, v) for g, v in pairs if not isinstance(v, trainable_lib.TrainableWrapper)]
+        reduced = iter(super()._aggregate_gradients(dense) if dense else [])
+        return [(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else next(reduced)
+                for g, v in pairs]
 
 
 class _NewTfKerasMixin(_DynamicEmbeddingMixin):

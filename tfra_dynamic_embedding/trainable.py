@@ -23,15 +23,21 @@ from tfra_dynamic_embedding import _tf_private
 
 class _WorkerLocal:
     """A ResourceVariable that, made under a `tf.distribute.ParameterServerStrategy`, is each
-    worker's own inside functions: there its handle is a `VarHandleOp` of the function itself
-    (one per traced graph, one shared name), so a function the coordinator schedules on a worker
-    reads and writes that worker's copy. Workers then never share a batch's rows, and no
-    function captures the coordinator's variable (TensorFlow aborts a worker that receives a
-    remote resource handle of unknown shape)."""
+    worker's own inside functions: there its handle is a placeholder fed, each time the
+    coordinator dispatches the function to a worker, with a handle of that worker's own variable
+    (a by-reference capture, as TF's per-worker variables). Workers then never share a batch's
+    rows; functions nested in the scheduled one (a model's `@tf.function call`) share its
+    placeholder, so gradients taken outside reach reads made inside; and no function captures
+    the coordinator's variable (TensorFlow aborts a worker that receives a remote resource
+    handle of unknown shape)."""
 
     def _set_worker_local(self, local):
         self._worker_local_name = f"tfra_de_worker_local/{next(_LOCAL_IDS)}" if local else None
-        self._worker_handles = weakref.WeakKeyDictionary()   # traced graph -> its handle
+
+    @property
+    def ps_strategy(self):
+        """The ParameterServerStrategy whose workers each have their own copy, or None."""
+        return self._distribute_strategy if self._worker_local_name else None
 
     @property
     def handle(self):
@@ -41,15 +47,26 @@ class _WorkerLocal:
         graph = tf.compat.v1.get_default_graph()
         if not graph.building_function:
             return self._handle
-        handle = self._worker_handles.get(graph)
-        if handle is None:
-            # Not under the caller's control dependencies, colocation or device.
-            with tf.control_dependencies(None), graph.colocate_with(None, ignore_existing=True), \
-                    tf.compat.v1.device(None):
-                handle = tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=self._shape,
-                                                shared_name=name, name="worker_local")
-            self._worker_handles[graph] = handle
-        return handle
+        outer = getattr(graph, "outer_graph", None)
+        if type(graph).__name__ in _CONTROL_FLOW_GRAPHS and outer is not None:
+            # A tf.cond / tf.while_loop body is built and used within one trace of its caller:
+            # it captures the caller's handle directly.
+            with outer.as_default():
+                caller_handle = self.handle
+            return graph.capture(caller_handle)
+        return graph.capture_call_time_value(self._dispatched_handle, _WorkerLocalSpec(self),
+                                             key=("tfra_de_worker_local", name))
+
+    def _dispatched_handle(self):
+        """At each call of a function: the handle of the variable of the worker the coordinator
+        dispatches it to (made there, under the dispatch's device scope), else this process's."""
+        if _tf_private.dispatched_worker_index() is None:
+            return self._handle
+        # No static shape: TensorFlow aborts on a remote handle with unknown dimensions, and a
+        # made-up one would mislead the worker's graph optimizer. Inside the function the
+        # handle has the variable's shape (the spec).
+        return tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=tf.TensorShape(None),
+                                      shared_name=self._worker_local_name)
 
     def _serialize_to_tensors(self):
         if self.__dict__.get("_worker_local_name") is None:
@@ -64,11 +81,30 @@ class _WorkerLocal:
 _LOCAL_IDS = itertools.count()
 
 
-def _under_ps_strategy():
-    """Whether the current strategy (scope or replica context) is a ParameterServerStrategy."""
+class _WorkerLocalSpec(tf.TensorSpec):
+    """The spec of a worker-local handle inside a function: a resource scalar whose handle
+    data carries the variable's dtype and shape (so reads have a static shape)."""
+
+    def __init__(self, variable):
+        super().__init__([], tf.resource)
+        self._variable_handle = variable._handle  # pylint: disable=protected-access
+
+    def placeholder_value(self, placeholder_context):
+        placeholder = super().placeholder_value(placeholder_context)
+        _tf_private.copy_handle_data(self._variable_handle, placeholder)
+        return placeholder
+# tf.cond / tf.while_loop bodies (control flow v2): graphs inlined into the one trace of their
+# caller.
+_CONTROL_FLOW_GRAPHS = ("CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph")
+
+
+def _current_ps_strategy():
+    """The current strategy (scope or replica context) if it is a ParameterServerStrategy."""
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    return isinstance(strategy, (tf.distribute.ParameterServerStrategy,
-                                 tf.distribute.experimental.ParameterServerStrategy))
+    if isinstance(strategy, (tf.distribute.ParameterServerStrategy,
+                             tf.distribute.experimental.ParameterServerStrategy)):
+        return strategy
+    return None
 
 
 class _WorkerLocalVariable(_WorkerLocal, _tf_private.ResourceVariable):
@@ -90,9 +126,13 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
       ids: a variable holding the unique ids of the rows currently held.
     """
 
-    def __init__(self, params, name, trainable=True, track=True):
+    def __init__(self, params, name, trainable=True, track=True, ps_strategy=None):
         self.params = params
-        local = _under_ps_strategy()   # before init_scope, which may leave the strategy's scope
+        # Before init_scope, which may leave the strategy's scope. Optimizers place updates with
+        # `strategy.extended.colocate_vars_with(wrapper)`, which accepts only variables of that
+        # strategy.
+        strategy = ps_strategy or _current_ps_strategy()
+        local = strategy is not None
         self._set_worker_local(local)
         # `name` is the full name (see wrapper_name), not one inside the caller's name scope.
         root_scope = (contextlib.nullcontext() if tf.executing_eagerly()
@@ -106,7 +146,8 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
                 trainable=trainable,
                 name=name,
                 collections=[],
-                validate_shape=False)
+                validate_shape=False,
+                distribute_strategy=strategy)
             # Like the rows, in no collection (`tf.Variable` would ignore `collections` and
             # land in GLOBAL_VARIABLES: a non-chief MonitoredTrainingSession would then wait
             # forever for the chief to initialize this worker-local variable).

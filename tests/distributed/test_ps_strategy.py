@@ -101,3 +101,22 @@ def test_checkpoint_restores_in_a_local_process(run):
             "values_equal": True}, name
         assert local["devices"][name] == [""]       # one local shard, whatever saved it
     assert os.path.exists(work / "ckpt.index")
+
+
+def test_tfra_keras_ps_demo_pattern_trains_with_model_fit(make_cluster):
+    """TFRA's documented Keras PS demo: tf_keras `model.fit` under ParameterServerStrategy, a
+    subclassed model with a `@tf.function call` and SquashedEmbedding layers on the PS tasks,
+    legacy Adam; and a scheduled custom step whose lookups sit in a nested tf.function."""
+    cluster = make_cluster(ps=2, worker=1, chief=1)
+    report = procs.run_script(cluster, "psst_keras_fit.py", timeout=300)
+    assert report["losses"][-1] < report["losses"][0]
+    for name, count in (("user_embedding", 50), ("movie_embedding", 30)):
+        table = report[name]
+        assert table["devices"] == [d + "/device:CPU:0" for d in PS]
+        assert table["keys"] == list(range(count))       # every id trained, on its own PS
+        assert table["sizes"] == [count // 2, count // 2]
+        assert set(table["slots"]) == {"m", "v"}
+        assert all(keys == list(range(count)) for keys in table["slots"].values())
+    assert all("/job:ps/" in d for d in report["dense_devices"])
+    # SGD(lr=1) on rows of ones with d(sum)/d(row) = 1: every looked-up row becomes zeros.
+    assert report["nested"] == {"keys": [1, 2, 3], "values": [[0.0, 0.0]] * 3}
