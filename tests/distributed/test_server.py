@@ -7,6 +7,7 @@ killed when the test ends.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,18 @@ def test_remote_client_puts_native_tables_on_every_ps(tmp_path, server_kind):
     assert result["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0",
                                  "/job:ps/replica:0/task:1/device:CPU:0"]
     assert result["rows"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+def test_a_restarted_server_is_ready_only_when_it_says_so_again(tmp_path):
+    """LocalCluster.start_server on a task that ran before waits for the new process's own
+    ready line (its log already holds the old one): the server accepts connections at once."""
+    cluster = LocalCluster(servers=("ps",), log_dir=str(tmp_path), ps=1)
+    try:
+        cluster.start()
+        cluster.kill("ps", 0)
+        cluster.start_server("ps", 0)
+        assert cluster.log("ps", 0).count(server_lib.READY) == 2
+        host, port = cluster.address("ps", 0).rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()
+    finally:
+        cluster.close()

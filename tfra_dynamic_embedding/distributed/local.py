@@ -47,6 +47,7 @@ class LocalCluster:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="tfra_de_cluster_")
         self._env = dict(env or {})
         self.processes = {}  # (job, task) -> Popen
+        self._log_starts = {}  # (job, task) -> length of its log when last started
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self, timeout=120.0):
@@ -98,6 +99,8 @@ class LocalCluster:
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env.update(self._env)
         env.update(extra_env)
+        # A restarted task appends to its log: its readiness is judged on the new output only.
+        self._log_starts[key] = len(self.log(*key))
         with open(self.log_path(*key), "ab") as log:
             self.processes[key] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL, env=env)
@@ -108,7 +111,8 @@ class LocalCluster:
         exits first or `timeout` seconds pass."""
         proc = self.processes[(job, task)]
         deadline = time.monotonic() + timeout
-        while server_lib.READY not in self.log(job, task):
+        start = self._log_starts.get((job, task), 0)
+        while server_lib.READY not in self.log(job, task)[start:]:
             if proc.poll() is not None:
                 raise ProcessError(f"/job:{job}/task:{task} exited with {proc.returncode}:\n"
                                    f"{self.log(job, task)[-3000:]}")
