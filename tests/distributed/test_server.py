@@ -57,7 +57,8 @@ def test_tfra_de_server_starts_and_stops_on_sigterm(tmp_path, how):
         line = _wait_line(proc, server_lib.READY, timeout=120)
         assert expected in line
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        code = proc.wait(timeout=30)
+        assert code == 0, proc.stdout.read()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
