@@ -5,9 +5,11 @@ case: the script trains, checkpoints and survives a killed worker; the tests che
 Tables use both backends (native when its kernels are built, and built-in) side by side.
 """
 
+import json
 import os
 import time
 
+import numpy as np
 import pytest
 
 from tests.distributed import procs
@@ -120,3 +122,33 @@ def test_tfra_keras_ps_demo_pattern_trains_with_model_fit(make_cluster):
     assert all("/job:ps/" in d for d in report["dense_devices"])
     # SGD(lr=1) on rows of ones with d(sum)/d(row) = 1: every looked-up row becomes zeros.
     assert report["nested"] == {"keys": [1, 2, 3], "values": [[0.0, 0.0]] * 3}
+
+
+def test_a_killed_ps_fails_the_coordinator_fast_and_a_restart_resumes(make_cluster, tmp_path):
+    """kill -9 of a PS: the coordinator's next steps fail with UnavailableError naming that PS
+    within seconds (never a hang); the PS is restarted and a new coordinator restores the last
+    checkpoint: rows exactly as saved, training goes on."""
+    cluster = make_cluster(ps=2, worker=1, chief=1)
+    proc = procs.start_script(cluster, "chief", 0, "psst_ps_kill.py", tmp_path)
+    deadline = time.monotonic() + 180
+    while "\nTRAINED" not in cluster.log("chief", 0):
+        assert proc.poll() is None and time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
+        time.sleep(0.1)
+    cluster.kill("ps", 1)
+    (tmp_path / "killed").touch()
+    failed = procs.wait_json(cluster, "chief", 0, proc, timeout=120)
+    assert failed["error"] == "UnavailableError"
+    assert "/job:ps/replica:0/task:1" in failed["message"]
+    assert failed["seconds"] < 60
+    checkpointed = next(json.loads(line)["checkpointed"]
+                        for line in cluster.log("chief", 0).splitlines()
+                        if line.startswith('{"checkpointed"'))
+    # Steps i = 0..4 looked up ids {i, i+1}: SGD(0.5) on rows of ones, d(sum)/d(row) = 1.
+    counts = np.bincount(np.concatenate([[i, i + 1] for i in range(5)]))
+    assert checkpointed["keys"] == list(range(6))
+    assert checkpointed["values"] == [[1.0 - 0.5 * c] * 2 for c in counts]
+
+    cluster.start_server("ps", 1)
+    resumed = procs.run_script(cluster, "psst_ps_kill.py", tmp_path, "--resume", timeout=180)
+    assert resumed["restored"] == checkpointed
+    assert resumed["size"] == 8 and resumed["new_rows"] == [[0.5, 0.5], [0.5, 0.5]]
