@@ -177,3 +177,41 @@ def test_ps_kill_fails_chief_and_worker_in_bounded_time(make_cluster, tmp_path):
         assert "/job:ps/replica:0/task:1" in log.rsplit("StepDeadlineError", 1)[1]
         assert elapsed < 45, f"{job} took {elapsed:.1f} s to fail"
         print(f"{job} failed {elapsed:.1f} s after the PS was killed")
+
+
+def test_tf1_chief_resumes_from_its_checkpoint_after_a_ps_restart(make_cluster, tmp_path):
+    """kill -9 of a PS: the chief fails in bounded time; the PS is restarted (empty) and a new
+    chief's MonitoredTrainingSession restores the latest checkpoint -- tables, Adam slots and
+    global step exactly as saved -- and trains on."""
+    cluster = make_cluster(ps=2, chief=1, servers=("ps",))
+    config = dict(scope="resumed", ckpt_dir=str(tmp_path / "ckpt"), sync_dir=str(tmp_path))
+    proc = procs.start_script(cluster, "chief", 0, "tf1_resume.py",
+                              json.dumps(dict(config, phase="train")), env=ENV)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "training").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, cluster.log("chief", 0)[-3000:]
+        time.sleep(0.1)
+    cluster.kill("ps", 1)
+    assert proc.wait(90) == 1
+    assert "StepDeadlineError" in cluster.log("chief", 0)
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(config["ckpt_dir"]))
+    saved_step = int(reader.get_tensor("resumed/global_step"))
+    assert saved_step >= 4 and saved_step % 2 == 0
+
+    def saved(entry):
+        keys = reader.get_tensor(f"resumed/resumed_emb{entry}-keys")
+        values = reader.get_tensor(f"resumed/resumed_emb{entry}-values")
+        order = np.argsort(keys)
+        return {"keys": keys[order].tolist(), "values": values[order].tolist()}
+
+    cluster.start_server("ps", 1)   # same address, empty tables
+    resumed = procs.run_script(cluster, "tf1_resume.py", json.dumps(dict(config, phase="resume")),
+                               timeout=180, env=ENV)
+    restored = resumed["restored"]
+    assert restored["global_step"] == saved_step
+    assert restored["tables"]["emb"] == saved("")
+    assert restored["tables"]["m"] == saved("_Adam_m")
+    assert restored["tables"]["v"] == saved("_Adam_v")
+    assert restored["tables"]["emb"]["keys"]   # something was trained and saved
+    assert resumed["global_step"] == saved_step + 2
