@@ -21,7 +21,8 @@ turn that into an error within seconds:
   * `StepDeadlineHook`: gives up MonitoredSession's recovery once a step did not finish in time.
 
 tests/distributed/test_between_graph.py kills a PS with SIGKILL mid-training: chief and worker
-both fail with a StepDeadlineError naming the dead task 6-7 s later (5 s deadline).
+both fail with a StepDeadlineError naming the dead task soon after the deadline (measured times
+in docs/distributed.md).
 """
 
 import logging
