@@ -117,24 +117,14 @@ def client(args):
         ports = {int(a.rsplit(":", 1)[1]) for job in spec.values() for a in job}
     sys.path.insert(0, ROOT)
     sys.path.insert(0, HERE)
-    import tfra_dynamic_embedding as de
     from tfra_dynamic_embedding.demo import dlrm
-    from train_step import tfra_batches
+    from train_step import tfra_batches, training_step
 
     tf.keras.utils.set_random_seed(args.seed)
     batches = tfra_batches(args.warmup + args.steps, args.batch_size, args.seed)
     model = dlrm.DLRM(num_dense=0, interaction="concat", top=(256, 128),
                       embedding_dim=args.dim, devices=devices)
-    optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3))
-    loss_fn = tf.keras.losses.BinaryCrossentropy()
-
-    @tf.function
-    def step(inputs, label):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(label[:, None], model(inputs, training=True))
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
+    step = training_step(model)
 
     tensors = [({"ids": tf.constant(inputs["ids"])}, tf.constant(label))
                for inputs, label in batches]

@@ -85,6 +85,12 @@ def make_step(setup, variant, vocab, kv_creator):
         kwargs = dict(num_dense=0, interaction="concat", top=(256, 128))
     model = dlrm.DLRM(vocab_sizes=vocab if variant == "static" else None,
                       kv_creator=kv_creator if variant == "de" else None, **kwargs)
+    return training_step(model), model
+
+
+def training_step(model):
+    """One training step of `model` as a tf.function `step(inputs, label) -> loss`: binary
+    cross-entropy, Adam(1e-3) wrapped by de.DynamicEmbeddingOptimizer."""
     optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3))
     loss_fn = tf.keras.losses.BinaryCrossentropy()
 
@@ -96,7 +102,7 @@ def make_step(setup, variant, vocab, kv_creator):
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         return loss
 
-    return step, model
+    return step
 
 
 def time_steps(steps, batches):
