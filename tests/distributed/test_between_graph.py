@@ -215,3 +215,21 @@ def test_tf1_chief_resumes_from_its_checkpoint_after_a_ps_restart(make_cluster, 
     assert restored["tables"]["v"] == saved("_Adam_v")
     assert restored["tables"]["emb"]["keys"]   # something was trained and saved
     assert resumed["global_step"] == saved_step + 2
+
+
+def test_tfra_tf1_ps_demo_runs_unchanged(make_cluster, tmp_path):
+    """TFRA's movielens-1m-ps demo as written there (workers only, worker 0 the chief, tf_keras
+    Dense, tf.unique + embedding_lookup, v1 Adam): both workers train all their batches and the
+    tables hold exactly the ids both fed."""
+    cluster = make_cluster(ps=2, worker=2, servers=("ps",))
+    workers = [procs.start_script(cluster, "worker", i, "tfra_tf1_demo.py", tmp_path, env=ENV)
+               for i in range(2)]
+    results = [procs.wait_json(cluster, "worker", i, proc, TIMEOUT)
+               for i, proc in reversed(list(enumerate(workers)))][::-1]
+    from tests.distributed import tfra_tf1_demo  # pylint: disable=import-outside-toplevel
+    batches = tfra_tf1_demo.ROWS // tfra_tf1_demo.BATCH
+    assert [r["steps"] for r in results] == [batches, batches]
+    feeds = [tfra_tf1_demo.data(i) for i in range(2)]
+    assert results[0]["users"] == len(np.unique(np.concatenate([f["user_id"] for f in feeds])))
+    assert results[0]["movies"] == len(np.unique(np.concatenate([f["movie_id"] for f in feeds])))
+    assert results[0]["global_step"] == 2 * batches
