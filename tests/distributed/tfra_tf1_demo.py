@@ -16,13 +16,7 @@ import os
 import sys
 import time
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.keras.layers import Dense  # noqa: E402
-
-import tensorflow_recommenders_addons as tfra  # noqa: E402
+import numpy as np
 
 ROWS, BATCH = 256, 32
 
@@ -44,6 +38,13 @@ def wait(path):
 
 
 def main(sync_dir):
+    # TensorFlow only here: the test imports this module for `data` (and must not get tf_keras).
+    # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tensorflow.keras.layers import Dense
+
+    import tensorflow_recommenders_addons as tfra
+
     tf.compat.v1.disable_eager_execution()
     config = json.loads(os.environ["TF_CONFIG"])
     worker_id = config["task"]["index"]
@@ -108,4 +109,5 @@ def main(sync_dir):
 
 
 if __name__ == "__main__":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"   # as the demo's Keras 2 code expects
     main(sys.argv[1])
