@@ -11,16 +11,48 @@ Example:
 
 import json
 import os
+import random
 import socket
 
 JOBS = ("chief", "worker", "ps", "evaluator")
 
 
 def free_port():
-    """A TCP port on loopback that nothing listens on now (the OS's pick)."""
+    """A TCP port on loopback that nothing listens on now, below the kernel's ephemeral range.
+
+    A port the OS hands out for `bind(0)` may be handed out again to another process (a TF
+    client's own gRPC server, another test) before the server meant for it starts; a port below
+    that range is only taken by whoever asks for it by number. Falls back to the OS's pick when
+    the range leaves no room below it.
+    """
+    low = _ephemeral_low()
+    if low > 12000:
+        pick = random.SystemRandom()   # not the (often seeded) global generator
+        for _ in range(200):
+            port = pick.randrange(10000, low)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("localhost", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low():
+    """The first port of the kernel's ephemeral range (Linux; 32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("localhost", port))
+        except OSError:
+            return False
+    return True
 
 
 def local_spec(**job_sizes):

@@ -17,6 +17,7 @@ unreachable task. A PS that stops answering without closing its connection is bo
 
 import contextlib
 import socket
+import time
 
 import tensorflow as tf
 
@@ -67,7 +68,13 @@ def named_task_errors(spec, timeout=2.0):
     except (tf.errors.InternalError, tf.errors.CancelledError, tf.errors.UnavailableError,
             tf.errors.AbortedError, tf.errors.DeadlineExceededError,
             tf.errors.UnknownError) as error:
+        # A task being killed may still accept connections for a moment after the client saw
+        # its connection drop: look again for up to `timeout` seconds before giving up.
+        deadline = time.monotonic() + timeout
         dead = unreachable_tasks(spec, timeout)
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.1)
+            dead = unreachable_tasks(spec, timeout)
         if not dead:
             raise
         names = ", ".join(f"/job:{j}/replica:0/task:{t} at {a} ({why})" for j, t, a, why in dead)
