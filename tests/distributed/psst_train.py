@@ -9,15 +9,22 @@ Run as the chief of a LocalCluster(ps=2, worker=2, chief=1) with TF_CONFIG set. 
   keras   a Keras model with two de.keras.layers.Embedding (one per backend) trained by a
           custom loop (Adam) over per-worker datasets; then tf.train.Checkpoint(model,
           optimizer).write(<work dir>/ckpt) and the tables' rows and slots to <work dir>/tables.npz.
-  kill    more SGD steps; after the first batch the script prints PSST_KILL and waits for the
-          file <work dir>/killed (the test kills worker 1 and writes it), schedules steps while
-          worker 1 is down, then waits for <work dir>/restarted and schedules the rest.
+  kill    more SGD steps in three phases, each joined before the next: the script prints
+          PSST_KILL and waits for the file <work dir>/killed (the test kills worker 1 and writes
+          it), schedules steps while worker 1 is down, prints PSST_RESTART and waits for
+          <work dir>/restarted (the test restarts worker 1) and for the coordinator to have
+          recovered the cluster, then schedules the rest. No step is in flight when a worker
+          dies or the cluster is updated: `schedule` runs a function at least once, and twice
+          if a worker or a cluster update interrupts it midway (TF's documented semantics), so
+          only then must the rows equal the exact sum.
 Prints one JSON line last.
 """
 
 import json
+import logging
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -62,6 +69,30 @@ def wait_for(path, timeout=120.0):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in {timeout} s")
         time.sleep(0.1)
+
+
+class RecoveryWatch(logging.Handler):
+    """Sets `recovered` when TF's coordinator logs that it brought the cluster back (the only
+    public sign of it). Logged at INFO, so the TF logger is opened to INFO for this handler
+    only: its other handlers stay at WARNING."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.recovered = threading.Event()
+
+    def emit(self, record):
+        if "Cluster successfully recovered" in record.getMessage():
+            self.recovered.set()
+
+    @classmethod
+    def install(cls):
+        logger = tf.get_logger()
+        for handler in logger.handlers:
+            handler.setLevel(max(handler.level, logging.WARNING))
+        logger.setLevel(logging.INFO)
+        watch = cls()
+        logger.addHandler(watch)
+        return watch
 
 
 def kv(backend):
@@ -166,6 +197,7 @@ def main(work_dir, backends):
     result["keras_tables"] = sorted(tables)
 
     # -- kill: a worker killed between batches, the job goes on -------------------------------
+    watch = RecoveryWatch.install()
     kill_batches = batches(2, sum(KILL_STEPS))
     phases = np.split(np.arange(sum(KILL_STEPS)), np.cumsum(KILL_STEPS)[:-1])
     before = {b: export(sums[b]) for b in backends}
@@ -175,7 +207,10 @@ def main(work_dir, backends):
             print("PSST_KILL", flush=True)
             wait_for(os.path.join(work_dir, "killed"))
         if phase == 2:
+            print("PSST_RESTART", flush=True)
             wait_for(os.path.join(work_dir, "restarted"))
+            if not watch.recovered.wait(120):
+                raise TimeoutError("the coordinator did not recover worker 1 in 120 s")
         losses = [coordinator.schedule(sgd_step, args=(tf.constant(kill_batches[i]),))
                   for i in steps]
         coordinator.join()

@@ -31,18 +31,26 @@ def run(tmp_path_factory):
         cluster.start()
         proc = procs.start_script(cluster, "chief", 0, "psst_train.py", work, ",".join(BACKENDS))
         deadline = time.monotonic() + 240
-        while "PSST_KILL" not in cluster.log("chief", 0) and proc.poll() is None:
-            assert time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
-            time.sleep(0.2)
-        if proc.poll() is None:
+        if wait_for_line(cluster, proc, "PSST_KILL", deadline):
             assert cluster.kill("worker", 1) is not None
             (work / "killed").touch()           # the script schedules steps with worker 1 down
+        if wait_for_line(cluster, proc, "PSST_RESTART", deadline):
             cluster.start_server("worker", 1)   # the same address again
             (work / "restarted").touch()
         report = procs.wait_json(cluster, "chief", 0, proc, timeout=240)
         yield cluster, report, work
     finally:
         cluster.close()
+
+
+def wait_for_line(cluster, proc, line, deadline):
+    """True once the chief printed `line`; False if it exited first."""
+    while line not in cluster.log("chief", 0):
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
+        time.sleep(0.2)
+    return True
 
 
 def test_tables_and_slots_live_on_the_ps_tasks(run):
