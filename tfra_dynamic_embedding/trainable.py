@@ -98,7 +98,7 @@ class _WorkerLocalSpec(tf.TensorSpec):
 _CONTROL_FLOW_GRAPHS = ("CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph")
 
 
-def _current_ps_strategy():
+def current_ps_strategy():
     """The current strategy (scope or replica context) if it is a ParameterServerStrategy."""
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     if isinstance(strategy, (tf.distribute.ParameterServerStrategy,
@@ -131,7 +131,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         # Before init_scope, which may leave the strategy's scope. Optimizers place updates with
         # `strategy.extended.colocate_vars_with(wrapper)`, which accepts only variables of that
         # strategy.
-        strategy = ps_strategy or _current_ps_strategy()
+        strategy = ps_strategy or current_ps_strategy()
         local = strategy is not None
         self._set_worker_local(local)
         # `name` is the full name (see wrapper_name), not one inside the caller's name scope.

@@ -694,9 +694,7 @@ def _device_list(devices):
 def _ps_strategy_devices():
     """Under a `tf.distribute.ParameterServerStrategy` (its scope or a replica of it): one
     device per PS task of its cluster, `/job:ps/replica:0/task:<i>`; else None."""
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    if not isinstance(strategy, (tf.distribute.ParameterServerStrategy,
-                                 tf.distribute.experimental.ParameterServerStrategy)):
+    if trainable_lib.current_ps_strategy() is None:
         return None
     # The strategy connected this process to its cluster: the PS tasks' devices are listed.
     specs = (tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices())

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -22,6 +23,20 @@ def start_script(cluster, job, task, name, *args, env=None):
     """Starts tests/distributed/<name> as task `task` of `job` of `cluster` (TF_CONFIG set);
     it is killed with the cluster."""
     return cluster.run(job, task, [sys.executable, script(name), *map(str, args)], env=env)
+
+
+def wait_for_output(cluster, job, task, proc, text, timeout):
+    """Waits up to `timeout` s until (job, task)'s log holds `text`; True then, False when
+    `proc` exited first. Over time fails with the log's tail."""
+    deadline = time.monotonic() + timeout
+    while text not in cluster.log(job, task):
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, (
+            f"/job:{job}/task:{task} printed no {text!r} in {timeout} s:\n"
+            f"{cluster.log(job, task)[-4000:]}")
+        time.sleep(0.05)
+    return True
 
 
 def wait_json(cluster, job, task, proc, timeout):

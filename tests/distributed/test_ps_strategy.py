@@ -7,7 +7,6 @@ Tables use both backends (native when its kernels are built, and built-in) side 
 
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -30,27 +29,16 @@ def run(tmp_path_factory):
     try:
         cluster.start()
         proc = procs.start_script(cluster, "chief", 0, "psst_train.py", work, ",".join(BACKENDS))
-        deadline = time.monotonic() + 240
-        if wait_for_line(cluster, proc, "PSST_KILL", deadline):
+        if procs.wait_for_output(cluster, "chief", 0, proc, "PSST_KILL", timeout=240):
             assert cluster.kill("worker", 1) is not None
             (work / "killed").touch()           # the script schedules steps with worker 1 down
-        if wait_for_line(cluster, proc, "PSST_RESTART", deadline):
+        if procs.wait_for_output(cluster, "chief", 0, proc, "PSST_RESTART", timeout=120):
             cluster.start_server("worker", 1)   # the same address again
             (work / "restarted").touch()
         report = procs.wait_json(cluster, "chief", 0, proc, timeout=240)
         yield cluster, report, work
     finally:
         cluster.close()
-
-
-def wait_for_line(cluster, proc, line, deadline):
-    """True once the chief printed `line`; False if it exited first."""
-    while line not in cluster.log("chief", 0):
-        if proc.poll() is not None:
-            return False
-        assert time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
-        time.sleep(0.2)
-    return True
 
 
 def test_tables_and_slots_live_on_the_ps_tasks(run):
@@ -138,10 +126,8 @@ def test_a_killed_ps_fails_the_coordinator_fast_and_a_restart_resumes(make_clust
     checkpoint: rows exactly as saved, training goes on."""
     cluster = make_cluster(ps=2, worker=1, chief=1)
     proc = procs.start_script(cluster, "chief", 0, "psst_ps_kill.py", tmp_path)
-    deadline = time.monotonic() + 180
-    while "\nTRAINED" not in cluster.log("chief", 0):
-        assert proc.poll() is None and time.monotonic() < deadline, cluster.log("chief", 0)[-4000:]
-        time.sleep(0.1)
+    assert procs.wait_for_output(cluster, "chief", 0, proc, "\nTRAINED", timeout=180), \
+        cluster.log("chief", 0)[-4000:]
     cluster.kill("ps", 1)
     (tmp_path / "killed").touch()
     failed = procs.wait_json(cluster, "chief", 0, proc, timeout=120)

@@ -103,10 +103,8 @@ def test_save_killed_midway_leaves_the_previous_checkpoint_loadable(make_cluster
     directory = tmp_path / "ckpt"
     proc = procs.start_script(cluster, "client", 0, "remote_save_loop.py", "remote",
                               json.dumps(cluster.spec), directory, env=ENV)
-    deadline = time.monotonic() + 90
-    while "saved 4" not in cluster.log("client", 0):
-        assert proc.poll() is None and time.monotonic() < deadline, cluster.log("client", 0)
-        time.sleep(0.05)
+    assert procs.wait_for_output(cluster, "client", 0, proc, "saved 4", timeout=90), \
+        cluster.log("client", 0)
     cluster.kill("client", 0)   # SIGKILL, most likely inside save 5 (a save takes ~0.1 s)
     last = max(int(line.split()[1]) for line in cluster.log("client", 0).splitlines()
                if line.startswith("saved "))
@@ -127,10 +125,8 @@ def test_ps_killed_mid_training_fails_fast_naming_it_and_a_restart_resumes(make_
     directory = tmp_path / "ckpt"
     proc = procs.start_script(cluster, "client", 0, "remote_kill.py", "remote",
                               json.dumps(cluster.spec), directory, env=ENV)
-    deadline = time.monotonic() + 90
-    while "\ncheckpointed" not in cluster.log("client", 0):
-        assert proc.poll() is None and time.monotonic() < deadline, cluster.log("client", 0)
-        time.sleep(0.05)
+    assert procs.wait_for_output(cluster, "client", 0, proc, "\ncheckpointed", timeout=90), \
+        cluster.log("client", 0)
     time.sleep(0.5)   # mid-training
     killed = time.monotonic()
     cluster.kill("ps", 1)
