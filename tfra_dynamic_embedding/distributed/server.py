@@ -48,16 +48,22 @@ def serve(spec, job, task, parent_pid=None):
     """Starts the server of task `task` of `job` in cluster `spec` and blocks until SIGTERM/SIGINT
     (or until process `parent_pid`, when given, is gone)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    if parent_pid:
-        threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _exit_now)
+    exit_on_stop_signals(parent_pid)
     start_server(spec, job, task)
     print(f"{READY}: /job:{job}/task:{task} at {spec[job][task]}", flush=True)
     while True:
         # Short sleeps: the signal may reach one of TensorFlow's threads, which does not
         # interrupt this sleep; Python runs the handler when the main thread wakes.
         time.sleep(0.2)
+
+
+def exit_on_stop_signals(parent_pid=None):
+    """Makes this process exit with status 0 on SIGTERM/SIGINT, and when process `parent_pid`
+    (if given) is gone: what a server process does, having no clean way to stop its server."""
+    if parent_pid:
+        threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_now)
 
 
 def start_server(spec, job, task):
