@@ -112,7 +112,8 @@ setup(
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow>=2.16"],
         "placement": ["matplotlib"],
-        "test": ["pytest", "hypothesis", "matplotlib"],
+        "serving": ["aiohttp>=3.9"],
+        "test": ["pytest", "hypothesis", "matplotlib", "aiohttp>=3.9", "requests"],
     },
     entry_points={
         "console_scripts": ["tfra-de = tfra_dynamic_embedding.cli:main"],
