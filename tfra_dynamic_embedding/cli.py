@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "benchmark": "tfra_dynamic_embedding.placement.benchmark.collect:add_parser",
     "train-planner": "tfra_dynamic_embedding.placement.train:add_parser",
     "server": "tfra_dynamic_embedding.distributed.server:add_parser",
+    "serve": "tfra_dynamic_embedding.inference.serve:add_parser",
 }
 
 

@@ -106,13 +106,13 @@ class LocalCluster:
                                                    stdin=subprocess.DEVNULL, env=env)
         return self.processes[key]
 
-    def wait_ready(self, job, task, timeout=120.0):
-        """Blocks until the server of (job, task) printed its ready line; ProcessError if it
-        exits first or `timeout` seconds pass."""
+    def wait_ready(self, job, task, timeout=120.0, ready=server_lib.READY):
+        """Blocks until the process of (job, task) printed `ready` (by default the ready line of
+        `tfra-de server`); ProcessError if it exits first or `timeout` seconds pass."""
         proc = self.processes[(job, task)]
         deadline = time.monotonic() + timeout
         start = self._log_starts.get((job, task), 0)
-        while server_lib.READY not in self.log(job, task)[start:]:
+        while ready not in self.log(job, task)[start:]:
             if proc.poll() is not None:
                 raise ProcessError(f"/job:{job}/task:{task} exited with {proc.returncode}:\n"
                                    f"{self.log(job, task)[-3000:]}")
