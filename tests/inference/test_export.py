@@ -350,3 +350,36 @@ def test_unsupported_models_are_named():
     model = keras.Model([a, b], keras.layers.Add()([shared(a), shared(b)]))
     with pytest.raises(NotImplementedError, match="layer .shared_emb. is called 2 times"):
         inference.plan_for_model(model, 1)
+
+
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                   "docs", "inference.md")
+
+
+@pytest.mark.skipif(not os.path.exists(DOC), reason="docs/ is not in this test's runfiles")
+def test_docs_example_prints_what_it_says(capsys, tmp_path):
+    import re  # pylint: disable=import-outside-toplevel
+    with open(DOC, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    assert len(blocks) == 1
+    code = blocks[0].replace("/tmp/inference_example", str(tmp_path / "example"))
+    exec(compile(code, "docs/inference.md", "exec"), {})  # pylint: disable=exec-used
+    assert capsys.readouterr().out.split() == ["True"]
+
+
+def test_ids_input_that_also_feeds_dense_layers(tmp_path):
+    ids = keras.Input(shape=(2,), dtype="int64", name="ids")
+    pooled = de.keras.layers.Embedding(DIM, combiner="sum", initializer=0.0, name="ids_emb")(ids)
+    as_float = keras.layers.Lambda(lambda t: tf.cast(t, "float32"), output_shape=(2,))(ids)
+    model = keras.Model(ids, keras.layers.Dense(1)(
+        keras.layers.Concatenate()([pooled, as_float])))
+    layer = model.get_layer("ids_emb")
+    keys = np.arange(-5, 15, dtype=np.int64)
+    layer.params.upsert(tf.constant(keys), tf.constant(
+        np.random.default_rng(0).normal(size=(len(keys), DIM)).astype(np.float32)))
+    plan = _hand_plan([placement.TableSpec("ids_emb", 20, DIM)], 2,
+                      {"ids_emb": ["/job:sparse/task:1", "/job:sparse/task:0"]})
+    batch = {"ids": np.array([[1, 2], [-5, 40], [99, 100]], np.int64)}
+    manifest, _ = _export_and_compare(model, plan, str(tmp_path / "export"), {"mixed": batch},
+                                      lambda b: model(_tensors(b)).numpy())
+    assert list(manifest.main_inputs) == ["ids"]

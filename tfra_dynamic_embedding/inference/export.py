@@ -133,6 +133,9 @@ def export_sharded(model, plan, export_dir, overwrite=False):
             raise TypeError(f"layer {feature.layer.name!r} has key dtype {key_dtype}; the sharded "
                             f"export takes {list(manifest_lib.KEY_DTYPES)}")
         tables[name] = feature
+    unused = sorted(set(plan.assignment) - set(tables))
+    if unused:
+        logging.info("plan tables %s are not tables of the model; not exported", unused)
     export_dir = _check_export_dir(export_dir, overwrite)
 
     # Shards: the plan's devices that hold a piece of the model's tables, in plan order.

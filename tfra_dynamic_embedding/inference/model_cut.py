@@ -94,7 +94,6 @@ def _cut_dlrm(model):
                                   f"sharded export needs dynamic (de) tables")
     layers = model.embeddings
     key_dtype = layers[0].params.key_dtype if layers else tf.int64
-    value_dtype = layers[0].params.value_dtype if layers else tf.float32
     features = [FeatureCut(layer.name, layer, "ids", i, None,
                            tf.TensorSpec([None, model.embedding_dim], layer.params.value_dtype,
                                          name=layer.name))
@@ -102,7 +101,7 @@ def _cut_dlrm(model):
     request = {"ids": tf.TensorSpec([None, model.num_categorical], key_dtype, name="ids")}
     dense = {}
     if model.num_dense:
-        dense["dense"] = tf.TensorSpec([None, model.num_dense], value_dtype, name="dense")
+        dense["dense"] = tf.TensorSpec([None, model.num_dense], tf.float32, name="dense")
         request = {"dense": dense["dense"], **request}
     pooled_model = _PooledDLRM(model)
     call = type(model).call
@@ -131,8 +130,10 @@ def _calls_per_layer(model):
     """{layer name: times it is called in the functional graph}, from the model's config."""
     try:
         config = model.get_config()
-    except Exception:  # pylint: disable=broad-except
-        return {}   # no config: layers called more than once go unnoticed here
+    except Exception:  # pylint: disable=broad-except  (a layer without a config)
+        # Keras' own record of a layer's calls (all models it is in: errs on the safe side).
+        return {layer.name: len(getattr(layer, "_inbound_nodes", [None])) for layer in
+                model.layers}
     return {layer["config"].get("name", layer.get("name")): len(layer.get("inbound_nodes", []))
             for layer in config.get("layers", [])}
 
