@@ -190,7 +190,8 @@ def test_functional_sharded_equals_model(trained_functional, tmp_path, num_shard
         "item_emb": ("int64", "sqrtn")}
     assert sorted(manifest.main_inputs) == ["x"]
     _check_shard_rows(sharded, {layer.name: layer.params.export()[0].numpy()
-                                for layer in model.layers if isinstance(layer, de.keras.layers.Embedding)})
+                                for layer in model.layers
+                                if isinstance(layer, de.keras.layers.Embedding)})
 
 
 def test_functional_string_table_split(trained_functional, tmp_path):
@@ -383,3 +384,19 @@ def test_ids_input_that_also_feeds_dense_layers(tmp_path):
     manifest, _ = _export_and_compare(model, plan, str(tmp_path / "export"), {"mixed": batch},
                                       lambda b: model(_tensors(b)).numpy())
     assert list(manifest.main_inputs) == ["ids"]
+
+
+def test_dlrm_concat_without_dense_inputs(tmp_path):
+    model = dlrm.DLRM(num_dense=0, num_categorical=2, embedding_dim=DIM, top=(8,),
+                      interaction="concat", initializer=0.0)
+    dlrm.build(model)
+    rng = np.random.default_rng(1)
+    for layer in model.embeddings:
+        keys = np.arange(-8, 8, dtype=np.int64)
+        layer.params.upsert(tf.constant(keys),
+                            tf.constant(rng.normal(size=(16, DIM)).astype(np.float32)))
+    plan = inference.plan_for_model(model, 2, "size-greedy")
+    batch = {"ids": np.array([[1, -3], [7, 100], [-8, 2]], np.int64)}
+    manifest, _ = _export_and_compare(model, plan, str(tmp_path / "export"), {"mixed": batch},
+                                      lambda b: model(b).numpy())
+    assert manifest.main_inputs == {} and manifest.model == "DLRM"
