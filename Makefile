@@ -3,7 +3,8 @@
 #   make venv    .venv/ with TensorFlow (CPU), tf-keras, test tools, the package (editable) + its ops
 #   make test    make venv, then the pytest suite, then `bazel test //...`
 #   make demo    run the end-to-end demo of the command line tool
-#   make demo-cluster  the demo with its tables on 2 local PS processes (tfra-de demo --ps 2)
+#   make demo-cluster  the demo on a local cluster: tables on 2 PS processes, 2 asynchronous
+#                      workers (tfra-de demo --ps 2 --workers 2; about 2 minutes)
 #   make ops     rebuild the native op library (incremental)
 #   make bench   run the benchmarks in benchmarks/ (optional; never fails on speed)
 #   make clean   remove build outputs (keeps .venv);  make distclean  also removes .venv
@@ -91,9 +92,11 @@ bazel-install:
 demo: venv
 	$(PY) -m tfra_dynamic_embedding.cli demo
 
-# The same demo, its embedding tables on 2 PS processes on loopback (docs/distributed.md).
+# The same demo on loopback: its embedding tables on 2 PS processes, trained by 2 asynchronous
+# worker processes under ParameterServerStrategy (docs/distributed.md). `--ps 2` alone: one
+# synchronous client.
 demo-cluster: venv
-	$(PY) -m tfra_dynamic_embedding.cli demo --ps 2
+	$(PY) -m tfra_dynamic_embedding.cli demo --ps 2 --workers 2
 
 bench: venv
 	@shopt -s nullglob; files=(benchmarks/*.py); \

@@ -90,14 +90,13 @@ def run(args):
     if getattr(args, "ps", 0):  # tables on a local cluster of PS processes: demo/cluster.py
         from tfra_dynamic_embedding.demo import cluster  # pylint: disable=import-outside-toplevel
         return cluster.run(args)
+    _check_args(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import tfra_dynamic_embedding as de  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.demo import criteo, dlrm  # pylint: disable=import-outside-toplevel
 
-    _check_args(args)
     start = time.perf_counter()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -105,6 +104,58 @@ def run(args):
     print("== tfra_dynamic_embedding demo: a DLRM with dynamic embeddings on Criteo-format data")
 
     # -- data --------------------------------------------------------------------------------
+    data = prepare_data(args, out)
+    train_ds = criteo.read_tsv(data.path, args.batch_size, take=data.num_train,
+                               shuffle_buffer=min(data.num_train, 100_000), seed=args.seed)
+    eval_ds = eval_dataset(data)
+
+    # -- model ---------------------------------------------------------------------------------
+    model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction,
+                      devices=getattr(args, "devices", None))
+    optimizer = de.DynamicEmbeddingOptimizer(_keras_optimizer(tf, args))
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy(),
+                  metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)],
+                  jit_compile=False)
+    dlrm.build(model)
+    print(f"model: {describe(model)}; {type(optimizer).__name__}(learning_rate="
+          f"{args.learning_rate:g}) wrapped by de.DynamicEmbeddingOptimizer")
+    _, manager, epoch = make_checkpoint(model, optimizer, out, args.resume)
+
+    # -- train ---------------------------------------------------------------------------------
+    class SaveEveryEpoch(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, index, logs=None):
+            epoch.assign(index + 1)
+            manager.save(checkpoint_number=index + 1)
+
+    began = time.perf_counter()
+    if int(epoch) < args.epochs:
+        model.fit(train_ds, epochs=args.epochs, initial_epoch=int(epoch),
+                  callbacks=[SaveEveryEpoch()], verbose=args.verbose, shuffle=False)
+    train_seconds = time.perf_counter() - began
+
+    # -- evaluate, save ------------------------------------------------------------------------
+    metrics = model.evaluate(eval_ds, return_dict=True, verbose=0)
+    results = held_out_results(float(metrics["auc"]), float(metrics["loss"]), data, args,
+                               train_seconds)
+    finish(model, manager, data, args, out, results, start, train_seconds)
+    results["model"] = model
+    return results
+
+
+# -- the steps of a run, shared with the cluster modes (cluster.py, ps_strategy.py) -------------
+class Data:  # pylint: disable=too-few-public-methods
+    """The demo's rows: `path` (a TSV), `rows`, the first `num_train` for training and the last
+    `num_eval` held out; `generated` (criteo.GeneratedData) when the demo wrote the file."""
+
+    def __init__(self, path, rows, num_train, num_eval, generated):
+        self.path, self.rows, self.num_train, self.num_eval = path, rows, num_train, num_eval
+        self.generated = generated
+
+
+def prepare_data(args, out):
+    """Generates the synthetic TSV in `out` (or counts the lines of --data), splits it, prints
+    where the rows come from; returns a `Data`."""
+    from tfra_dynamic_embedding.demo import criteo  # pylint: disable=import-outside-toplevel
     generated = None
     if args.data:
         path = args.data
@@ -124,47 +175,40 @@ def run(args):
                          f"{args.eval_fraction}")
     print(f"data:  {source}\n       {num_train:,} rows for training, the last {num_eval:,} held "
           f"out")
-    train_ds = criteo.read_tsv(path, args.batch_size, take=num_train,
-                               shuffle_buffer=min(num_train, 100_000), seed=args.seed)
-    eval_ds = criteo.read_tsv(path, 4096, skip=num_train, take=num_eval)
+    return Data(path, rows, num_train, num_eval, generated)
 
-    # -- model ---------------------------------------------------------------------------------
-    model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction,
-                      devices=getattr(args, "devices", None))
-    optimizer = de.DynamicEmbeddingOptimizer(_keras_optimizer(tf, args))
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy(),
-                  metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)],
-                  jit_compile=False)
-    dlrm.build(model)
-    print(f"model: {describe(model)}; {type(optimizer).__name__}(learning_rate="
-          f"{args.learning_rate:g}) wrapped by de.DynamicEmbeddingOptimizer")
 
+def eval_dataset(data):
+    """The held-out rows of `data`, in batches of 4096."""
+    from tfra_dynamic_embedding.demo import criteo  # pylint: disable=import-outside-toplevel
+    return criteo.read_tsv(data.path, 4096, skip=data.num_train, take=data.num_eval)
+
+
+def make_checkpoint(model, optimizer, out, resume):
+    """(tf.train.Checkpoint(model, optimizer, epoch), its CheckpointManager in out/checkpoints,
+    the epoch variable); restores the latest checkpoint when `resume`."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(out, CHECKPOINT_DIR),
                                          max_to_keep=2)
-    if args.resume and manager.latest_checkpoint:
+    if resume and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         print(f"resumed from {manager.latest_checkpoint} (after epoch {int(epoch)}, "
               f"{sum(model.table_sizes().values()):,} embedding rows)")
-    elif args.resume:
+    elif resume:
         print(f"nothing to resume in {manager.directory}: starting from scratch")
+    return checkpoint, manager, epoch
 
-    # -- train ---------------------------------------------------------------------------------
-    class SaveEveryEpoch(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, index, logs=None):
-            epoch.assign(index + 1)
-            manager.save(checkpoint_number=index + 1)
 
-    began = time.perf_counter()
-    if int(epoch) < args.epochs:
-        model.fit(train_ds, epochs=args.epochs, initial_epoch=int(epoch),
-                  callbacks=[SaveEveryEpoch()], verbose=args.verbose, shuffle=False)
-    train_seconds = time.perf_counter() - began
-
-    # -- evaluate ------------------------------------------------------------------------------
-    metrics = model.evaluate(eval_ds, return_dict=True, verbose=0)
-    results = {"auc": float(metrics["auc"]), "log_loss": float(metrics["loss"]),
+def held_out_results(auc, log_loss, data, args, train_seconds):
+    """The results dict of a run whose model scored `auc`, `log_loss` on the held-out rows, with
+    the generator's references (the hidden model, the constant CTR) when the data is synthetic;
+    prints them."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    num_train, num_eval, generated = data.num_train, data.num_eval, data.generated
+    results = {"auc": float(auc), "log_loss": float(log_loss),
                "train_rows": num_train, "eval_rows": num_eval, "epochs": args.epochs,
                "train_seconds": round(train_seconds, 1)}
     line = f"held-out ({num_eval:,} rows): AUC {results['auc']:.4f}  log loss " \
@@ -183,7 +227,14 @@ def run(args):
                  f"{results['hidden_model_log_loss']:.4f}; predicting the mean CTR: "
                  f"AUC 0.5  log loss {results['constant_ctr_log_loss']:.4f}")
     print(line)
+    return results
 
+
+def finish(model, manager, data, args, out, results, start, train_seconds):
+    """The end of a run: prints the table sizes, saves the checkpoint if no epoch did, exports
+    the SavedModel, serves it in a fresh stock-TF process (unless --no-serving-check), writes
+    out/metrics.json; all of it recorded in `results`."""
+    from tfra_dynamic_embedding.demo import criteo  # pylint: disable=import-outside-toplevel
     sizes = model.table_sizes()
     results["table_sizes"] = sizes
     print(f"table sizes (rows = distinct ids trained, layer.params.size()), total "
@@ -192,8 +243,7 @@ def run(args):
     for i in range(0, len(names), 7):
         print("       " + "  ".join(f"{n}={sizes[n]:,}" for n in names[i:i + 7]))
 
-    # -- save ----------------------------------------------------------------------------------
-    # Saved after every epoch by the callback; here only when this run trained none.
+    # Saved after every epoch; here only when this run trained none.
     results["checkpoint"] = manager.latest_checkpoint or manager.save(checkpoint_number=0)
     print(f"checkpoint (model + optimizer, tf.train.Checkpoint): {results['checkpoint']}")
     export_dir = os.path.join(out, SAVED_MODEL_DIR)
@@ -204,8 +254,8 @@ def run(args):
           f"{criteo.NUM_CATEGORICAL}] hex) -> probability [None]")
     if args.serving_check:
         # Rows from both sides of the split: trained ids, and held-out ones never trained.
-        sample = next(iter(criteo.read_tsv(path, 16, skip=max(0, num_train - 8), take=16,
-                                           raw=True)))[0]
+        sample = next(iter(criteo.read_tsv(data.path, 16, skip=max(0, data.num_train - 8),
+                                           take=16, raw=True)))[0]
         expected = exported(criteo.preprocess(sample["dense"], sample["categorical"])).numpy()
         diff = check_serving(export_dir, sample["dense"].numpy(),
                              sample["categorical"].numpy(), expected.ravel())
@@ -214,15 +264,24 @@ def run(args):
               f"{len(expected)} rows, max |served - exported| = {diff:.1e}")
 
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
-    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    results["model"] = model
+    write_metrics(out, results)
     print(f"wall time: {results['wall_seconds']:.1f} s (training {train_seconds:.1f} s); "
           f"metrics in {os.path.join(out, 'metrics.json')}")
-    return results
+
+
+def write_metrics(out, results):
+    """Writes `results` (less a "model") to out/metrics.json."""
+    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as f:
+        json.dump({k: v for k, v in results.items() if k != "model"}, f, indent=1)
 
 
 def _check_args(args):
+    workers, ps = getattr(args, "workers", 0), getattr(args, "ps", 0)
+    if workers < 0:
+        raise ValueError(f"--workers must be at least 0 (0: no workers); got --workers {workers}")
+    if workers and ps < 1:
+        raise ValueError(f"--workers {workers} needs --ps N >= 1 (the workers train tables that "
+                         f"live on PS tasks); got --ps {ps}")
     if args.rows is not None and args.rows < 2:
         raise ValueError(f"--rows must be at least 2; got {args.rows}")
     if not 0.0 < args.eval_fraction < 1.0:
