@@ -104,8 +104,15 @@ class DLRM(tf.keras.Model):
     def call(self, inputs, training=False):
         ids = inputs["ids"]
         vectors = [layer(ids[:, i]) for i, layer in enumerate(self.embeddings)]
+        return self.dense_part(inputs.get("dense"), vectors)
+
+    def dense_part(self, dense, vectors):
+        """The model after its tables: bottom MLP on `dense` ([B, num_dense], None without dense
+        features), interaction with `vectors` (one [B, d] embedding per feature), top MLP,
+        sigmoid. A sharded export serves it as the main shard."""
+        vectors = list(vectors)
         if self.num_dense:
-            x = inputs["dense"]
+            x = dense
             for name in self._names["bottom"]:
                 x = getattr(self, name)(x)
             vectors.insert(0, x)

@@ -2,7 +2,7 @@
 
 Supported models:
   * the demo's DLRM (`tfra_dynamic_embedding.demo.dlrm.DLRM`, dynamic tables): feature i reads
-    column i of the "ids" input; the dense part is the model's own `call` fed the pooled rows;
+    column i of the "ids" input; the dense part is its `dense_part` fed the pooled rows;
   * a Keras 3 functional model whose `de.keras.layers.Embedding` layers (not the Squashed /
     FieldWise variants) each read one dense model input directly, once: the dense part is the
     sub-model from (the other inputs, the embedding outputs) to the model's outputs.
@@ -74,20 +74,6 @@ def _as_dict(names, outputs):
     return dict(zip(names, tf.nest.flatten(outputs)))
 
 
-class _PooledDLRM:
-    """The DLRM seen with identity embedding layers: its `call` reads pooled rows from 'ids'."""
-
-    def __init__(self, model):
-        self._model = model
-
-    @property
-    def embeddings(self):
-        return [lambda rows: rows] * self._model.num_categorical
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
 def _cut_dlrm(model):
     if not model.dynamic:
         raise NotImplementedError(f"model {model.name!r} has static tables (vocab_sizes); a "
@@ -103,13 +89,9 @@ def _cut_dlrm(model):
     if model.num_dense:
         dense["dense"] = tf.TensorSpec([None, model.num_dense], tf.float32, name="dense")
         request = {"dense": dense["dense"], **request}
-    pooled_model = _PooledDLRM(model)
-    call = type(model).call
-
     def dense_call(dense_inputs, pooled):
-        stacked = tf.stack([pooled[f.name] for f in features], axis=1)   # [B, F, d]
-        inputs = {"ids": stacked, **dense_inputs}
-        return {"prediction": call(pooled_model, inputs, training=False)}
+        vectors = [pooled[f.name] for f in features]
+        return {"prediction": model.dense_part(dense_inputs.get("dense"), vectors)}
 
     variables = [w for layer in model.dense_layers() for w in layer.weights]
     return ModelCut(features, request, dense, ["prediction"], dense_call, variables, "DLRM")
