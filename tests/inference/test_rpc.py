@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.inference.lines import wait_for_line
 import tfra_dynamic_embedding
 from tfra_dynamic_embedding.distributed.cluster import free_port
 from tfra_dynamic_embedding.inference import rpc
@@ -56,12 +57,8 @@ class Servers:
              self.saved_model, "--address", address, "--parent-pid", str(os.getpid())],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.procs[address] = proc
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            if line.startswith(rpc.READY):
-                return address
-            assert time.monotonic() < deadline, line
-        raise AssertionError(f"shard server at {address} exited with {proc.wait()}")
+        wait_for_line(proc, rpc.READY, timeout=60)
+        return address
 
     def kill(self, address):
         proc = self.procs.pop(address)

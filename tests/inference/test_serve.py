@@ -17,6 +17,7 @@ import requests
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.inference.lines import wait_for_line
 from tfra_dynamic_embedding import inference
 from tfra_dynamic_embedding.distributed.cluster import free_port
 from tfra_dynamic_embedding.inference import rpc, serve
@@ -132,7 +133,7 @@ def test_serve_predicts_like_the_model_and_survives_shard_failures(setup):
             extra.append(subprocess.Popen(  # pylint: disable=consider-using-with
                 serve.shard_server_argv(os.path.join(export_dir, "shard_1"), address),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV))
-            assert any(line.startswith(rpc.READY) for line in extra[-1].stdout)
+            wait_for_line(extra[-1], rpc.READY, timeout=60)
         time.sleep(1.2)   # past the client's retry_after
         reply = served.predict(request)
         assert reply.status_code == 200, reply.text
