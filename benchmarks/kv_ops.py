@@ -1,7 +1,12 @@
 """Key-value op throughput and memory: native tables vs TF's MutableHashTable vs dense tf.gather.
 
 A table is pre-filled with `--keys` random int64 keys; each timed batch holds `--batch` keys, half
-present and half missing (fresh keys per repeat, so upserts really insert). Rows, per dim:
+present and half missing (fresh keys per repeat, so upserts really insert).
+Headline, per dim: the public path a user writes, `de.Variable.lookup` of a variable made with
+`initializer=tf.random_normal_initializer(0, 0.01)` (default backend; unseeded, and seeded), beside
+TF's MutableHashTable (LookupTableFindV2 with an [N, dim] tf.random.normal default, as TFRA does)
+and dense `tf.gather` of a batch of the same size from a same-size tf.Variable, with the ratios.
+Rows of the table below, per dim (the internal table API):
   lookup+init     rows for every key, missing keys get random-normal initial rows, no insert
                   (native: drawn in C++ for the missing keys only; built-in: LookupTableFindV2
                   with an [N, dim] tf.random.normal default, as TFRA does)
@@ -31,6 +36,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tensorflow_recommenders_addons.dynamic_embedding as de  # noqa: E402
 from tfra_dynamic_embedding.tables import native  # noqa: E402
 
 FILL_BATCH = 65536
@@ -71,11 +77,26 @@ def run_dim(dim, n_keys, batch, repeats, backends):
             [rng.choice(present, half), random_keys(rng, batch - half)]))) for _ in range(repeats + 2)]
 
     batches = {op: mixed_batches() for op in ("lookup+init", "lookup+init (TF draws)", "upsert",
-                                              "find_or_insert")}
+                                              "find_or_insert", "public", "public seeded")}
     present_batches = [tf.constant(rng.choice(present, batch)) for _ in range(repeats + 2)]
     dense_idx = [tf.constant(rng.integers(0, n_keys, batch), tf.int32) for _ in range(repeats + 2)]
     values = tf.random.normal([batch, dim], 0, 0.01)
     results = {}
+
+    if "public" in backends:
+        # What a user writes: the initializer is drawn inside the fused native kernel.
+        spec = [tf.TensorSpec([None], tf.int64)]
+        public = {}
+        for label, seed in (("public", None), ("public seeded", 1)):
+            var = de.get_variable(f"bench_public{dim}_{seed}", dim=dim,
+                                  initializer=tf.random_normal_initializer(0.0, 0.01, seed=seed))
+            for i in range(0, n_keys, FILL_BATCH):
+                chunk = tf.constant(present[i:i + FILL_BATCH])
+                var.upsert(chunk, tf.zeros([chunk.shape[0], dim]))
+            lookup = tf.function(lambda k, var=var: var.lookup(k), input_signature=spec)
+            public[label] = median_time(lambda r, f=lookup, b=batches[label]: f(b[r]), repeats)
+            del var, lookup
+        results["public"] = public
 
     if "native" in backends:
         table = native.NativeKVTable(tf.int64, tf.float32, dim, f"bench{dim}")
@@ -208,18 +229,55 @@ def run_memory(n, backend):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def print_headline(dim, res, args):
+    """Prints the public path beside TF's MutableHashTable and dense tf.gather; returns the
+    figures (M keys/s and ratios), or None when a baseline was not run."""
+    public = res.get("public")
+    mht = res.get("builtin", {}).get("lookup+init")
+    gather = res.get("dense", {}).get("lookup present")
+    if not public:
+        return None
+    print(f"\ndim {dim}: de.Variable.lookup, initializer=tf.random_normal_initializer(0, 0.01), "
+          f"batch {args.batch} (half new keys), table {args.keys} keys")
+    print(f"{'path':<58}{'M keys/s':>10}{'x MutableHashTable':>20}{'tf.gather / it':>16}")
+    out = {}
+    rows = [("de.Variable.lookup (unseeded; fused C++ draw)", public.get("public")),
+            ("de.Variable.lookup (seed=1; keyed C++ draw = TF's rows)", public.get("public seeded")),
+            ("TF MutableHashTable find + tf.random.normal default", mht),
+            ("dense tf.gather of a same-size batch (all present)", gather)]
+    for label, value in rows:
+        if value is None:
+            continue
+        vs_mht = f"{value / mht:.1f}x" if mht else "-"
+        vs_gather = f"{gather / value:.2f}x" if gather else "-"
+        print(f"{label:<58}{value:>10.2f}{vs_mht:>20}{vs_gather:>16}")
+    for key in ("public", "public seeded"):
+        if public.get(key):
+            out[key] = {"m_keys_per_s": public[key],
+                        "x_mutable_hash_table": public[key] / mht if mht else None,
+                        "gather_over_it": gather / public[key] if gather else None}
+    if mht and gather and public.get("public"):
+        met_mht = public["public"] / mht >= 10
+        met_gather = gather / public["public"] <= 1.5
+        print(f"goals (unseeded): >= 10x MutableHashTable: {'met' if met_mht else 'NOT met'}; "
+              f"within 1.5x of tf.gather: {'met' if met_gather else 'NOT met'}")
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=65536)
     parser.add_argument("--dims", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--backends", nargs="+", default=["native", "builtin", "dense"])
+    parser.add_argument("--backends", nargs="+",
+                        default=["public", "native", "builtin", "dense"])
     parser.add_argument("--memory", action="store_true", help="also measure bytes/key (1M, 4M)")
     args = parser.parse_args()
     if "native" in args.backends and not native.is_available():
         print(f"native backend unavailable ({native.load_error()}); skipping it")
         args.backends = [b for b in args.backends if b != "native"]
+    table_backends = [b for b in args.backends if b != "public"]
 
     report = {"keys": args.keys, "batch": args.batch, "cpus": os.cpu_count(),
               "unit": "M keys/s", "throughput": {}, "memory": {}}
@@ -230,11 +288,15 @@ def main():
     for dim in args.dims:
         res = run_dim(dim, args.keys, args.batch, args.repeats, args.backends)
         report["throughput"][dim] = res
+        headline = print_headline(dim, res, args)
+        if headline:
+            report.setdefault("headline", {})[dim] = headline
         print(f"\ndim {dim}: M keys/s (batch {args.batch}, table {args.keys} keys, "
               f"{os.cpu_count()} CPUs)")
-        print(f"{'op':<24}" + "".join(f"{b:>12}" for b in args.backends) + f"{'native/builtin':>16}")
+        print(f"{'op':<24}" + "".join(f"{b:>12}" for b in table_backends)
+              + f"{'native/builtin':>16}")
         for op in ops:
-            cells = [res.get(b, {}).get(op) for b in args.backends]
+            cells = [res.get(b, {}).get(op) for b in table_backends]
             if all(c is None for c in cells):
                 continue
             ratio = ""

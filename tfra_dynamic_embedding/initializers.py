@@ -18,6 +18,12 @@ missing keys of one shard). Lookups call it for exactly the distinct missing key
 - any other callable: called with `shape=[n, dim]` (shape-bound ones such as Orthogonal fail when
   n is only known at run time).
 
+The makers of constants and of RandomNormal / RandomUniform / TruncatedNormal carry
+`make_rows.native_init`, a `tables.native.NativeInitializer` drawing the same rows inside the native
+backend's fused lookup kernel (no TF ops): seeded ones bit for bit the rows above, unseeded ones
+fresh draws of the same distribution (docs/native_backend.md, "Users' initializers"). A bad
+parameter (maxval <= minval, stddev < 0) raises ValueError naming it.
+
 Example:
     make_rows = rows_maker(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
     make_rows(tf.constant([3, 5], tf.int64))   # [2, 8]; key 3 gets this same row in every call
@@ -30,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import keyed_random
+from tfra_dynamic_embedding.tables import native
 
 # Initializer class name -> (draw kind, config key of a, config key of b). The names are the same
 # in TF v2 (init_ops_v2), tf.compat.v1 (init_ops), Keras 3 and tf_keras.
@@ -53,7 +60,7 @@ def rows_maker(initializer, dim, dtype):
     """
     dtype = tf.as_dtype(dtype)
     if initializer is None:
-        return _constant_rows(0, dim, dtype)
+        return _fused(_constant_rows(0, dim, dtype), None, dim, dtype)
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
         try:
             initializer = tf.keras.initializers.get(initializer)
@@ -61,7 +68,7 @@ def rows_maker(initializer, dim, dtype):
             raise ValueError(f"initializer {initializer!r} is not a Keras initializer name: "
                              f"{error}") from error
     if not callable(initializer):
-        return _constant_rows(initializer, dim, dtype)
+        return _fused(_constant_rows(initializer, dim, dtype), initializer, dim, dtype)
     cls = type(initializer)
     if cls.__module__.split(".")[0] in _LIBRARIES:
         if cls.__name__ in _CONSTANT_CLASSES:
@@ -70,9 +77,9 @@ def rows_maker(initializer, dim, dtype):
                 value = getattr(initializer, "value", None)
                 if value is None:
                     value = initializer.get_config().get("value", 0)
-            return _constant_rows(value, dim, dtype)
+            return _fused(_constant_rows(value, dim, dtype), initializer, dim, dtype)
         if cls.__name__ in _RANDOM:
-            return _random_rows(initializer, dim, dtype)
+            return _fused(_random_rows(initializer, dim, dtype), initializer, dim, dtype)
         if any(base.__name__ == "VarianceScaling" for base in cls.__mro__):
             return _variance_scaling_rows(initializer, dim, dtype)
 
@@ -86,6 +93,17 @@ def rows_maker(initializer, dim, dtype):
                 f"are not supported): {error}") from error
         return tf.cast(rows, dtype)
 
+    return make_rows
+
+
+def _fused(make_rows, initializer, dim, dtype):
+    """Attaches to `make_rows` the NativeInitializer drawing the same rows in the native
+    kernels (`make_rows.native_init`; see NativeKVTable.fuses_init). Seeded random rows are
+    the same on both paths (keyed_random.py's recipe); unseeded ones are fresh draws on both."""
+    if dtype in native.VALUE_DTYPES:
+        init = native.native_initializer(initializer, dim, dtype)
+        if init is not None:
+            make_rows.native_init = init
     return make_rows
 
 
@@ -154,6 +172,11 @@ def _random_rows(initializer, dim, dtype):
     # tf.compat.v1's random_uniform_initializer leaves maxval None: 1 for float rows, as TF.
     a = float(0.0 if config[key_a] is None else config[key_a])
     b = float(1.0 if config[key_b] is None else config[key_b])
+    if kind == "uniform" and not b > a:
+        raise ValueError(f"initializer {initializer!r} needs maxval > minval; got minval={a}, "
+                         f"maxval={b}")
+    if kind != "uniform" and b < 0:
+        raise ValueError(f"initializer {initializer!r} needs stddev >= 0; got stddev={b}")
     seed = _seed_of(initializer)
     if seed is not None:
         return lambda keys: keyed_random.keyed_rows(keys, kind, a, b, seed, dim, dtype)

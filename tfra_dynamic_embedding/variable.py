@@ -299,6 +299,10 @@ class Variable(_tf_private.AutoTrackable):
             flat = tf.reshape(keys, [-1])
 
             def shard_lookup(table, shard_keys):
+                if table.fuses_init(self._make_rows):
+                    # One kernel: find, and draw rows for the missing keys (native backend).
+                    rows, exists = table.lookup_or_init(shard_keys, self._make_rows)
+                    return rows, exists if return_exists else None
                 if initializers.is_constant(self._make_rows):  # one find, defaults for all
                     defaults = self._make_rows(shard_keys)
                     if return_exists:

@@ -37,7 +37,9 @@ SRC_RELDIR = os.path.join("cc", "ops")
 BUILD_RELDIR = os.path.join("build", "tfra_de_ops")
 
 # Our own flags; TensorFlow's compile/link flags are added from tf.sysconfig.
-BASE_CXXFLAGS = ["-std=c++17", "-fPIC", "-O3", "-Wno-deprecated-declarations"]
+# -ffp-contract=off: a*b+c rounds twice, as in TF's kernels, so the keyed initial rows drawn in C++
+# equal those of tables/keyed_random.py's TF ops bit for bit (cc/ops/de_keyed.h) on any -march.
+BASE_CXXFLAGS = ["-std=c++17", "-fPIC", "-O3", "-ffp-contract=off", "-Wno-deprecated-declarations"]
 # GCC >= 12 warns about Eigen's use of hardware_destructive_interference_size in every TF header.
 GCC_EXTRA_CXXFLAGS = ["-Wno-interference-size"]
 BASE_LDFLAGS = ["-shared"]

@@ -2,6 +2,7 @@
 // Kernels validate every input and turn all failures (including allocation
 // failures) into a Status: no input can crash the process.
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -90,6 +91,7 @@ REGISTER_OP("TfraDeFind")
 REGISTER_OP("TfraDeFindInit")
     .Input("table: resource")
     .Input("keys: key_dtype")
+    .Input("init_args: num_init_args * double")
     .Output("values: value_dtype")
     .Output("exists: bool")
     .TFRA_DE_TYPE_ATTRS
@@ -99,11 +101,16 @@ REGISTER_OP("TfraDeFindInit")
     .Attr("a: float = 0.0")
     .Attr("b: float = 0.0")
     .Attr("seed: int = 0")
+    .Attr("keyed: bool = false")
+    .Attr("num_init_args: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn(FindShape)
     .Doc("Rows of keys; a missing key gets an initial row that is a function of (seed, key), "
          "inserted when `insert`. init: constant(a) | uniform[a, b) | normal(a, b) | "
-         "truncated_normal(a, b) (redrawn beyond 2 stddev).");
+         "truncated_normal(a, b) (within 2 stddev). init_args: none (a, b from the float "
+         "attrs) or one double tensor: [a, b] in full precision, or for constant a [1] or "
+         "[dim] row. keyed: rows by the recipe of tables/keyed_random.py (equal to its TF "
+         "ops' rows) instead of the faster ziggurat normals.");
 
 REGISTER_OP("TfraDeInsertMissing")
     .Input("table: resource")
@@ -430,19 +437,73 @@ class FindInitOp : public TableOp {
     init_.a = a;
     init_.b = b;
     init_.seed = static_cast<uint64_t>(seed);
+    OP_REQUIRES_OK(c, c->GetAttr("keyed", &init_.keyed));
+    OP_REQUIRES_OK(c, c->GetAttr("num_init_args", &num_args_));
+    OP_REQUIRES(c, num_args_ <= 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "init_args must hold at most one tensor, got ", num_args_)));
   }
   void Run(OpKernelContext* ctx, TableBase* t) override {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    InitSpec init = init_;
+    if (num_args_ == 1) OP_REQUIRES_OK(ctx, ReadArgs(ctx->input(2), t->dim(), &init));
+    OP_REQUIRES_OK(ctx, CheckInit(init));
     const int64_t n = keys.dim_size(0);
     Tensor *values, *exists;
     OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim(), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
-    OP_REQUIRES_OK(ctx, t->FindInit(ctx, keys, init_, insert_, values, exists));
+    OP_REQUIRES_OK(ctx, t->FindInit(ctx, keys, init, insert_, values, exists));
   }
 
  private:
+  // init_args[0]: [a, b] of a random kind; [1] or [dim] of a constant.
+  static Status ReadArgs(const Tensor& args, int64_t dim, InitSpec* init) {
+    const int64_t len = args.dims() == 1 ? args.dim_size(0) : -1;
+    const double* v = args.dims() == 1 ? args.flat<double>().data() : nullptr;
+    if (init->kind == InitSpec::kConstant) {
+      if (len != 1 && len != dim) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "init_args of a constant initializer must have shape [1] or [dim] = [", dim,
+            "], got ", args.shape().DebugString()));
+      }
+      if (len == 1) {
+        init->a = v[0];
+      } else {
+        init->row = v;
+      }
+      return absl::OkStatus();
+    }
+    if (len != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_args of a random initializer must have shape [2] (a, b), got ",
+          args.shape().DebugString()));
+    }
+    init->a = v[0];
+    init->b = v[1];
+    return absl::OkStatus();
+  }
+
+  static Status CheckInit(const InitSpec& init) {
+    if (init.kind == InitSpec::kConstant) return absl::OkStatus();
+    if (!std::isfinite(init.a) || !std::isfinite(init.b)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initializer parameters must be finite, got a = ", init.a, ", b = ", init.b));
+    }
+    if (init.kind == InitSpec::kUniform && !(init.b > init.a)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a uniform initializer needs maxval > minval, got minval = ", init.a,
+          ", maxval = ", init.b));
+    }
+    if (init.kind != InitSpec::kUniform && init.b < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a normal initializer needs stddev >= 0, got stddev = ", init.b));
+    }
+    return absl::OkStatus();
+  }
+
   bool insert_ = false;
+  int64_t num_args_ = 0;
   InitSpec init_;
 };
 

@@ -32,13 +32,19 @@ struct TableConfig {
   int num_shards = 0;  // 0: chosen from init_size
 };
 
-// How a fused op fills the rows of missing keys.
+// How a fused op fills the rows of missing keys. A random row is a pure
+// function of (seed, key): drawn with RowRng's ziggurat normals (the default,
+// fastest), or, when `keyed`, by the recipe of tables/keyed_random.py
+// (de_keyed.h: inverse-CDF normals, FarmHash string keys), so the kernel's rows
+// equal those TF ops' rows.
 struct InitSpec {
   enum Kind { kConstant, kUniform, kNormal, kTruncatedNormal };
   Kind kind = kConstant;
   double a = 0.0;  // constant value | minval | mean
   double b = 0.0;  // maxval | stddev
   uint64_t seed = 0;
+  bool keyed = false;
+  const double* row = nullptr;  // kConstant: a [dim] row (else every column is a)
 };
 
 // Destination of a chunked export; implemented by the export kernel.

@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "de_file.h"
+#include "de_keyed.h"
 #include "de_keys.h"
 #include "de_table.h"
 #include "de_util.h"
@@ -173,7 +174,7 @@ class Table : public TableBase {
           missing.push_back(i);
           missing.push_back(static_cast<int64_t>(h));
         } else {
-          FillInit(init, h, out + i * dim);
+          FillInit(init, InitHash(init, b.keys[i], h), out + i * dim);
         }
         return absl::OkStatus();
       }));
@@ -186,7 +187,7 @@ class Table : public TableBase {
           std::memcpy(dst, Vals(s, row), row_bytes_);
           continue;
         }
-        FillInit(init, h, dst);
+        FillInit(init, InitHash(init, b.keys[i], h), dst);
         uint32_t r;
         TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
         WriteRow(s, r, dst, stamp, 1);
@@ -419,26 +420,53 @@ class Table : public TableBase {
     return f == UINT32_MAX ? f : f + 1;  // saturating
   }
 
+  // The hash a key's initial row is drawn from: the table's key hash, except
+  // for string keys drawn by the keyed recipe (TF's FarmHash fingerprint).
+  static uint64_t InitHash(const InitSpec& init, const KIn& key, uint64_t h) {
+    if constexpr (std::is_same<KIn, tensorflow::tstring>::value) {
+      if (init.keyed && init.kind != InitSpec::kConstant) return KeyedStringHash(key.data(), key.size());
+    }
+    return h;
+  }
+
   void FillInit(const InitSpec& init, uint64_t key_hash, V* dst) const {
     const int64_t dim = cfg_.dim;
+    const double a = init.a, b = init.b;
     if (init.kind == InitSpec::kConstant) {
-      const V c = FromDouble<V>(init.a);
+      if (init.row != nullptr) {
+        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.row[j]);
+        return;
+      }
+      const V c = FromDouble<V>(a);
       for (int64_t j = 0; j < dim; ++j) dst[j] = c;
       return;
     }
-    RowRng rng(key_hash ^ Mix64(init.seed + 0x632be59bd9b4e019ULL));
+    // Column j uses the (j+1)-th output of this generator (keyed_random.py).
+    RowRng rng(key_hash ^ Mix64(init.seed + kSeedSalt));
     switch (init.kind) {
-      case InitSpec::kUniform:
-        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.a + (init.b - init.a) * rng.Uniform());
+      case InitSpec::kUniform: {
+        const double width = b - a;
+        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + width * rng.Uniform());
         break;
+      }
       case InitSpec::kNormal:
-        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.a + init.b * rng.Normal());
+        if (init.keyed) {
+          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * Ndtri(rng.Uniform()));
+        } else {
+          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * rng.Normal());
+        }
         break;
-      default:  // truncated normal: redraw beyond two standard deviations
-        for (int64_t j = 0; j < dim; ++j) {
-          double z;
-          do z = rng.Normal(); while (z < -2.0 || z > 2.0);
-          dst[j] = FromDouble<V>(init.a + init.b * z);
+      default:  // truncated normal: within two standard deviations
+        if (init.keyed) {
+          for (int64_t j = 0; j < dim; ++j) {
+            dst[j] = FromDouble<V>(a + b * Ndtri(kPhiLo + kPhiWidth * rng.Uniform()));
+          }
+        } else {  // redraw beyond two standard deviations
+          for (int64_t j = 0; j < dim; ++j) {
+            double z;
+            do z = rng.Normal(); while (z < -2.0 || z > 2.0);
+            dst[j] = FromDouble<V>(a + b * z);
+          }
         }
     }
   }

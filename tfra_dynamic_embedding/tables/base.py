@@ -61,6 +61,12 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
     def lookup_with_exists(self, keys, default_rows):
         """(rows, exists): like `lookup` plus a bool mask of the keys present. Never inserts."""
 
+    def fuses_init(self, make_rows):
+        """Whether this backend draws `make_rows`' rows inside its own lookup kernels (then
+        `lookup_or_init` / `find_or_insert` never call it). The built-in backend never does."""
+        del make_rows
+        return False
+
     def lookup_or_init(self, keys, make_rows):
         """(rows, exists) without inserting: missing keys get rows from `make_rows(keys)`.
 

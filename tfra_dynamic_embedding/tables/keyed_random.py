@@ -10,9 +10,11 @@ with no state: for key k and column j,
     u_j  = ((splitmix64(s_j) >> 11) + 0.5) / 2^53         uniform in the open interval (0, 1)
 
 mix64 is the Murmur3 finaliser and splitmix64 Vigna's output function; together they are the
-native kernels' `RowRng` (cc/ops/de_util.h), so uniform rows of integer keys equal the C++ ones
-bit for bit. Normals are `ndtri(u)` (the kernels use a ziggurat instead, so normal rows differ
-between a NativeInitializer drawn in C++ and in TF ops; each is deterministic on its own).
+native kernels' `RowRng` (cc/ops/de_util.h). Normals are `ndtri(u)`, truncated normals
+`ndtri(Phi(-2) + (Phi(2) - Phi(-2)) u)`, rows `a + b z` (uniform: `a + (b - a) u`) in float64
+with a and b as given, then cast. The native kernels draw by this same recipe when asked to
+(`NativeInitializer(keyed=True)`, cc/ops/de_keyed.h, which is what seeded user initializers get):
+their rows equal these bit for bit, for int and string keys.
 Everything is int64/float64 element-wise ops (wrapping int64 products carry the uint64 bits), so
 it runs in eager mode, tf.function and v1 graphs on any device.
 
@@ -95,11 +97,19 @@ def keyed_uniforms(keys, seed, dim):
     return (tf.cast(_srl(z, 11), tf.float64) + 0.5) * 2.0 ** -53
 
 
+def _float64(x):
+    """A number in full double precision (tf.cast of a Python float would round it to float32
+    first), or a run-time scalar cast to float64."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return tf.constant(float(x), tf.float64)
+    return tf.cast(x, tf.float64)
+
+
 def keyed_rows(keys, kind, a, b, seed, dim, dtype):
     """`[size(keys), dim]` rows of `dtype`: uniform in [a, b), normal(mean a, stddev b), or
     truncated_normal(a, b) (within two stddev, as `tf.random.truncated_normal`)."""
     u = keyed_uniforms(keys, seed, dim)
-    a, b = tf.cast(a, tf.float64), tf.cast(b, tf.float64)   # numbers or run-time scalars
+    a, b = _float64(a), _float64(b)
     if kind == "uniform":
         rows = a + (b - a) * u
     elif kind == "normal":

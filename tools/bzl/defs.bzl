@@ -7,6 +7,7 @@ pytest_tests:     one py_test per pytest file, run through tools/bzl/pytest_runn
 _OPS_COPTS = [
     "-std=c++17",
     "-O3",
+    "-ffp-contract=off",  # as tools/build_ops.py: keyed initial rows equal TF's (cc/ops/de_keyed.h)
     "-Wno-deprecated-declarations",
     "-Wno-interference-size",
 ]
