@@ -354,7 +354,7 @@ def test_unsupported_models_are_named():
 
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                   "docs", "inference.md")
+                   "docs", "serving.md")
 
 
 @pytest.mark.skipif(not os.path.exists(DOC), reason="docs/ is not in this test's runfiles")
@@ -364,7 +364,7 @@ def test_docs_example_prints_what_it_says(capsys, tmp_path):
         blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
     assert len(blocks) == 1
     code = blocks[0].replace("/tmp/inference_example", str(tmp_path / "example"))
-    exec(compile(code, "docs/inference.md", "exec"), {})  # pylint: disable=exec-used
+    exec(compile(code, "docs/serving.md", "exec"), {})  # pylint: disable=exec-used
     assert capsys.readouterr().out.split() == ["True"]
 
 
