@@ -18,11 +18,11 @@ where a strategy cannot fit that (load-balanced places by pooling factor alone) 
 
 Requests: as in the paper a request ranks a number of candidate items for one user: one row per
 item, the user tables' ids the same in every row (one user), the item tables' ids drawn per row
-(Zipf(1.1) over the table's rows, 5% ids never inserted, which embed as zeros). Lui et al.
-describe request sizes (items per request) as varying widely with a long tail but publish no
-closed form; we draw items per request from a lognormal, median 64, sigma 1, clipped to
-[1, 1024] -- the shape the same group (DeepRecSys, Gupta et al. 2020) fit to production query
-sizes: most requests small, a heavy tail of large ones that dominates P99.
+(Zipf(1.1) over the table's rows, 5% ids never inserted, which embed as zeros). The number of
+items varies from request to request in the paper; we found no closed form there to draw from, so
+items per request come from a lognormal, median 64, sigma 1, clipped to [1, 1024]: the
+heavy-tailed shape that DeepRecSys (Gupta et al. 2020, the same group at Facebook) uses for
+production query sizes -- most requests small, a tail of large ones that sets P99.
 
 Configurations:
   single               the 1-shard export served in this process by `compose.load_sharded`: the
