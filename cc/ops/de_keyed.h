@@ -84,27 +84,31 @@ __attribute__((noinline)) inline double NdtriTail(double b, bool flip) {
   return flip ? -r : r;
 }
 
+// Central branch of Ndtri (b > exp(-2)): a rational function of b - 1/2.
+inline double NdtriCenter(double b) {
+  static constexpr double p0[] = {-5.99633501014107895267e1, 9.80010754185999661536e1,
+                                  -5.66762857469070293439e1, 1.39312609387279679503e1,
+                                  -1.23916583867381258016e0};
+  static constexpr double q0[] = {1.0,
+                                  1.95448858338141759834e0,
+                                  4.67627912898881538453e0,
+                                  8.63602421390890590575e1,
+                                  -2.25462687854119370527e2,
+                                  2.00260212380060660359e2,
+                                  -8.20372256168333339912e1,
+                                  1.59056225126211695515e1,
+                                  -1.18331621121330003142e0};
+  const double c = b - 0.5, c2 = c * c;
+  return (c * (c2 * (Polevl<4>(c2, p0) / Polevl<8>(c2, q0))) + c) * 2.50662827463100050242e0;
+}
+
+constexpr double kExpNegTwo = 0.13533528323661269189;
+
 // Inverse of the standard normal CDF for u in (0, 1).
 inline double Ndtri(double u) {
-  static const double p0[] = {-5.99633501014107895267e1, 9.80010754185999661536e1,
-                              -5.66762857469070293439e1, 1.39312609387279679503e1,
-                              -1.23916583867381258016e0};
-  static const double q0[] = {1.0,
-                              1.95448858338141759834e0,
-                              4.67627912898881538453e0,
-                              8.63602421390890590575e1,
-                              -2.25462687854119370527e2,
-                              2.00260212380060660359e2,
-                              -8.20372256168333339912e1,
-                              1.59056225126211695515e1,
-                              -1.18331621121330003142e0};
-  const double exp_neg_two = 0.13533528323661269189;
-  const bool flip = u <= 1.0 - exp_neg_two;
+  const bool flip = u <= 1.0 - kExpNegTwo;
   const double b = flip ? u : 1.0 - u;
-  if (exp_neg_two < b) {
-    const double c = b - 0.5, c2 = c * c;
-    return (c * (c2 * (Polevl<4>(c2, p0) / Polevl<8>(c2, q0))) + c) * 2.50662827463100050242e0;
-  }
+  if (kExpNegTwo < b) return NdtriCenter(b);
   return NdtriTail(b, flip);
 }
 

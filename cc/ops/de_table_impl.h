@@ -453,7 +453,7 @@ class Table : public TableBase {
         if (init.keyed) {
           for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * Ndtri(rng.Uniform()));
         } else {
-          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * rng.Normal());
+          rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
         }
         break;
       default:  // truncated normal: within two standard deviations

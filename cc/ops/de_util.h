@@ -137,8 +137,19 @@ class RowRng {
   // Standard normal with a 24-bit mantissa (ample for initial values): each
   // 64-bit draw feeds two samples. The common case (~99%) is inline.
   inline double Normal();
+  // f(j, z_j) for n standard normals: as Normal() but both halves of each
+  // 64-bit draw are used directly (a row draws ~30% faster).
+  template <class F>
+  void Normals(int64_t n, F&& f) {
+    for (int64_t j = 0; j < n; j += 2) {
+      const uint64_t w = Next();
+      f(j, NormalOf(static_cast<uint32_t>(w)));
+      if (j + 1 < n) f(j + 1, NormalOf(static_cast<uint32_t>(w >> 32)));
+    }
+  }
 
  private:
+  inline double NormalOf(uint32_t u);  // the ziggurat on 32 random bits
   double NormalSlow(uint32_t u);
   uint32_t Half() {
     if (have_half_) {
@@ -184,8 +195,9 @@ struct ZigguratTables {
 
 inline const ZigguratTables kZig{};  // one instance, built when the library loads
 
-inline double RowRng::Normal() {
-  const uint32_t u = Half();
+inline double RowRng::Normal() { return NormalOf(Half()); }
+
+inline double RowRng::NormalOf(uint32_t u) {
   // Layer index and magnitude come from disjoint bits (the original generator
   // reused low bits for both, a known weakness).
   const int iz = static_cast<int>(u & 127);
