@@ -5,7 +5,8 @@ present and half missing (fresh keys per repeat, so upserts really insert).
 Headline, per dim: the public path a user writes, `de.Variable.lookup` of a variable made with
 `initializer=tf.random_normal_initializer(0, 0.01)` (default backend; unseeded, and seeded), beside
 TF's MutableHashTable (LookupTableFindV2 with an [N, dim] tf.random.normal default, as TFRA does)
-and dense `tf.gather` of a batch of the same size from a same-size tf.Variable, with the ratios.
+and dense `tf.gather` of a batch of the same size from a same-size tf.Variable, with the ratios;
+the four are timed interleaved (one call each per round) so they see the same machine.
 Rows of the table below, per dim (the internal table API):
   lookup+init     rows for every key, missing keys get random-normal initial rows, no insert
                   (native: drawn in C++ for the missing keys only; built-in: LookupTableFindV2
@@ -77,26 +78,11 @@ def run_dim(dim, n_keys, batch, repeats, backends):
             [rng.choice(present, half), random_keys(rng, batch - half)]))) for _ in range(repeats + 2)]
 
     batches = {op: mixed_batches() for op in ("lookup+init", "lookup+init (TF draws)", "upsert",
-                                              "find_or_insert", "public", "public seeded")}
+                                              "find_or_insert")}
     present_batches = [tf.constant(rng.choice(present, batch)) for _ in range(repeats + 2)]
     dense_idx = [tf.constant(rng.integers(0, n_keys, batch), tf.int32) for _ in range(repeats + 2)]
     values = tf.random.normal([batch, dim], 0, 0.01)
     results = {}
-
-    if "public" in backends:
-        # What a user writes: the initializer is drawn inside the fused native kernel.
-        spec = [tf.TensorSpec([None], tf.int64)]
-        public = {}
-        for label, seed in (("public", None), ("public seeded", 1)):
-            var = de.get_variable(f"bench_public{dim}_{seed}", dim=dim,
-                                  initializer=tf.random_normal_initializer(0.0, 0.01, seed=seed))
-            for i in range(0, n_keys, FILL_BATCH):
-                chunk = tf.constant(present[i:i + FILL_BATCH])
-                var.upsert(chunk, tf.zeros([chunk.shape[0], dim]))
-            lookup = tf.function(lambda k, var=var: var.lookup(k), input_signature=spec)
-            public[label] = median_time(lambda r, f=lookup, b=batches[label]: f(b[r]), repeats)
-            del var, lookup
-        results["public"] = public
 
     if "native" in backends:
         table = native.NativeKVTable(tf.int64, tf.float32, dim, f"bench{dim}")
@@ -167,6 +153,65 @@ def run_dim(dim, n_keys, batch, repeats, backends):
     return {b: {op: batch / t / 1e6 for op, t in ops.items()} for b, ops in results.items()}
 
 
+HEADLINE = ("public", "public seeded", "MutableHashTable", "tf.gather")
+
+
+def run_headline(dim, n_keys, batch, repeats):
+    """M keys/s of the public path and its baselines, timed interleaved (one call of each per
+    round, medians over the rounds) so that all four see the same machine: de.Variable.lookup
+    with tf.random_normal_initializer(0, 0.01) unseeded and seeded (default backend), TF's
+    MutableHashTable find with an [N, dim] tf.random.normal default, dense tf.gather."""
+    rng = np.random.default_rng(1000 + dim)
+    present = random_keys(rng, n_keys)
+    half = batch // 2
+    spec = [tf.TensorSpec([None], tf.int64)]
+    fns = {}
+    for label, seed in (("public", None), ("public seeded", 1)):
+        # de.Variable, as de.get_variable makes it (that one keeps it in its store, alive).
+        var = de.Variable(dim=dim, name=f"bench_public{dim}_{seed}",
+                          initializer=tf.random_normal_initializer(0.0, 0.01, seed=seed))
+        for i in range(0, n_keys, FILL_BATCH):
+            chunk = tf.constant(present[i:i + FILL_BATCH])
+            var.upsert(chunk, tf.zeros([chunk.shape[0], dim]))
+        fns[label] = tf.function(lambda k, var=var: var.lookup(k), input_signature=spec)
+    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, tf.zeros([dim]))
+    for i in range(0, n_keys, FILL_BATCH):
+        chunk = tf.constant(present[i:i + FILL_BATCH])
+        table.insert(chunk, tf.zeros([chunk.shape[0], dim]))
+    fns["MutableHashTable"] = tf.function(
+        lambda k: tf.raw_ops.LookupTableFindV2(
+            table_handle=table.resource_handle, keys=k,
+            default_value=tf.random.normal(tf.stack([tf.size(k), dim]), 0, 0.01)),
+        input_signature=spec)
+    dense = tf.Variable(tf.zeros([n_keys, dim]))
+    fns["tf.gather"] = tf.function(lambda i: tf.gather(dense, i))
+
+    def batches(label):
+        if label == "tf.gather":   # the same number of rows, all present
+            return [tf.constant(rng.integers(0, n_keys, batch), tf.int32)
+                    for _ in range(repeats + 2)]
+        return [tf.constant(rng.permutation(np.concatenate(
+            [rng.choice(present, half), random_keys(rng, batch - half)])))
+            for _ in range(repeats + 2)]
+
+    inputs = {label: batches(label) for label in HEADLINE}
+    times = {label: [] for label in HEADLINE}
+    for label in HEADLINE:   # warm up (traces)
+        fns[label](inputs[label][0])
+        fns[label](inputs[label][1])
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(2, repeats + 2):
+            for label in HEADLINE:
+                start = time.perf_counter()
+                fns[label](inputs[label][r])
+                times[label].append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return {label: batch / float(np.median(t)) / 1e6 for label, t in times.items()}
+
+
 MEMORY_CHILD = r'''
 import os, sys, json, threading, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -230,37 +275,24 @@ def run_memory(n, backend):
 
 
 def print_headline(dim, res, args):
-    """Prints the public path beside TF's MutableHashTable and dense tf.gather; returns the
-    figures (M keys/s and ratios), or None when a baseline was not run."""
-    public = res.get("public")
-    mht = res.get("builtin", {}).get("lookup+init")
-    gather = res.get("dense", {}).get("lookup present")
-    if not public:
-        return None
+    """Prints the public path beside TF's MutableHashTable and dense tf.gather (timed
+    interleaved, `run_headline`); returns the figures and ratios."""
+    mht, gather = res["MutableHashTable"], res["tf.gather"]
     print(f"\ndim {dim}: de.Variable.lookup, initializer=tf.random_normal_initializer(0, 0.01), "
-          f"batch {args.batch} (half new keys), table {args.keys} keys")
+          f"batch {args.batch} (half new keys), table {args.keys} keys; interleaved medians")
     print(f"{'path':<58}{'M keys/s':>10}{'x MutableHashTable':>20}{'tf.gather / it':>16}")
-    out = {}
-    rows = [("de.Variable.lookup (unseeded; fused C++ draw)", public.get("public")),
-            ("de.Variable.lookup (seed=1; keyed C++ draw = TF's rows)", public.get("public seeded")),
+    rows = [("de.Variable.lookup (unseeded; fused C++ draw)", res["public"]),
+            ("de.Variable.lookup (seed=1; keyed C++ draw = TF's rows)", res["public seeded"]),
             ("TF MutableHashTable find + tf.random.normal default", mht),
             ("dense tf.gather of a same-size batch (all present)", gather)]
     for label, value in rows:
-        if value is None:
-            continue
-        vs_mht = f"{value / mht:.1f}x" if mht else "-"
-        vs_gather = f"{gather / value:.2f}x" if gather else "-"
-        print(f"{label:<58}{value:>10.2f}{vs_mht:>20}{vs_gather:>16}")
+        print(f"{label:<58}{value:>10.2f}{value / mht:>19.1f}x{gather / value:>15.2f}x")
+    out = {"m_keys_per_s": res}
     for key in ("public", "public seeded"):
-        if public.get(key):
-            out[key] = {"m_keys_per_s": public[key],
-                        "x_mutable_hash_table": public[key] / mht if mht else None,
-                        "gather_over_it": gather / public[key] if gather else None}
-    if mht and gather and public.get("public"):
-        met_mht = public["public"] / mht >= 10
-        met_gather = gather / public["public"] <= 1.5
-        print(f"goals (unseeded): >= 10x MutableHashTable: {'met' if met_mht else 'NOT met'}; "
-              f"within 1.5x of tf.gather: {'met' if met_gather else 'NOT met'}")
+        out[key] = {"x_mutable_hash_table": res[key] / mht, "gather_over_it": gather / res[key]}
+    met_mht, met_gather = res["public"] / mht >= 10, gather / res["public"] <= 1.5
+    print(f"goals (unseeded): >= 10x MutableHashTable: {'met' if met_mht else 'NOT met'}; "
+          f"within 1.5x of tf.gather: {'met' if met_gather else 'NOT met'}")
     return out
 
 
@@ -286,11 +318,11 @@ def main():
     print(f"fresh memory: first touch {touch['first_touch_gbps']:.2f} GB/s, rewrite "
           f"{touch['rewrite_gbps']:.2f} GB/s (new rows land on fresh pages)")
     for dim in args.dims:
-        res = run_dim(dim, args.keys, args.batch, args.repeats, args.backends)
+        if "public" in args.backends:
+            headline = run_headline(dim, args.keys, args.batch, args.repeats)
+            report.setdefault("headline", {})[dim] = print_headline(dim, headline, args)
+        res = run_dim(dim, args.keys, args.batch, args.repeats, table_backends)
         report["throughput"][dim] = res
-        headline = print_headline(dim, res, args)
-        if headline:
-            report.setdefault("headline", {})[dim] = headline
         print(f"\ndim {dim}: M keys/s (batch {args.batch}, table {args.keys} keys, "
               f"{os.cpu_count()} CPUs)")
         print(f"{'op':<24}" + "".join(f"{b:>12}" for b in table_backends)
