@@ -72,12 +72,11 @@ NOT_FUSED = {
 
 
 def _op_types(fn, *specs):
-    graph = tf.function(fn).get_concrete_function(*specs).graph
-    types = set()
-    for op in graph.get_operations():
-        types.add(op.type)
-    for func in graph._functions.values():  # pylint: disable=protected-access  (nested bodies)
-        types.update(node.op for node in func.cached_definition.node_def)
+    """Op types of the traced `fn`, including the bodies of nested functions (conds, loops)."""
+    graph_def = tf.function(fn).get_concrete_function(*specs).graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for func in graph_def.library.function:
+        types.update(node.op for node in func.node_def)
     return types
 
 
@@ -157,10 +156,11 @@ def test_tf_keras_layers_and_initializers_under_legacy_keras():
                                     layer.trainable_variables))
             return loss
         step(tf.constant([[1, 2]], tf.int64))
-        graph = tf.function(step).get_concrete_function(tf.TensorSpec([None, 2], tf.int64)).graph
-        types = {op.type for op in graph.get_operations()}
-        for f in graph._functions.values():
-            types.update(n.op for n in f.cached_definition.node_def)
+        graph_def = tf.function(step).get_concrete_function(
+            tf.TensorSpec([None, 2], tf.int64)).graph.as_graph_def()
+        types = {n.op for n in graph_def.node}
+        for f in graph_def.library.function:
+            types.update(n.op for n in f.node_def)
         rows = layer.params.lookup(tf.constant([5, 6], tf.int64)).numpy()
         print(json.dumps({"types": sorted(types), "rows": rows.tolist()}))
     """)
