@@ -63,6 +63,14 @@ def export(variable):
     return keys[order], values[order]
 
 
+def max_error(variable, before, expected):
+    """Largest |row - (row before + expected change)| over the rows of `variable` now."""
+    keys, values = export(variable)
+    old = dict(zip(before[0].tolist(), before[1]))
+    want = np.stack([old.get(k, 0.0) + expected.get(k, 0.0) for k in keys.tolist()])
+    return float(np.max(np.abs(values - want)))
+
+
 def wait_for(path, timeout=120.0):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -139,8 +147,10 @@ def main(work_dir, backends):
     result["sum_worker_steps"] = [int(c.numpy()) for c in counter.read_all()]
     result["sum_devices"] = {b: sums[b].devices for b in backends}
     expected = expected_rows(sum_batches)
+    sum_rows = {}
     for b in backends:
         keys, values = export(sums[b])
+        sum_rows[b] = (keys, values)
         want = np.stack([expected[k] for k in keys.tolist()])
         result[f"sum_{b}"] = {"keys": keys.tolist(),
                               "expected_keys": sorted(expected),
@@ -201,6 +211,11 @@ def main(work_dir, backends):
     kill_batches = batches(2, sum(KILL_STEPS))
     phases = np.split(np.arange(sum(KILL_STEPS)), np.cumsum(KILL_STEPS)[:-1])
     before = {b: export(sums[b]) for b in backends}
+    # Diagnostics: `before` must equal the rows checked right after the sum phase.
+    before_vs_sum = {b: (len(before[b][0]), len(sum_rows[b][0]),
+                         float(np.max(np.abs(before[b][1] - sum_rows[b][1])))
+                         if len(before[b][0]) == len(sum_rows[b][0]) else None)
+                     for b in backends}
     done = 0
     for phase, steps in enumerate(phases):
         if phase == 1:
@@ -215,6 +230,11 @@ def main(work_dir, backends):
                   for i in steps]
         coordinator.join()
         done += sum(1 for r in losses if np.isfinite(r.fetch()))
+        # The error after each phase, to tell where rows went wrong if they do.
+        so_far = expected_rows(kill_batches[:steps[-1] + 1])
+        for b in backends:
+            result.setdefault(f"kill_{b}_phase_errors", []).append(
+                max_error(sums[b], before[b], so_far))
     result["kill_steps_done"] = done
     expected = expected_rows(kill_batches)
     for b in backends:
@@ -223,6 +243,9 @@ def main(work_dir, backends):
         want = np.stack([old.get(k, 0.0) + expected.get(k, 0.0) for k in keys.tolist()])
         result[f"kill_{b}"] = {"keys": keys.tolist(),
                                "expected_keys": sorted(set(old) | set(expected)),
+                               "phase_errors": result.pop(f"kill_{b}_phase_errors"),
+                               "before_vs_sum": before_vs_sum[b],
+                               "rows": values.tolist(), "wanted": want.tolist(),
                                "max_abs_error": float(np.max(np.abs(values - want)))}
     print(json.dumps(result), flush=True)
 
