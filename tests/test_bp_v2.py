@@ -1,10 +1,13 @@
 """bp_v2: training adds row updates (accum) instead of overwriting rows."""
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tfra_dynamic_embedding.tables import native
 
 
 def _two_workers_step(var, use_function, bp_v2=None):
@@ -80,3 +83,54 @@ def test_bp_v2_in_a_tf_compat_v1_graph():
             got = sess.run(var.lookup(tf.constant([1, 2, 3], tf.int64)))
     # id 1: trained twice, id 2 three times, id 3 once; each step moves a row by -0.5
     np.testing.assert_allclose(got, [[0.0, 0.0], [-0.5, -0.5], [0.5, 0.5]])
+
+
+@pytest.mark.parametrize("backend", ["builtin", "native"])
+def test_threads_writing_back_at_once_add_up_exactly(backend):
+    """Writers in threads (as workers of a parameter-server job) train rows that are already
+    non-zero, with many shared ids: every step's change counts once. The built-in table's
+    presence check and its accum hold one lock; without it a check racing another writer's
+    accum took a present row for absent and added the whole row."""
+    if backend == "native" and not native.is_available():
+        pytest.skip("native op library not built")
+    kv = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
+    var = de.Variable(dim=4, bp_v2=True, kv_creator=kv, name=f"threads_{backend}")
+    ids = np.arange(8, dtype=np.int64)
+    start = np.tile(np.arange(1, 9, dtype=np.float32)[:, None] * 10.0, [1, 4])
+    var.upsert(ids, start)
+    def make_step(writer):
+        # One lookup site (its own wrapper, i.e. rows buffer) and optimizer per writer, as each
+        # worker has.
+        opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0))
+
+        @tf.function
+        def step(batch):
+            with tf.GradientTape() as tape:
+                rows, wrapper = de.embedding_lookup(var, batch, name=f"writer_{writer}",
+                                                    return_trainable=True)
+                loss = tf.reduce_sum(rows)
+            opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+        return step
+
+    batches = [np.random.default_rng(i).integers(0, 8, 16).astype(np.int64) for i in range(160)]
+    steps = [make_step(i) for i in range(4)]
+    for i, step in enumerate(steps):      # traced before the threads start
+        step(tf.constant(batches[i]))
+    errors = []
+
+    def run(step, part):
+        try:
+            for batch in part:
+                step(tf.constant(batch))
+        except Exception as error:  # pylint: disable=broad-except  (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(steps[i], batches[4 + i::4]))
+               for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    counts = np.bincount(np.concatenate(batches), minlength=8).astype(np.float32)
+    np.testing.assert_array_equal(var.lookup(ids).numpy(), start - counts[:, None])

@@ -53,6 +53,12 @@ class BuiltinKVTable(base.KVTable):
                            self.value_dtype)
 
     def lookup_with_exists(self, keys, default_rows):
+        # Under the table's lock: a concurrent accum between the two finds below would make a
+        # present key look absent (seen under a parameter-server strategy: a bp_v2 write-back
+        # then added the whole row instead of its change).
+        return self._locked(lambda: self._lookup_with_exists(keys, default_rows))
+
+    def _lookup_with_exists(self, keys, default_rows):
         # The stock kernel has no presence output. Look up twice with defaults that differ in the
         # first column's every bit: a present key returns its stored row both times, a missing key
         # the two different defaults. Comparing bit patterns makes NaN rows count as present.
@@ -77,13 +83,21 @@ class BuiltinKVTable(base.KVTable):
     def find_or_insert(self, keys, make_rows):
         with tf.device(self.device):
             unique_keys, index = tf.unique(keys)
-            zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
-            rows, exists = self.lookup_with_exists(unique_keys, zeros)
-            missing = tf.where(tf.logical_not(exists))
-            missing_keys = tf.gather_nd(unique_keys, missing)
-            new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
-            with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
-                rows = tf.tensor_scatter_nd_update(rows, missing, new_rows)
+
+        def find_or_insert_unique():
+            # Under the table's lock, so a key another writer inserts meanwhile is not
+            # overwritten with a fresh row.
+            with tf.device(self.device):
+                zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
+                rows, exists = self._lookup_with_exists(unique_keys, zeros)
+                missing = tf.where(tf.logical_not(exists))
+                missing_keys = tf.gather_nd(unique_keys, missing)
+                new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
+                with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
+                    return tf.tensor_scatter_nd_update(rows, missing, new_rows), exists
+
+        rows, exists = self._locked(find_or_insert_unique)
+        with tf.device(self.device):
             return tf.gather(rows, index), tf.gather(exists, index)
 
     def insert(self, keys, values):
@@ -108,7 +122,12 @@ class BuiltinKVTable(base.KVTable):
 
         # The stock kernels have no atomic add: the find and insert hold the table's lock, so
         # concurrent writers (e.g. the workers of a parameter server) all add up.
-        return tf.group(self._accum_lock().execute(add))
+        return tf.group(self._locked(add))
+
+    def _locked(self, fn):
+        """`fn()` holding this table's lock: reads and writes that must see one state of the
+        table (the stock kernels lock each op alone, not a find followed by an insert)."""
+        return self._accum_lock().execute(fn)
 
     def _accum_lock(self):
         lock = self.__dict__.get("_lock")
