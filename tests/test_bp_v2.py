@@ -89,8 +89,8 @@ def test_bp_v2_in_a_tf_compat_v1_graph():
 def test_threads_writing_back_at_once_add_up_exactly(backend):
     """Writers in threads (as workers of a parameter-server job) train rows that are already
     non-zero, with many shared ids: every step's change counts once. The built-in table's
-    presence check and its accum hold one lock; without it a check racing another writer's
-    accum took a present row for absent and added the whole row."""
+    presence check is one find (a marker default); its old two-find check, racing another
+    writer's accum, took a present row for absent and added the whole row."""
     if backend == "native" and not native.is_available():
         pytest.skip("native op library not built")
     kv = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()

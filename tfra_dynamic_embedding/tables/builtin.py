@@ -16,6 +16,11 @@ from tfra_dynamic_embedding.tables import base
 # Bit-pattern integer types used to compare rows exactly (NaN-safe for floats) when detecting
 # presence; integer rows are their own bit patterns.
 _BITS = {tf.float32: tf.int32, tf.float64: tf.int64, tf.int32: tf.int32, tf.int64: tf.int64}
+# First-column value of the default row that marks a key absent (see lookup_with_exists):
+# quiet NaNs with a payload and integers no counter or id row is likely to hold.
+_ABSENT = {tf.float32: 0x7FC5A5A5, tf.float64: 0x7FF8A5A5A5A5A5A5,
+           tf.int32: -0x5A5A5A5B, tf.int64: -0x5A5A5A5A5A5A5A5B,
+           tf.string: "\x00tfra-de absent\x00"}
 # The stock kernels store no 16-bit floats or int8: those rows are kept widened (exact).
 _STORAGE = {tf.float16: tf.float32, tf.bfloat16: tf.float32, tf.int8: tf.int32}
 # Key dtype -> value (storage) dtypes TF registers MutableHashTableOfTensors kernels for.
@@ -53,27 +58,31 @@ class BuiltinKVTable(base.KVTable):
                            self.value_dtype)
 
     def lookup_with_exists(self, keys, default_rows):
-        # Under the table's lock: a concurrent accum between the two finds below would make a
-        # present key look absent (seen under a parameter-server strategy: a bp_v2 write-back
-        # then added the whole row instead of its change).
-        return self._locked(lambda: self._lookup_with_exists(keys, default_rows))
-
-    def _lookup_with_exists(self, keys, default_rows):
-        # The stock kernel has no presence output. Look up twice with defaults that differ in the
-        # first column's every bit: a present key returns its stored row both times, a missing key
-        # the two different defaults. Comparing bit patterns makes NaN rows count as present.
+        # The stock kernel has no presence output. The first find's default carries a marker in
+        # its first column that no trained row holds (a NaN payload, an unlikely integer, a
+        # string with NULs): that find alone says which keys are present, in one op, so a
+        # concurrent writer (another worker's accum) cannot make a present key look absent. A
+        # second find with another default tells the rare row that stores the marker itself.
+        # Bit patterns are compared, so NaN rows count as present.
         with tf.device(self.device):
             default_rows = tf.cast(default_rows, self._storage_dtype)
-            rows = self._find(keys, default_rows)
-            if self._storage_dtype == tf.string:   # any other first column will do
-                probe = self._find(keys, tf.concat(
-                    [tf.strings.join([default_rows[:, :1], "\x01"]), default_rows[:, 1:]], 1))
-                return rows, tf.equal(rows[:, 0], probe[:, 0])
-            bits = _BITS[self._storage_dtype]
-            flipped = tf.bitcast(tf.bitwise.invert(tf.bitcast(default_rows[:, :1], bits)),
-                                 self._storage_dtype)
-            probe = self._find(keys, tf.concat([flipped, default_rows[:, 1:]], axis=1))
-            exists = tf.equal(tf.bitcast(rows[:, 0], bits), tf.bitcast(probe[:, 0], bits))
+            count = tf.shape(keys)[0]
+            if self._storage_dtype == tf.string:
+                marker, other = tf.fill([count, 1], _ABSENT[tf.string]), tf.fill(
+                    [count, 1], _ABSENT[tf.string] + "\x01")
+                first = lambda rows: rows[:, 0]  # noqa: E731
+            else:
+                bits = _BITS[self._storage_dtype]
+                marker_bits = tf.fill([count, 1], tf.constant(_ABSENT[self._storage_dtype], bits))
+                marker = tf.bitcast(marker_bits, self._storage_dtype)
+                other = tf.bitcast(tf.bitwise.invert(marker_bits), self._storage_dtype)
+                first = lambda rows: tf.bitcast(rows[:, 0], bits)  # noqa: E731
+            rows = self._find(keys, tf.concat([marker, default_rows[:, 1:]], axis=1))
+            probe = self._find(keys, tf.concat([other, default_rows[:, 1:]], axis=1))
+            marked = tf.equal(first(rows), first(tf.concat([marker, rows[:, 1:]], axis=1)))
+            stores_marker = tf.equal(first(probe), first(tf.concat([marker, probe[:, 1:]], 1)))
+            exists = tf.logical_or(tf.logical_not(marked), stores_marker)
+            rows = tf.where(exists[:, None], rows, default_rows)
             return tf.cast(rows, self.value_dtype), exists
 
     def _find(self, keys, default_rows):
@@ -83,21 +92,13 @@ class BuiltinKVTable(base.KVTable):
     def find_or_insert(self, keys, make_rows):
         with tf.device(self.device):
             unique_keys, index = tf.unique(keys)
-
-        def find_or_insert_unique():
-            # Under the table's lock, so a key another writer inserts meanwhile is not
-            # overwritten with a fresh row.
-            with tf.device(self.device):
-                zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
-                rows, exists = self._lookup_with_exists(unique_keys, zeros)
-                missing = tf.where(tf.logical_not(exists))
-                missing_keys = tf.gather_nd(unique_keys, missing)
-                new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
-                with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
-                    return tf.tensor_scatter_nd_update(rows, missing, new_rows), exists
-
-        rows, exists = self._locked(find_or_insert_unique)
-        with tf.device(self.device):
+            zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
+            rows, exists = self.lookup_with_exists(unique_keys, zeros)
+            missing = tf.where(tf.logical_not(exists))
+            missing_keys = tf.gather_nd(unique_keys, missing)
+            new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
+            with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
+                rows = tf.tensor_scatter_nd_update(rows, missing, new_rows)
             return tf.gather(rows, index), tf.gather(exists, index)
 
     def insert(self, keys, values):
@@ -122,12 +123,7 @@ class BuiltinKVTable(base.KVTable):
 
         # The stock kernels have no atomic add: the find and insert hold the table's lock, so
         # concurrent writers (e.g. the workers of a parameter server) all add up.
-        return tf.group(self._locked(add))
-
-    def _locked(self, fn):
-        """`fn()` holding this table's lock: reads and writes that must see one state of the
-        table (the stock kernels lock each op alone, not a find followed by an insert)."""
-        return self._accum_lock().execute(fn)
+        return tf.group(self._accum_lock().execute(add))
 
     def _accum_lock(self):
         lock = self.__dict__.get("_lock")
