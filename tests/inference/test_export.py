@@ -326,23 +326,108 @@ def test_bad_arguments_are_named(trained_dlrm, tmp_path):
         inference.load_sharded(str(tmp_path / "full"))
 
 
-def test_unsupported_models_are_named():
-    class Custom(keras.Model):
+class TwoTower(keras.Model):
+    """A subclassed model as TFRA users write them: dict features, tables looked up in call."""
+
+    def __init__(self, initializer=0.0, keras_name="keras"):
+        super().__init__()
+        self.user = de.keras.layers.Embedding(DIM, initializer=initializer, name="user_emb",
+                                              keras=keras_name)
+        self.genres = de.keras.layers.Embedding(DIM, combiner="mean", initializer=initializer,
+                                                name="genre_emb", keras=keras_name)
+        self.slots = de.keras.layers.Embedding(DIM, key_dtype=tf.string, initializer=initializer,
+                                               name="slot_emb", keras=keras_name)
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.out = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, features, training=False):
+        user = self.user(features["user_id"])                       # [B, d]
+        genres = self.genres(tf.cast(features["genres"], tf.int64))  # int32 ids, pooled
+        slot = self.slots(features["slots"][:, -1])                  # last column only
+        x = tf.concat([user, genres, slot, features["age"]], axis=1)
+        return self.out(self.hidden(x))
+
+
+TWO_TOWER_SIGNATURE = {
+    "user_id": tf.TensorSpec([None], tf.int64, name="user_id"),
+    "genres": tf.TensorSpec([None, 3], tf.int32, name="genres"),
+    "slots": tf.TensorSpec([None, 2], tf.string, name="slots"),
+    "age": tf.TensorSpec([None, 1], tf.float32, name="age"),
+}
+
+
+def _two_tower_batch(rng, rows, offset=0):
+    words = np.array([f"s{i + offset}".encode() for i in range(12)])
+    return {"user_id": rng.integers(0, 60, size=(rows,)).astype(np.int64) + offset,
+            "genres": rng.integers(0, 20, size=(rows, 3)).astype(np.int32) + offset,
+            "slots": words[rng.integers(0, 12, size=(rows, 2))],
+            "age": rng.normal(size=(rows, 1)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_subclassed_model_sharded_equals_model(tmp_path, num_shards):
+    rng = np.random.default_rng(11)
+    model = TwoTower()
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),
+                  loss="binary_crossentropy")
+    train = _two_tower_batch(rng, 96)
+    model.fit(tf.data.Dataset.from_tensor_slices(
+        (_tensors(train), rng.integers(0, 2, size=(96, 1)).astype(np.float32))).batch(32),
+        epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="no known request signature; pass input_signature"):
+        inference.plan_for_model(model, num_shards)
+    plan = inference.plan_for_model(model, num_shards, "size-greedy",
+                                    input_signature=TWO_TOWER_SIGNATURE)
+    unseen = _two_tower_batch(rng, 20, offset=500)
+    unseen["user_id"][::2] = train["user_id"][:20:2]
+    manifest, _ = inference.export_sharded(
+        model, plan, str(tmp_path / "export"), input_signature=TWO_TOWER_SIGNATURE), None
+    sharded = inference.load_sharded(str(tmp_path / "export"))
+    for batch in ({k: v[:32] for k, v in train.items()}, unseen):
+        served = sharded.predict(batch)["prediction"]
+        assert float(np.max(np.abs(served - model(_tensors(batch)).numpy()))) <= TOL
+    by_name = {f.name: f for f in manifest.features}
+    assert (by_name["user_emb"].input, by_name["user_emb"].column) == ("user_id", None)
+    assert (by_name["genre_emb"].input, by_name["genre_emb"].combiner) == ("genres", "mean")
+    assert (by_name["slot_emb"].input, by_name["slot_emb"].column) == ("slots", 1)
+    assert list(manifest.main_inputs) == ["age"] and manifest.model == "TwoTower"
+
+
+def test_tf_keras_subclassed_model_uses_its_recorded_spec(tmp_path):
+    import tf_keras  # pylint: disable=import-outside-toplevel
+
+    class Tower(tf_keras.Model):
         def __init__(self):
             super().__init__()
-            self.emb = de.keras.layers.Embedding(DIM)
+            self.emb = de.keras.layers.Embedding(DIM, combiner="sum", initializer=0.0,
+                                                 name="ids_emb", keras="tf_keras")
+            self.dense = tf_keras.layers.Dense(1)
 
         def call(self, ids):
-            return self.emb(ids)
+            return self.dense(self.emb(ids))
 
-    with pytest.raises(NotImplementedError, match="supported are the demo's DLRM"):
-        inference.plan_for_model(Custom(), 1)
+    model = Tower()
+    ids = np.array([[1, 2], [29, 300], [7, 7]], np.int64)
+    model(tf.constant(ids))       # records the call's spec
+    keys = np.arange(0, 30, dtype=np.int64)
+    model.emb.params.upsert(tf.constant(keys), tf.constant(
+        np.random.default_rng(2).normal(size=(30, DIM)).astype(np.float32)))
+    plan = inference.plan_for_model(model, 2, "size-greedy")
+    manifest = inference.export_sharded(model, plan, str(tmp_path / "export"))
+    (name,) = manifest.request_inputs     # the name tf_keras recorded for the call's input
+    assert manifest.request_inputs[name]["shape"] == [None, 2]
+    assert manifest.model == "Tower" and manifest.main_inputs == {}
+    served = inference.load_sharded(str(tmp_path / "export")).predict({name: ids})["prediction"]
+    assert float(np.max(np.abs(served - model(tf.constant(ids)).numpy()))) <= TOL
 
+
+def test_unsupported_models_are_named():
     ids = keras.Input(shape=(2,), dtype="int64", name="ids")
     shifted = keras.layers.Lambda(lambda t: t + 1)(ids)
     pooled = de.keras.layers.Embedding(DIM, combiner="sum", name="shifted_emb")(shifted)
     model = keras.Model(ids, keras.layers.Dense(1)(pooled))
-    with pytest.raises(ValueError, match="layer 'shifted_emb' reads .*not a model input"):
+    with pytest.raises(ValueError, match="layer 'shifted_emb' looks up ids computed inside the "
+                                         "model .op .* of type AddV2"):
         inference.plan_for_model(model, 1)
 
     shared = de.keras.layers.Embedding(DIM, name="shared_emb")
@@ -351,6 +436,34 @@ def test_unsupported_models_are_named():
     model = keras.Model([a, b], keras.layers.Add()([shared(a), shared(b)]))
     with pytest.raises(NotImplementedError, match="layer .shared_emb. is called 2 times"):
         inference.plan_for_model(model, 1)
+
+    class Hashing(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = de.keras.layers.Embedding(DIM, name="hashed_emb")
+
+        def call(self, words):
+            return self.emb(tf.strings.to_hash_bucket_fast(words, 100))
+
+    with pytest.raises(ValueError, match="layer 'hashed_emb' looks up ids computed inside"):
+        inference.plan_for_model(Hashing(), 1,
+                                 input_signature=tf.TensorSpec([None], tf.string, name="w"))
+
+    class Squashed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = de.keras.layers.SquashedEmbedding(DIM, name="squashed")
+
+        def call(self, ids):
+            return self.emb(ids)
+
+    with pytest.raises(NotImplementedError, match="layer 'squashed': SquashedEmbedding"):
+        inference.plan_for_model(Squashed(), 1,
+                                 input_signature=tf.TensorSpec([None, 2], tf.int64))
+
+    no_tables = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="calls no de.keras.layers.Embedding layer"):
+        inference.plan_for_model(no_tables, 1)
 
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -382,7 +495,7 @@ def test_ids_input_that_also_feeds_dense_layers(tmp_path):
                       {"ids_emb": ["/job:sparse/task:1", "/job:sparse/task:0"]})
     batch = {"ids": np.array([[1, 2], [-5, 40], [99, 100]], np.int64)}
     manifest, _ = _export_and_compare(model, plan, str(tmp_path / "export"), {"mixed": batch},
-                                      lambda b: model(_tensors(b)).numpy())
+                                      lambda b: model(tf.constant(b["ids"])).numpy())
     assert list(manifest.main_inputs) == ["ids"]
 
 

@@ -106,10 +106,20 @@ class DLRM(tf.keras.Model):
         vectors = [layer(ids[:, i]) for i, layer in enumerate(self.embeddings)]
         return self.dense_part(inputs.get("dense"), vectors)
 
+    def input_signature(self):
+        """The request `call` takes: {"dense": [B, num_dense] float32 (absent without dense
+        features), "ids": [B, num_categorical] keys}; a sharded export serves this request."""
+        key_dtype = self.embeddings[0].params.key_dtype if self.dynamic else tf.int64
+        spec = {"ids": tf.TensorSpec([None, self.num_categorical], key_dtype, name="ids")}
+        if self.num_dense:
+            spec = {"dense": tf.TensorSpec([None, self.num_dense], tf.float32, name="dense"),
+                    **spec}
+        return spec
+
     def dense_part(self, dense, vectors):
         """The model after its tables: bottom MLP on `dense` ([B, num_dense], None without dense
         features), interaction with `vectors` (one [B, d] embedding per feature), top MLP,
-        sigmoid. A sharded export serves it as the main shard."""
+        sigmoid."""
         vectors = list(vectors)
         if self.num_dense:
             x = dense

@@ -40,14 +40,15 @@ from tfra_dynamic_embedding.placement import types
 
 
 def plan_for_model(model, num_shards, strategy="lookup-greedy", memory=None, seed=0,
-                   device_template="/job:sparse/task:{i}"):
+                   device_template="/job:sparse/task:{i}", input_signature=None):
     """A placement Plan of the model's tables over `num_shards` sparse shards.
 
     Tables are sized by their current number of keys; `memory` (bytes or '64MiB') per shard makes
-    strategies split tables bigger than a shard row-wise. Example:
+    strategies split tables bigger than a shard row-wise; `input_signature` as in
+    `export_sharded`. Example:
         plan_for_model(model, 2, "size-greedy").devices_for("C1")   # ['/job:sparse/task:1']
     """
-    cut = model_cut.cut_model(model)
+    cut = model_cut.cut_model(model, input_signature)
     tables = []
     for feature in cut.features:
         params = feature.layer.params
@@ -109,19 +110,23 @@ def _table_of(plan, feature):
     return name
 
 
-def export_sharded(model, plan, export_dir, overwrite=False):
+def export_sharded(model, plan, export_dir, overwrite=False, input_signature=None):
     """Writes `model` split by `plan` into `export_dir` (see the module docstring); returns the
     `manifest.Manifest` it wrote.
 
     Args:
-      model: a trained demo DLRM or Keras functional model with de.keras.layers.Embedding layers.
+      model: a trained Keras model (functional, Sequential or subclassed; the demo's DLRM) whose
+        de.keras.layers.Embedding layers each look up a request input or one column of one
+        (see `model_cut`).
       plan: a `placement.Plan` (or its JSON path) placing every table of the model; tables are
         matched by (trailing part of) their de.Variable name, as `Plan.scope` does.
       export_dir: a new or empty directory.
       overwrite: replace the contents of a non-empty `export_dir`.
+      input_signature: the request the model's `call` takes (a tf.TensorSpec, or a dict / list
+        of them); needed for a subclassed model that has no `input_signature` of its own.
     """
     plan = _check_plan(plan)
-    cut = model_cut.cut_model(model)
+    cut = model_cut.cut_model(model, input_signature)
     tables = {}
     for feature in cut.features:
         name = _table_of(plan, feature)

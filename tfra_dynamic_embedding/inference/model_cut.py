@@ -1,11 +1,18 @@
 """Cutting a model at its embedding outputs: the features (sparse part) and the dense part.
 
-Supported models:
-  * the demo's DLRM (`tfra_dynamic_embedding.demo.dlrm.DLRM`, dynamic tables): feature i reads
-    column i of the "ids" input; the dense part is its `dense_part` fed the pooled rows;
-  * a Keras 3 functional model whose `de.keras.layers.Embedding` layers (not the Squashed /
-    FieldWise variants) each read one dense model input directly, once: the dense part is the
-    sub-model from (the other inputs, the embedding outputs) to the model's outputs.
+Any Keras model (Keras 3 or tf_keras; functional, Sequential or subclassed, the demo's DLRM
+included) is cut by tracing its own `call` twice with every `de.keras.layers.Embedding` call
+intercepted (`layers.intercept_calls`):
+  * a probe trace records the ids each layer is called on; they must be a request input or one
+    column of one (`inputs["ids"][:, i]`), maybe cast to another integer type, so that a router
+    can read them off the request;
+  * the dense trace feeds each layer's output in as a tensor: the dense part, which reads no
+    table. Request inputs the outputs still depend on (besides the embeddings) become main's
+    inputs.
+
+The request is the model's input signature: a functional model's inputs, `model.input_signature`
+(a method or attribute, as the demo's DLRM has), tf_keras' recorded save spec, or the
+`input_signature` argument (a TensorSpec, or a flat dict / list of them).
 
 Example:
     cut = cut_model(model)
@@ -46,19 +53,183 @@ class ModelCut:
     kind: str
 
 
-def cut_model(model):
-    """The `ModelCut` of a trained model; raises NotImplementedError for unsupported models."""
-    from tfra_dynamic_embedding.demo import dlrm  # pylint: disable=import-outside-toplevel
-    if isinstance(model, dlrm.DLRM):
-        return _cut_dlrm(model)
-    if getattr(model, "inputs", None) and getattr(model, "outputs", None) and hasattr(
-            model, "layers"):
-        return _cut_functional(model)
-    raise NotImplementedError(
-        f"model {getattr(model, 'name', model)!r} ({type(model).__name__}) cannot be cut for a "
-        f"sharded export: supported are the demo's DLRM and Keras functional models whose "
-        f"de.keras.layers.Embedding layers read model inputs directly. A subclassed model needs "
-        f"to be rebuilt functionally (keras.Input -> de.keras.layers.Embedding -> dense layers)")
+@dataclasses.dataclass
+class _Request:
+    """The request's specs by name and how the model takes them (a dict, a list or one tensor)."""
+
+    specs: Dict[str, tf.TensorSpec]
+    form: str   # "dict" | "list" | "single"
+
+    def model_args(self, tensors):
+        if self.form == "dict":
+            return dict(tensors)
+        values = [tensors[name] for name in self.specs]
+        return values if self.form == "list" else values[0]
+
+
+def cut_model(model, input_signature=None):
+    """The `ModelCut` of a trained model; raises ValueError / NotImplementedError naming what
+    the sharded export cannot serve."""
+    request = _request_of(model, input_signature)
+    features = _probe(model, request)
+    if not features:
+        raise ValueError(f"model {model.name!r} calls no de.keras.layers.Embedding layer: "
+                         f"nothing to shard")
+    return _dense_part(model, request, features)
+
+
+def _kind(model):
+    if getattr(model, "_is_graph_network", False) or type(model).__name__ in (
+            "Functional", "Sequential"):
+        return "functional"
+    return type(model).__name__
+
+
+def _spec(shape, dtype, name):
+    return tf.TensorSpec(tf.TensorShape(shape), tf.as_dtype(dtype), name=name)
+
+
+def _request_of(model, input_signature):
+    structure, source = input_signature, "input_signature"
+    if structure is None and hasattr(model, "input_signature"):
+        structure, source = model.input_signature, "model.input_signature"
+        structure = structure() if callable(structure) else structure
+    if structure is None and getattr(model, "inputs", None):
+        try:
+            structure = model.input   # a dict when the model takes a dict
+        except AttributeError:        # a Keras 3 Sequential has `inputs` only
+            structure = list(model.inputs)
+            structure = structure[0] if len(structure) == 1 else structure
+        source = "the model's inputs"
+    if structure is None and callable(getattr(model, "save_spec", None)):
+        saved = model.save_spec(dynamic_batch=True)   # tf_keras: recorded at the first call
+        if saved and saved[0]:
+            structure, source = saved[0][0], "the model's recorded input spec"
+    if structure is None:
+        raise ValueError(f"model {getattr(model, 'name', model)!r} ({type(model).__name__}) has "
+                         f"no known request signature; pass input_signature (a tf.TensorSpec, "
+                         f"or a dict / list of them, as the model's call takes its inputs)")
+    if isinstance(structure, dict):
+        items, form = list(structure.items()), "dict"
+    elif isinstance(structure, (list, tuple)):
+        items = [(getattr(t, "name", None) or f"input_{i}", t) for i, t in enumerate(structure)]
+        form = "list"
+    else:
+        items, form = [(getattr(structure, "name", None) or "input", structure)], "single"
+    specs = {}
+    for name, tensor in items:
+        name = name.split(":")[0]
+        if isinstance(tensor, (dict, list, tuple)):
+            raise NotImplementedError(f"{source}: input {name!r} is nested; the sharded export "
+                                      f"takes a flat dict or list of tensors")
+        type_spec = getattr(tensor, "type_spec", tensor)
+        if (getattr(tensor, "sparse", False) or getattr(tensor, "ragged", False)
+                or isinstance(type_spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec))):
+            raise NotImplementedError(f"{source}: input {name!r} is sparse/ragged; the sharded "
+                                      f"export takes dense ids")
+        if name in specs:
+            raise ValueError(f"{source}: two inputs are named {name!r}")
+        specs[name] = _spec(tensor.shape, tensor.dtype, name)
+    return _Request(specs, form)
+
+
+def _placeholders(request, values):
+    """{graph tensor ref: input name} of the request tensors a trace was called on."""
+    return {values[name].ref(): name for name in request.specs}
+
+
+def _probe(model, request):
+    """Traces the model once, recording each embedding layer's ids: [FeatureCut]."""
+    calls = []
+
+    def record(layer, ids):
+        if isinstance(layer, (de_layers.SquashedEmbedding, de_layers.FieldWiseEmbedding)):
+            raise NotImplementedError(f"layer {layer.name!r}: {type(layer).__name__} is not "
+                                      f"supported by the sharded export (use "
+                                      f"de.keras.layers.Embedding with a combiner)")
+        if layer.max_norm is not None:
+            raise NotImplementedError(f"layer {layer.name!r}: max_norm is not supported by the "
+                                      f"sharded export")
+        if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+            raise NotImplementedError(f"layer {layer.name!r} is called on a "
+                                      f"{type(ids).__name__}; the sharded export takes dense ids")
+        ids = tf.convert_to_tensor(ids)
+        cells = ids.shape if layer.combiner is None else ids.shape[:-1]
+        if layer.combiner is not None and ids.shape.rank is not None and ids.shape.rank < 1:
+            raise NotImplementedError(f"layer {layer.name!r} pools scalar ids")
+        calls.append((layer, ids))
+        dynamic = tf.shape(ids) if layer.combiner is None else tf.shape(ids)[:-1]
+        rows = tf.zeros(tf.concat([dynamic, [layer.params.dim]], 0), layer.params.value_dtype)
+        rows.set_shape(cells.concatenate([layer.params.dim]))
+        return rows
+
+    traced = {}
+
+    def probe(values):
+        traced["values"] = values
+        with de_layers.intercept_calls(record):
+            return model(request.model_args(values), training=False)
+
+    tf.function(probe).get_concrete_function(dict(request.specs))
+    sources = _placeholders(request, traced["values"])
+    features, seen = [], {}
+    for layer, ids in calls:
+        if id(layer) in seen:
+            count = sum(1 for other, _ in calls if other is layer)
+            raise NotImplementedError(
+                f"layer {layer.name!r} is called {count} times in model {model.name!r} (a "
+                f"shared table); the sharded export needs one call per embedding layer")
+        if any(f.name == layer.name for f in features):
+            raise ValueError(f"model {model.name!r} has two embedding layers named "
+                             f"{layer.name!r}; the sharded export names features by layer")
+        seen[id(layer)] = layer
+        name, column = _ids_source(layer, ids, sources)
+        shape = ids.shape if layer.combiner is None else ids.shape[:-1]
+        features.append(FeatureCut(
+            layer.name, layer, name, column, layer.combiner,
+            _spec(shape.concatenate([layer.params.dim]), layer.params.value_dtype, layer.name)))
+    return features
+
+
+def _ids_source(layer, ids, sources):
+    """(request input, column or None) that `ids` are read from, through casts and identities."""
+    tensor, column = ids, None
+    while tensor.ref() not in sources:
+        op = tensor.op
+        if op.type == "Identity" or (op.type == "Cast" and op.inputs[0].dtype.is_integer
+                                     and tensor.dtype.is_integer):
+            tensor = op.inputs[0]
+            continue
+        if op.type == "StridedSlice" and column is None:
+            column = _column_of(op)
+            if column is not None:
+                tensor = op.inputs[0]
+                continue
+        raise ValueError(
+            f"layer {layer.name!r} looks up ids computed inside the model (op {op.name!r} "
+            f"of type {op.type}): the sharded export needs ids read from a request input or one "
+            f"column of it (inputs['ids'][:, i]); compute ids before the request instead")
+    return sources[tensor.ref()], column
+
+
+def _column_of(op):
+    """i when the StridedSlice `op` is x[:, i] (x of rank >= 2), else None."""
+    begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
+    if begin is None or end is None or strides is None or len(begin) != 2:
+        return None
+    masks = {name: op.get_attr(name) for name in ("begin_mask", "end_mask", "ellipsis_mask",
+                                                  "new_axis_mask", "shrink_axis_mask")}
+    if (masks["begin_mask"] & 1 == 0 or masks["end_mask"] & 1 == 0 or masks["ellipsis_mask"]
+            or masks["new_axis_mask"] or masks["shrink_axis_mask"] != 2
+            or list(strides) != [1, 1]):
+        return None
+    column = int(begin[1])
+    if column < 0:
+        width = op.inputs[0].shape[1] if op.inputs[0].shape.rank else None
+        if width is None:
+            return None
+        column += int(width)
+    return column
 
 
 def _output_names(structure):
@@ -74,112 +245,75 @@ def _as_dict(names, outputs):
     return dict(zip(names, tf.nest.flatten(outputs)))
 
 
-def _cut_dlrm(model):
-    if not model.dynamic:
-        raise NotImplementedError(f"model {model.name!r} has static tables (vocab_sizes); a "
-                                  f"sharded export needs dynamic (de) tables")
-    layers = model.embeddings
-    key_dtype = layers[0].params.key_dtype if layers else tf.int64
-    features = [FeatureCut(layer.name, layer, "ids", i, None,
-                           tf.TensorSpec([None, model.embedding_dim], layer.params.value_dtype,
-                                         name=layer.name))
-                for i, layer in enumerate(layers)]
-    request = {"ids": tf.TensorSpec([None, model.num_categorical], key_dtype, name="ids")}
-    dense = {}
-    if model.num_dense:
-        dense["dense"] = tf.TensorSpec([None, model.num_dense], tf.float32, name="dense")
-        request = {"dense": dense["dense"], **request}
-    def dense_call(dense_inputs, pooled):
-        vectors = [pooled[f.name] for f in features]
-        return {"prediction": model.dense_part(dense_inputs.get("dense"), vectors)}
+def _dense_part(model, request, features):
+    """Traces the model with the embedding outputs fed in; finds the request inputs main needs."""
+    pooled_specs = {f.name: f.output_spec for f in features}
 
-    variables = [w for layer in model.dense_layers() for w in layer.weights]
-    return ModelCut(features, request, dense, ["prediction"], dense_call, variables, "DLRM")
+    def feed(pooled):
+        def interceptor(layer, _):
+            if layer.name not in pooled:
+                raise ValueError(f"layer {layer.name!r} was not called in the probe trace; the "
+                                 f"model's call must look up the same layers every time")
+            return pooled[layer.name]
+        return interceptor
 
+    traced = {}
 
-def _input_names(model):
-    structure = model.input
-    if isinstance(structure, dict):
-        return [(name, tensor) for name, tensor in structure.items()]
-    return [(tensor.name, tensor) for tensor in tf.nest.flatten(structure)]
+    def dense(values, pooled):
+        with de_layers.intercept_calls(feed(pooled)):
+            outputs = model(request.model_args(values), training=False)
+        traced.update(values=values, outputs=outputs)
+        return outputs
 
-
-def _spec(tensor, name):
-    return tf.TensorSpec(tuple(tensor.shape), tf.as_dtype(tensor.dtype), name=name)
-
-
-def _calls_per_layer(model):
-    """{layer name: times it is called in the functional graph}, from the model's config."""
-    try:
-        config = model.get_config()
-    except Exception:  # pylint: disable=broad-except  (a layer without a config)
-        # Keras' own record of a layer's calls (all models it is in: errs on the safe side).
-        return {layer.name: len(getattr(layer, "_inbound_nodes", [None])) for layer in
-                model.layers}
-    return {layer["config"].get("name", layer.get("name")): len(layer.get("inbound_nodes", []))
-            for layer in config.get("layers", [])}
-
-
-def _cut_functional(model):
-    import keras  # pylint: disable=import-outside-toplevel
-    inputs = _input_names(model)
-    embeddings = [layer for layer in model.layers if isinstance(layer, de_layers.Embedding)]
-    if not embeddings:
-        raise ValueError(f"model {model.name!r} has no de.keras.layers.Embedding layer: "
-                         f"nothing to shard")
-    calls_in_model = _calls_per_layer(model)
-    features, read = [], set()
-    for layer in embeddings:
-        if isinstance(layer, (de_layers.SquashedEmbedding, de_layers.FieldWiseEmbedding)):
-            raise NotImplementedError(f"layer {layer.name!r}: {type(layer).__name__} is not "
-                                      f"supported by the sharded export (use "
-                                      f"de.keras.layers.Embedding with a combiner)")
-        if layer.max_norm is not None:
-            raise NotImplementedError(f"layer {layer.name!r}: max_norm is not supported by the "
-                                      f"sharded export")
-        calls = calls_in_model.get(layer.name, 1)
-        if calls != 1:
-            raise NotImplementedError(
-                f"layer {layer.name!r} is called {calls} times in model {model.name!r} (a "
-                f"shared table); the sharded export needs one call per embedding layer")
-        source, output = layer.input, layer.output
-        if isinstance(source, (list, tuple, dict)):
-            raise NotImplementedError(f"layer {layer.name!r} takes several inputs")
-        names = [name for name, tensor in inputs if tensor is source]
-        if not names:
-            raise ValueError(f"layer {layer.name!r} reads {source.name!r}, not a model input: "
-                             f"the sharded export needs embedding layers to read model inputs "
-                             f"directly")
-        if getattr(source, "sparse", False) or getattr(source, "ragged", False):
-            raise NotImplementedError(f"layer {layer.name!r} reads a sparse/ragged input "
-                                      f"{names[0]!r}; the sharded export takes dense ids")
-        if len(source.shape) < (2 if layer.combiner else 1):
-            raise NotImplementedError(f"layer {layer.name!r} reads {names[0]!r} of shape "
-                                      f"{tuple(source.shape)}: the sharded export needs "
-                                      f"[batch, ...] ids ([batch, n, ...] with a combiner)")
-        read.add(id(source))
-        features.append(FeatureCut(layer.name, layer, names[0], None, layer.combiner,
-                                   _spec(output, layer.name)))
-    request = {name: _spec(tensor, name) for name, tensor in inputs}
-    others = [(name, tensor) for name, tensor in inputs if id(tensor) not in read]
-    outputs = [f.layer.output for f in features]
-    errors = []
-    sub = None
-    for candidates in (others, inputs):   # inputs read by embeddings may feed dense layers too
-        try:
-            sub = keras.Model([t for _, t in candidates] + outputs, model.outputs)
-            break
-        except Exception as error:  # pylint: disable=broad-except
-            errors.append(error)
-    if sub is None:
-        raise ValueError(f"cannot cut model {model.name!r} at the outputs of its embedding "
-                         f"layers {[f.name for f in features]}: {errors[-1]}") from errors[-1]
-    dense = {name: _spec(tensor, name) for name, tensor in candidates}
-    names = _output_names(model.output)
-    dense_order = [name for name, _ in candidates]
+    concrete = tf.function(dense).get_concrete_function(dict(request.specs), pooled_specs)
+    needed = _inputs_reached(tf.nest.flatten(traced["outputs"]),
+                             _placeholders(request, traced["values"]))
+    main_inputs = {name: spec for name, spec in request.specs.items() if name in needed}
+    variables = list(concrete.variables)
+    handles = {v.handle.ref() for v in variables}
+    stray = [t for t in concrete.captured_inputs
+             if t.dtype == tf.resource and t.ref() not in handles]
+    if stray:
+        raise NotImplementedError(f"model {model.name!r} reads a table or resource outside its "
+                                  f"de.keras.layers.Embedding layers ({len(stray)} captured); "
+                                  f"the main shard holds dense variables only")
+    names = _output_names(traced["outputs"])
 
     def dense_call(dense_inputs, pooled):
-        args = [dense_inputs[name] for name in dense_order] + [pooled[f.name] for f in features]
-        return _as_dict(names, sub(args, training=False))
+        # Inputs main does not get reach no output: any value of their dtype stands in.
+        values = {name: dense_inputs[name] if name in main_inputs else _stand_in(spec)
+                  for name, spec in request.specs.items()}
+        with de_layers.intercept_calls(feed(pooled)):
+            return _as_dict(names, model(request.model_args(values), training=False))
 
-    return ModelCut(features, request, dense, names, dense_call, list(sub.weights), "functional")
+    return ModelCut(features, dict(request.specs), main_inputs, names, dense_call, variables,
+                    _kind(model))
+
+
+def _inputs_reached(outputs, sources):
+    """The names of the request inputs that `outputs` depend on (walking the trace's graph)."""
+    reached, stack, visited = set(), [t.op for t in outputs if hasattr(t, "op")], set()
+    for tensor in outputs:
+        if hasattr(tensor, "ref") and tensor.ref() in sources:
+            reached.add(sources[tensor.ref()])
+    while stack:
+        op = stack.pop()
+        if op.name in visited:
+            continue
+        visited.add(op.name)
+        for tensor in op.inputs:
+            if tensor.ref() in sources:
+                reached.add(sources[tensor.ref()])
+            stack.append(tensor.op)
+        stack.extend(op.control_inputs)
+    return reached
+
+
+def _stand_in(spec):
+    if spec.shape.rank is None:
+        raise NotImplementedError(f"input {spec.name!r} has an unknown rank; give its rank in "
+                                  f"input_signature")
+    shape = [1 if d is None else d for d in spec.shape.as_list()]
+    if spec.dtype == tf.string:
+        return tf.fill(shape, "")
+    return tf.zeros(shape, spec.dtype)

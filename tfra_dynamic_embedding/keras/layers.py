@@ -17,6 +17,8 @@ Example:
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam()), loss="mse")
 """
 
+import contextlib
+import contextvars
 import numbers
 
 import numpy as np
@@ -30,6 +32,23 @@ from tfra_dynamic_embedding.keras import binding
 
 COMBINERS = ("sum", "mean", "sqrtn")
 _KERAS_NAMES = {binding.KERAS3: "Keras 3", binding.TF_KERAS: "tf_keras"}
+_CALL_INTERCEPTOR = contextvars.ContextVar("tfra_de_embedding_call_interceptor", default=None)
+
+
+@contextlib.contextmanager
+def intercept_calls(interceptor):
+    """Within the block, calling any embedding layer returns `interceptor(layer, ids)` and reads
+    no table: how a sharded export traces a model's dense part apart from its tables.
+
+    Example:
+        with intercept_calls(lambda layer, ids: pooled[layer.name]):
+            prediction = model(request, training=False)
+    """
+    token = _CALL_INTERCEPTOR.set(interceptor)
+    try:
+        yield
+    finally:
+        _CALL_INTERCEPTOR.reset(token)
 
 
 class Embedding:
@@ -119,6 +138,9 @@ class Embedding:
         return super(Embedding, cls).from_config(config)
 
     def __call__(self, *args, **kwargs):
+        interceptor = _CALL_INTERCEPTOR.get()
+        if interceptor is not None:
+            return interceptor(self, args[0] if args else kwargs.get("inputs", kwargs.get("ids")))
         # A layer of one Keras called on the other Keras' symbolic inputs would be traced as
         # that Keras' op layers and fail deep inside the lookup: say what to do instead.
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("ids"))
