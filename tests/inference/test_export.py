@@ -513,3 +513,37 @@ def test_dlrm_concat_without_dense_inputs(tmp_path):
     manifest, _ = _export_and_compare(model, plan, str(tmp_path / "export"), {"mixed": batch},
                                       lambda b: model(b).numpy())
     assert manifest.main_inputs == {} and manifest.model == "DLRM"
+
+
+def test_keys_at_the_dtype_edges_and_reserved_values(tmp_path):
+    """A shard's index reserves values its piece does not hold: held edge keys and requests for
+    the reserved values themselves still get the right rows (zeros for the unheld)."""
+    low = np.iinfo(np.int64).min
+    ids = keras.Input(shape=(), dtype="int64", name="ids")
+    words = keras.Input(shape=(), dtype="string", name="words")
+    e_ids = de.keras.layers.Embedding(DIM, initializer=0.0, name="ids_emb")(ids)
+    e_words = de.keras.layers.Embedding(DIM, key_dtype=tf.string, initializer=0.0,
+                                        name="words_emb")(words)
+    model = keras.Model({"ids": ids, "words": words}, keras.layers.Concatenate()([e_ids, e_words]))
+    rng = np.random.default_rng(5)
+    held_ids = np.array([low, low + 1, low + 3, 5, np.iinfo(np.int64).max], np.int64)
+    held_words = np.array([b"", b"a", b"\x00tfra-de reserved\x00"], object)
+    for name, keys in (("ids_emb", held_ids), ("words_emb", held_words)):
+        model.get_layer(name).params.upsert(tf.constant(keys), tf.constant(
+            rng.normal(size=(len(keys), DIM)).astype(np.float32)))
+    batch = {"ids": np.array([low, low + 1, low + 2, low + 3, low + 4, low + 5, 5, 6,
+                              np.iinfo(np.int64).max], np.int64)}
+    batch["words"] = np.array([b"", b"a", b"\x00tfra-de reserved\x00",
+                               b"\x00tfra-de reserved\x00\x00", b"b", b"", b"a", b"\x00",
+                               b"\x00tfra-de reserved\x00\x00\x00"], object)
+    plan = inference.plan_for_model(model, 1)
+    inference.export_sharded(model, plan, str(tmp_path / "export"))
+    sharded = inference.load_sharded(str(tmp_path / "export"))
+    served = sharded.predict(batch)["prediction"]
+    expected = model({k: tf.constant(v) for k, v in batch.items()}).numpy()
+    magnitude = np.abs(expected).sum(axis=1)
+    assert magnitude[[0, 2, 3, 5, 8]].min() > 0 and magnitude[4] == 0   # held / none held
+    np.testing.assert_array_equal(served, expected)
+    assert sorted(sharded.table_keys("shard_0")[
+        [f.pieces[0].key for f in sharded.manifest.features if f.name == "ids_emb"][0]]
+                  .tolist()) == sorted(held_ids.tolist())
