@@ -38,12 +38,9 @@ shard process (/proc/<pid>/stat), and after the runs each shard process's RSS (V
 its tables' bytes = raw keys + values (num_keys x (8 + 4 x dim)) and the RSS of the empty-process
 baseline: a shard process serving a 1-shard export of the same model with empty tables, after
 a few requests. "rss_growth_per_raw" = (RSS - baseline) / tables' bytes, summed over a
-configuration's shards: TF's MutableHashTable (MutableHashTableOfTensors: a std::unordered_map
-from key to gtl::InlinedVector<float, 4>) costs per row a map node (next pointer, key, the
-vector's header: 48 bytes as allocated), a bucket pointer, and for dim > 4 a separate heap
-allocation holding the row (by allocation sizes about 1.6 x the raw bytes at these dims);
-loading the tables from the SavedModel's checkpoint leaves more resident on top (the restored
-keys and values tensors; docs/serving.md has the measured split). With many shards a shard's
+configuration's shards: a shard piece is a stock DenseHashTable from key to row number (16
+bytes per bucket, buckets a power of two >= keys / 0.8) and the rows in one variable, so the
+overhead is per key (docs/serving.md has the measured split). With many shards a shard's
 tables get small next to the baseline, whose own variation (tens of MiB: a shard with fewer
 tables also has a smaller graph than the 26-table empty baseline) then dominates the ratio.
 
