@@ -22,6 +22,7 @@ _EXPORTS = {
     "CuckooHashTableConfig": "tfra_dynamic_embedding.tables",
     "CuckooHashTableCreator": "tfra_dynamic_embedding.tables",
     "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",
+    "Eviction": "tfra_dynamic_embedding.online.eviction",
     "FileSystemSaver": "tfra_dynamic_embedding.checkpoint",
     "GraphKeys": "tfra_dynamic_embedding.variable",
     "KVCreator": "tfra_dynamic_embedding.tables",

@@ -135,6 +135,8 @@ class _DynamicEmbeddingMixin:
             result = apply(grads_and_vars)
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
+            room = [op for op in (self._de_make_room(w) for w in wrappers) if op is not None]
+        with tf.control_dependencies(after + room):
             writes = [w.write_back(looked_up.get(w.ref())) for w in wrappers]
             writes += [b.write_back() for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
             writes += [self._de_restrict_update(w) for w in wrappers]
@@ -143,6 +145,18 @@ class _DynamicEmbeddingMixin:
         # A tf.compat.v1 graph: the returned op must also run the write-back.
         with tf.control_dependencies([op for op in writes if op is not None]):
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
+
+    def _de_make_room(self, wrapper):
+        """Evicts what the variable's `de.Eviction` requires before the step writes its rows,
+        from the variable, its slot tables and its restrict status (None without eviction)."""
+        state = wrapper.params.eviction_state
+        if state is None:
+            return None
+        companions = [table for (params, _), table in self._de_slot_tables.items()
+                      if params is wrapper.params]
+        if wrapper.params.restrict_policy is not None:
+            companions.append(wrapper.params.restrict_policy.status)
+        return state.make_room(wrapper.batch_ids(), companions)
 
     def _de_restrict_update(self, wrapper):
         """Updates the restrict policy's status of the trained ids (None without a policy; its

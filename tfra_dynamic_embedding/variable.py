@@ -88,6 +88,8 @@ class Variable(_tf_private.AutoTrackable):
         so asynchronous workers that update the same keys do not undo each other.
       short_file_name: TFRA's switch for short names: optimizer slot variables are named
         `<name>/<slot>` without the optimizer's name (`de.get_variable` also drops the scope).
+      eviction: None or a `de.Eviction`: a capacity bound (LRU / LFU) and/or a time to live
+        that `de.DynamicEmbeddingOptimizer` enforces at every training step.
     """
 
     def __init__(self,
@@ -105,7 +107,8 @@ class Variable(_tf_private.AutoTrackable):
                  kv_creator=None,
                  restrict_policy=None,
                  bp_v2=False,
-                 short_file_name=False):
+                 short_file_name=False,
+                 eviction=None):
         self._short_file_name = bool(short_file_name)
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
         self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + BUILTIN_VALUE_DTYPES,
@@ -176,6 +179,16 @@ class Variable(_tf_private.AutoTrackable):
             self._restrict_policy = restrict_policy(self)
             if checkpoint:   # the status is saved and restored with the variable
                 self._track_trackable(self._restrict_policy.status, name="restrict_status")
+        self._eviction_state = None
+        if eviction is not None:
+            from tfra_dynamic_embedding.online import eviction as eviction_lib  # pylint: disable=import-outside-toplevel
+            if not isinstance(eviction, eviction_lib.Eviction):
+                raise TypeError(f"eviction must be a de.Eviction; got {eviction!r}")
+            self._eviction_state = eviction.attach(self)
+            if checkpoint:
+                self._track_trackable(self._eviction_state.step, name="eviction_step")
+                if self._eviction_state.status is not None:
+                    self._track_trackable(self._eviction_state.status, name="eviction_status")
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -255,6 +268,11 @@ class Variable(_tf_private.AutoTrackable):
     def restrict_policy(self):
         """The `de.RestrictPolicy` instance made from `restrict_policy=`, or None."""
         return self._restrict_policy
+
+    @property
+    def eviction_state(self):
+        """The `EvictionState` made from `eviction=` (online/eviction.py), or None."""
+        return self._eviction_state
 
     @property
     def kv_creator(self):

@@ -1,0 +1,4 @@
+"""Online learning: what training on an endless stream of ids needs.
+
+Modules: eviction (a capacity bound and a time to live, enforced while training).
+"""

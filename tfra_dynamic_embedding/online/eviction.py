@@ -1,0 +1,198 @@
+"""Eviction during training: a capacity bound (LRU / LFU) and a time to live, per de.Variable.
+
+`de.Variable(..., eviction=de.Eviction(max_size=N))` keeps the variable at N keys at most while
+`de.DynamicEmbeddingOptimizer` trains it: before a step writes its rows, keys go when the step's
+new keys would not fit -- the least recently updated first ("lru") or the least often updated
+("lfu") -- together with their optimizer slots (and restrict-policy status). Each eviction frees
+`slack` of the bound more than needed, so the scan it takes runs once per `slack x N` new keys,
+not every step. `ttl_steps=T` also drops keys not updated in the last T training steps (checked
+every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused).
+
+The clock is the variable's own count of training steps (checkpointed). Per-key recency and
+counts come from the native table's row metadata (no extra table, no extra probe: every write
+stamps its row), or on the built-in backend from a status table of [last step, updates] per key.
+
+Example:
+    w = de.get_variable("user", dim=8, eviction=de.Eviction(max_size=1_000_000, order="lfu"))
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
+    ...   # training: w.size() <= 1_000_000 after every step
+"""
+
+import tensorflow as tf
+
+ORDERS = ("lru", "lfu")
+
+
+class Eviction:
+    """What to evict and when (see the module docstring); one object may serve many variables.
+
+    Args:
+      max_size: None or the most keys the variable holds after any training step (split evenly
+        over its shards).
+      order: "lru" (least recently updated first) or "lfu" (least often updated first, the least
+        recent among equals).
+      ttl_steps: None or the training steps after which a key not updated is dropped.
+      slack: the share of the bound an eviction frees beyond what the step needs (amortizes
+        the scan); 0 evicts exactly the excess.
+    """
+
+    def __init__(self, max_size=None, order="lru", ttl_steps=None, slack=0.05):
+        for arg, value in (("max_size", max_size), ("ttl_steps", ttl_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{arg} must be None or a positive int; got {value!r}")
+        if max_size is None and ttl_steps is None:
+            raise ValueError("Eviction needs max_size or ttl_steps (or both); got neither")
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {list(ORDERS)}; got {order!r}")
+        if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 1:
+            raise ValueError(f"slack must be a number in [0, 1); got {slack!r}")
+        self.max_size = max_size
+        self.order = order
+        self.ttl_steps = ttl_steps
+        self.slack = float(slack)
+
+    def __repr__(self):
+        return (f"de.Eviction(max_size={self.max_size}, order={self.order!r}, "
+                f"ttl_steps={self.ttl_steps}, slack={self.slack})")
+
+    def attach(self, var):
+        """The per-variable state (`EvictionState`) that enforces this on `var`."""
+        return EvictionState(self, var)
+
+
+def _uses_native_metadata(var):
+    return all(hasattr(t, "export_with_meta") and hasattr(t, "set_step") for t in var._tables)  # pylint: disable=protected-access
+
+
+class EvictionState:
+    """An `Eviction` bound to one variable: its step count and, on the built-in backend, its
+    status table (the variable checkpoints both)."""
+
+    def __init__(self, eviction, var):
+        self.eviction = eviction
+        self._var = var
+        self.native = _uses_native_metadata(var)
+        with tf.init_scope(), tf.device(var.devices[0]):
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name=f"{var.name.replace('/', '_')}_eviction_step")
+        self.status = None
+        if not self.native:
+            from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
+            from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
+            self.status = variable_lib.Variable(
+                key_dtype=var.key_dtype, value_dtype=tf.int64, dim=2, devices=var.devices,
+                partitioner=var.partition_fn, name=f"{var.name}/eviction_status",
+                initializer=0, trainable=False, checkpoint=var.checkpoint,
+                kv_creator=BuiltinKVCreator())
+        shards = var.shard_num
+        bound = eviction.max_size
+        self.caps = (None if bound is None else
+                     [bound // shards + (1 if i < bound % shards else 0) for i in range(shards)])
+
+    def make_room(self, ids, companions=()):
+        """The op run before a training step writes the rows of `ids` (unique): advances the
+        step, and evicts from the variable and `companions` (slot de.Variables, status tables)
+        what the bound and the time to live require."""
+        var = self._var
+        step = self.step.assign_add(1)
+        ops = []
+        if self.native:
+            ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
+        with tf.control_dependencies(ops):
+            incoming = self._incoming_per_shard(ids)
+            sweeps = []
+            for i in range(var.shard_num):
+                sweeps.append(self._sweep_if_needed(i, step, incoming[i], ids, companions))
+        with tf.control_dependencies(sweeps):
+            if self.status is not None:   # built-in: the step's keys get [step, updates + 1]
+                counts = self.status.lookup(ids)[:, 1:]
+                stamps = tf.fill(tf.shape(counts), step)
+                return tf.group(self.status.upsert(ids, tf.concat([stamps, counts + 1], 1)))
+            return tf.group(sweeps)
+
+    def _incoming_per_shard(self, ids):
+        """How many of `ids` each shard does not hold yet (the step would add them)."""
+        var = self._var
+        if self.caps is None:
+            return [tf.constant(0, tf.int32)] * var.shard_num
+        _, exists = var.lookup(ids, return_exists=True)
+        new = tf.boolean_mask(ids, tf.logical_not(exists))
+        if var.shard_num == 1:
+            return [tf.size(new)]
+        parts, _ = var._partition(new)  # pylint: disable=protected-access
+        return [tf.size(p) for p in parts]
+
+    def _sweep_if_needed(self, shard, step, incoming, ids, companions):
+        ev = self.eviction
+        table = self._var.tables[shard]
+        needed = tf.constant(False)
+        if self.caps is not None:
+            needed = tf.cast(table.size(), tf.int64) + tf.cast(incoming, tf.int64) > self.caps[
+                shard]
+        if ev.ttl_steps is not None:
+            every = max(1, ev.ttl_steps // 10)
+            needed = tf.logical_or(needed, tf.equal(step % every, 0))
+        def sweep():
+            with tf.device(self._var.devices[shard]):
+                return self._sweep(shard, step, incoming, ids, companions)
+        return tf.cond(needed, sweep, tf.no_op)
+
+    def _metadata(self, shard, step):
+        """(keys, stamps, counts) of a shard. Native rows written outside training (a restore,
+        an upsert) carry wall-clock stamps: they count as written now, and are stamped so."""
+        if not self.native:
+            keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
+            return keys, status[:, 0], status[:, 1], []
+        table = self._var._tables[shard]  # pylint: disable=protected-access
+        keys, values, stamps, counts = table.export_with_meta()
+        later = stamps > step
+        restamp = table.import_with_meta(
+            tf.boolean_mask(keys, later), tf.boolean_mask(values, later),
+            tf.fill([tf.reduce_sum(tf.cast(later, tf.int32))], step),
+            tf.boolean_mask(counts, later), clear=False)
+        return keys, tf.minimum(stamps, step), counts, [restamp]
+
+    def _sweep(self, shard, step, incoming, ids, companions):
+        ev = self.eviction
+        keys, stamps, counts, ops = self._metadata(shard, step)
+        expired = tf.zeros_like(stamps, tf.bool)
+        if ev.ttl_steps is not None:
+            expired = stamps <= step - ev.ttl_steps
+        drop = tf.constant(0, tf.int64)
+        alive = tf.size(keys, out_type=tf.int64) - tf.reduce_sum(tf.cast(expired, tf.int64))
+        if self.caps is not None:
+            cap = self.caps[shard]
+            excess = alive + tf.cast(incoming, tf.int64) - cap
+            extra = int(ev.slack * cap)
+            drop = tf.where(excess > 0, tf.minimum(excess + extra, alive), 0)
+        if ev.order == "lru":
+            score = stamps
+        else:
+            score = counts * (1 << 32) + stamps
+        # Expired keys go anyway (not picked twice); the step's own keys stay: evicting one
+        # would only see it written again, over the bound.
+        keep = tf.logical_or(expired, _member(keys, ids))
+        score = tf.where(keep, tf.int64.max, score)
+        if self.caps is not None:
+            drop = tf.minimum(drop, alive - tf.reduce_sum(tf.cast(_member(keys, ids) & ~expired,
+                                                                  tf.int64)))
+        lowest = tf.argsort(score, stable=True)[:drop]
+        gone = tf.concat([tf.boolean_mask(keys, expired), tf.gather(keys, lowest)], 0)
+        tables = [self._var.tables[shard]] + [c.tables[shard] for c in companions]
+        if self.status is not None:
+            tables.append(self.status.tables[shard])
+        with tf.control_dependencies(ops):
+            return tf.group([t.remove(gone) for t in tables])
+
+
+def _member(keys, ids):
+    """keys[i] in ids, by a binary search of the sorted ids (strings by their fingerprints)."""
+    if keys.dtype == tf.string:
+        keys, ids = (tf.strings.to_hash_bucket_fast(t, tf.int64.max) for t in (keys, ids))
+    ids = tf.sort(ids)
+    if keys.dtype == tf.int32:
+        keys, ids = tf.cast(keys, tf.int64), tf.cast(ids, tf.int64)
+    position = tf.minimum(tf.searchsorted(ids, keys), tf.maximum(tf.size(ids) - 1, 0))
+    return tf.logical_and(tf.size(ids) > 0,
+                          tf.equal(tf.gather(tf.concat([ids, keys[:1]], 0), position), keys))
