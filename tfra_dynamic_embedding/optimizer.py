@@ -135,18 +135,33 @@ class _DynamicEmbeddingMixin:
             result = apply(grads_and_vars)
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
-            room = [op for op in (self._de_make_room(w) for w in wrappers) if op is not None]
+            admitted = {w.ref(): self._de_admit(w) for w in wrappers}
+            keep = {ref: mask for ref, (mask, _) in admitted.items()}
+            room = [op for _, op in admitted.values() if op is not None]
+            room += [op for op in (self._de_make_room(w, keep[w.ref()]) for w in wrappers)
+                     if op is not None]
         with tf.control_dependencies(after + room):
-            writes = [w.write_back(looked_up.get(w.ref())) for w in wrappers]
-            writes += [b.write_back() for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
-            writes += [self._de_restrict_update(w) for w in wrappers]
+            writes = [w.write_back(looked_up.get(w.ref()), keep[w.ref()]) for w in wrappers]
+            writes += [b.write_back(keep=keep[w.ref()])
+                       for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
+            writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers]
         if tf.compat.v1.executing_eagerly_outside_functions():
             return result  # eager runs in order; tf.function orders and runs stateful ops itself
         # A tf.compat.v1 graph: the returned op must also run the write-back.
         with tf.control_dependencies([op for op in writes if op is not None]):
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
 
-    def _de_make_room(self, wrapper):
+    def _de_admit(self, wrapper):
+        """(keep mask over the batch ids or None, filter update op or None): the ids the
+        variable's admission filter lets the step write (held ones, newly admitted ones)."""
+        admission = wrapper.params.admission_filter
+        if admission is None:
+            return None, None
+        ids = wrapper.batch_ids()
+        _, exists = wrapper.params.lookup(ids, return_exists=True)
+        return admission.admit(ids, exists)
+
+    def _de_make_room(self, wrapper, keep=None):
         """Evicts what the variable's `de.Eviction` requires before the step writes its rows,
         from the variable, its slot tables and its restrict status (None without eviction)."""
         state = wrapper.params.eviction_state
@@ -156,15 +171,17 @@ class _DynamicEmbeddingMixin:
                       if params is wrapper.params]
         if wrapper.params.restrict_policy is not None:
             companions.append(wrapper.params.restrict_policy.status)
-        return state.make_room(wrapper.batch_ids(), companions)
+        ids = wrapper.batch_ids()
+        return state.make_room(ids if keep is None else tf.boolean_mask(ids, keep), companions)
 
-    def _de_restrict_update(self, wrapper):
+    def _de_restrict_update(self, wrapper, keep=None):
         """Updates the restrict policy's status of the trained ids (None without a policy; its
         slot tables were given to it when `_de_slot_buffer` made them)."""
         policy = wrapper.params.restrict_policy
         if policy is None:
             return None
-        return policy.apply_update(wrapper.batch_ids())
+        ids = wrapper.batch_ids()
+        return policy.apply_update(ids if keep is None else tf.boolean_mask(ids, keep))
 
     def _de_gradient(self, grad, wrapper):
         """The wrapper's gradient as the family wants it (default: as given)."""

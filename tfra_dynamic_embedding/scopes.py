@@ -70,7 +70,8 @@ def get_variable(name,
                  restrict_policy=None,
                  bp_v2=False,
                  short_file_name=False,
-                 eviction=None):
+                 eviction=None,
+                 admission=None):
     """Gets an existing `de.Variable` or creates a new one, honouring the variable scope.
 
     `short_file_name=True` (TFRA's option) names the variable `name` without the scope prefix,
@@ -118,7 +119,8 @@ def get_variable(name,
         partitioner=partitioner, shared_name=f"{shared_name}/{full_name}" if shared_name else None,
         name=full_name, initializer=initializer, trainable=trainable, checkpoint=checkpoint,
         init_size=init_size, kv_creator=kv_creator, restrict_policy=restrict_policy,
-        bp_v2=bp_v2, short_file_name=short_file_name, eviction=eviction)
+        bp_v2=bp_v2, short_file_name=short_file_name, eviction=eviction,
+        admission=admission)
     registry[full_name] = variable
     return variable
 

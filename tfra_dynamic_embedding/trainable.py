@@ -241,19 +241,23 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         with self._after_load():
             return super().read_value()
 
-    def write_back(self, looked_up=None):
+    def write_back(self, looked_up=None, keep=None):
         """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows
         as `looked_up` before the update (bp_v2), adds the change instead to the ids the table
-        holds now, so concurrent writers' updates add up; ids it lacks get the rows held."""
+        holds now, so concurrent writers' updates add up; ids it lacks get the rows held.
+        `keep` (a bool mask over the ids held) writes only those rows (admission)."""
         self.end_step()
-        ids = self.batch_ids()
+        ids, rows = self.batch_ids(), self.read_value()
+        if keep is not None:
+            ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
+            looked_up = None if looked_up is None else tf.boolean_mask(looked_up, keep)
         if looked_up is None:
-            return self.params.upsert(ids, self.read_value())
+            return self.params.upsert(ids, rows)
         # Only bp_v2 pays for this check, at write time: an id another writer inserted since
         # the lookup also gets the change added rather than overwritten.
         _, exists = self.params.lookup(ids, return_exists=True)
         before = tf.where(exists[:, None], looked_up, tf.zeros_like(looked_up))
-        return self.params.accum(ids, self.read_value() - before)
+        return self.params.accum(ids, rows - before)
 
     def update_op(self, v0=None):
         """TFRA's write-back op: stores the rows held into `params` and updates its restrict

@@ -90,6 +90,8 @@ class Variable(_tf_private.AutoTrackable):
         `<name>/<slot>` without the optimizer's name (`de.get_variable` also drops the scope).
       eviction: None or a `de.Eviction`: a capacity bound (LRU / LFU) and/or a time to live
         that `de.DynamicEmbeddingOptimizer` enforces at every training step.
+      admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`:
+        new keys get rows only once admitted (until then training does not write them).
     """
 
     def __init__(self,
@@ -108,7 +110,8 @@ class Variable(_tf_private.AutoTrackable):
                  restrict_policy=None,
                  bp_v2=False,
                  short_file_name=False,
-                 eviction=None):
+                 eviction=None,
+                 admission=None):
         self._short_file_name = bool(short_file_name)
         self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
         self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + BUILTIN_VALUE_DTYPES,
@@ -189,6 +192,16 @@ class Variable(_tf_private.AutoTrackable):
                 self._track_trackable(self._eviction_state.step, name="eviction_step")
                 if self._eviction_state.status is not None:
                     self._track_trackable(self._eviction_state.status, name="eviction_status")
+        self._admission_filter = None
+        if admission is not None:
+            from tfra_dynamic_embedding.online import admission as admission_lib  # pylint: disable=import-outside-toplevel
+            if not isinstance(admission, admission_lib.Admission):
+                raise TypeError(f"admission must be a de.CountAdmission, de.BloomAdmission or "
+                                f"de.ProbabilityAdmission; got {admission!r}")
+            self._admission_filter = admission.attach(self)
+            if checkpoint:
+                for name, trackable in self._admission_filter.trackables.items():
+                    self._track_trackable(trackable, name=name)
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -268,6 +281,11 @@ class Variable(_tf_private.AutoTrackable):
     def restrict_policy(self):
         """The `de.RestrictPolicy` instance made from `restrict_policy=`, or None."""
         return self._restrict_policy
+
+    @property
+    def admission_filter(self):
+        """The filter made from `admission=` (online/admission.py), or None."""
+        return self._admission_filter
 
     @property
     def eviction_state(self):

@@ -72,6 +72,7 @@ class Embedding:
         `layer.params.restrict(n)` evicts down to n keys.
       bp_v2: training adds row updates instead of overwriting rows (see `de.Variable`).
       eviction: None or a `de.Eviction` (a capacity bound / time to live while training).
+      admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`.
       keras: the layer's Keras, "keras" (Keras 3), "tf_keras" or the module; None to choose by
         the other arguments, else `tf.keras`.
 
@@ -91,7 +92,7 @@ class Embedding:
                  combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
                  kv_creator=None, restrict_policy=None, bp_v2=False, init_capacity=0,
                  partitioner=None, with_unique=True, checkpoint=True, max_norm=None, keras=None,
-                 eviction=None, **kwargs):
+                 eviction=None, admission=None, **kwargs):
         del keras   # chose the class in __new__
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
@@ -118,7 +119,7 @@ class Embedding:
             initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator,
             trainable=kwargs.get("trainable", True), checkpoint=checkpoint,
             init_size=int(init_capacity), restrict_policy=restrict_policy, bp_v2=bp_v2,
-            eviction=eviction)
+            eviction=eviction, admission=admission)
         # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
         # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
         # before and after training). It is transient: save_own_variables stores the table.
