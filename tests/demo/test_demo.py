@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
 from tfra_dynamic_embedding.demo import criteo, dlrm, run
+from tfra_dynamic_embedding.online import delta
 
 # label, I1..I13, C1..C26: missing dense and categorical values, a negative count, a line
 # without its trailing newline.
@@ -142,6 +143,27 @@ def test_demo_end_to_end(tmp_path):
     assert served.shape == (40,)
     np.testing.assert_allclose(served[:32], expected[:32], atol=1e-6)  # trained rows
     assert ((served > 0) & (served < 1)).all()  # the last 8: held out, unseen ids embed as 0
+
+    # Online learning: a delta export of the training tables reaches the loaded SavedModel in
+    # place (its apply_delta signature): changed rows serve their new values, removals apply.
+    tables = [layer.params for layer in model.embeddings]
+    exporter = delta.DeltaExporter(tables, str(tmp_path / "deltas"))
+    exporter.export()                                   # the state the SavedModel holds
+    loaded = tf.saved_model.load(results["saved_model"])
+    keys, values = tables[0].export()
+    tables[0].upsert(keys[:10], values[:10] * 2.0)       # changed rows
+    features = criteo.preprocess(raw["dense"][:32], raw["categorical"][:32])
+    used = set(np.asarray(features["ids"][:, 0]).tolist())
+    gone = [k for k in keys.numpy().tolist() if k not in used][:3]
+    tables[0].remove(tf.constant(gone, keys.dtype))
+    info = exporter.export()
+    assert (info.upserts, info.removals) == (10 - len(set(keys.numpy()[:10]) & set(gone)), 3)
+    sizes = delta.apply_delta(loaded, info.path, [t.name for t in tables])
+    assert sizes["t0_size"] == int(tables[0].size())
+    served = loaded.signatures["serving_default"](dense=raw["dense"][:32],
+                                                  categorical=raw["categorical"][:32])
+    np.testing.assert_allclose(served["probability"].numpy(), model(features).numpy().ravel(),
+                               atol=1e-6)
 
 
 def test_demo_resumes_from_its_checkpoint(tmp_path):

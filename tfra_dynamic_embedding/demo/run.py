@@ -324,7 +324,8 @@ def describe(model):
 
 # -- export --------------------------------------------------------------------------------------
 def export_saved_model(model, export_dir):
-    """Saves `model` with a raw-feature `serving_default` signature, servable by stock TF.
+    """Saves `model` with a raw-feature `serving_default` signature, servable by stock TF, and
+    an `apply_delta` signature taking delta exports (online/delta.py) in place.
 
     The tables are copied into the built-in backend first (stock TF hash tables), whatever backend
     the model trained with, so the SavedModel needs no custom op. Ids never trained embed as
@@ -335,6 +336,7 @@ def export_saved_model(model, export_dir):
 
     import tfra_dynamic_embedding as de  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.demo import criteo, dlrm  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.online import delta  # pylint: disable=import-outside-toplevel
 
     serving = model.clone(kv_creator=de.BuiltinKVCreator(), initializer=0.0)
     dlrm.build(serving)
@@ -358,7 +360,11 @@ def export_saved_model(model, export_dir):
         return {"probability": tf.reshape(probability, [-1])}
 
     module.serve = serve
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": serve})
+    # Online learning: `online.delta.apply_delta(loaded, delta_path, [t.name for t in tables])`
+    # brings a running server's tables up to a delta export of the training tables in place.
+    apply_delta = delta.add_apply_delta_signature(module, module.tables)
+    tf.saved_model.save(module, export_dir,
+                        signatures={"serving_default": serve, "apply_delta": apply_delta})
     return serving
 
 

@@ -1,0 +1,137 @@
+"""Delta export (issue 22): full export + every delta == the last full state, removals included.
+
+Tables change by training (updates, new keys), by eviction (a capacity bound) and by hand
+(remove); exports are replayed into fresh variables and into a serving SavedModel in place.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_recommenders_addons.dynamic_embedding as de
+from tfra_dynamic_embedding.online import delta
+
+
+def _train_step(var, opt):
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="lookup")
+            loss = tf.reduce_sum(rows * rows + rows)
+        opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    return step
+
+
+def _content(var):
+    keys, values = (t.numpy() for t in var.export())
+    order = np.argsort(keys)
+    return keys[order], values[order]
+
+
+def _assert_same(a, b):
+    (ka, va), (kb, vb) = _content(a), _content(b)
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(va, vb)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_full_plus_deltas_equals_the_last_state(kv_creator, key_dtype, tmp_path):
+    def keys(numbers):
+        if key_dtype == tf.string:
+            return tf.constant([f"k{n}" for n in numbers])
+        return tf.constant(numbers, tf.int64)
+
+    user = de.Variable(key_dtype=key_dtype, dim=3, initializer=0.1, kv_creator=kv_creator,
+                       devices=["/CPU:0", "/CPU:1"], name="user",
+                       eviction=de.Eviction(max_size=40, slack=0.0))
+    item = de.Variable(key_dtype=key_dtype, dim=2, initializer=0.0, kv_creator=kv_creator,
+                       name="item")
+    steps = {v.name: _train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)))
+             for v in (user, item)}
+    exporter = delta.DeltaExporter([user, item], str(tmp_path / "exports"))
+    rng = np.random.default_rng(0)
+    infos, states = [], []
+    for _ in range(4):
+        for _ in range(5):
+            steps["user"](keys(np.unique(rng.integers(0, 120, size=10)).tolist()))
+            steps["item"](keys(np.unique(rng.integers(0, 30, size=6)).tolist()))
+        item.remove(keys([int(rng.integers(0, 30))]))
+        infos.append(exporter.export())
+        states.append({v.name: _content(v) for v in (user, item)})
+    assert infos[0].full and not any(i.full for i in infos[1:])
+    assert all(i.removals > 0 for i in infos[1:])          # evictions and the hand removals
+    assert all(0 < i.upserts < 40 + 30 for i in infos[1:])
+    for upto, state in enumerate(states):   # every prefix replays to its own export exactly
+        user2 = de.Variable(key_dtype=key_dtype, dim=3, name="user")
+        item2 = de.Variable(key_dtype=key_dtype, dim=2, name="item")
+        delta.replay(str(tmp_path / "exports"), [user2, item2], upto=upto)
+        for var in (user2, item2):
+            got, want = _content(var), state[var.name]
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_nothing_changed_gives_an_empty_delta_and_exporters_resume(tmp_path):
+    var = de.Variable(dim=2, initializer=0.0, name="v")
+    var.upsert(tf.constant([1, 2, 3], tf.int64), tf.constant(np.ones([3, 2], np.float32)))
+    first = delta.DeltaExporter([var], str(tmp_path))
+    assert first.export().upserts == 3
+    again = first.export()
+    assert (again.upserts, again.removals, again.full) == (0, 0, False)
+    # An incomplete export (no DONE) is neither replayed nor counted; a new exporter resumes.
+    os.makedirs(tmp_path / "000002")
+    var.upsert(tf.constant([2], tf.int64), tf.constant([[5.0, 5.0]]))
+    var.remove(tf.constant([3], tf.int64))
+    resumed = delta.DeltaExporter([var], str(tmp_path))
+    info = resumed.export()
+    assert (info.sequence, info.upserts, info.removals) == (2, 1, 1)
+    keys, values, removed, full = delta.read_export(info.path)["v"]
+    assert keys.tolist() == [2] and values.tolist() == [[5.0, 5.0]] and removed.tolist() == [3]
+    assert not full
+    target = de.Variable(dim=2, name="v")
+    delta.replay(str(tmp_path), [target])
+    _assert_same(target, var)
+    with pytest.raises(ValueError, match="variables must have distinct names"):
+        delta.DeltaExporter([var, target], str(tmp_path))
+
+
+def test_serving_savedmodel_takes_deltas_in_place(tmp_path):
+    trained = de.Variable(dim=2, initializer=0.0, name="emb")
+    step = _train_step(trained, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.3)))
+    step(tf.constant([1, 2, 3, 4], tf.int64))
+    exporter = delta.DeltaExporter([trained], str(tmp_path / "exports"))
+    exporter.export()
+
+    serving = de.Variable(dim=2, initializer=0.0, name="emb", kv_creator=de.BuiltinKVCreator())
+    delta.replay(str(tmp_path / "exports"), [serving])
+    module = tf.Module()
+    module.tables = [serving]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    def serve(ids):
+        return {"rows": serving.lookup(ids)}
+
+    module.serve = serve
+    apply_fn = delta.add_apply_delta_signature(module, [serving])
+    tf.saved_model.save(module, str(tmp_path / "model"),
+                        signatures={"serving_default": serve, "apply_delta": apply_fn})
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    ids = tf.constant([1, 2, 3, 4, 5, 6], tf.int64)
+
+    def served():
+        return loaded.signatures["serving_default"](ids=ids)["rows"].numpy()
+
+    before = served()
+    step(tf.constant([3, 4, 5, 6], tf.int64))
+    trained.remove(tf.constant([1], tf.int64))
+    info = exporter.export()
+    assert (info.upserts, info.removals) == (4, 1)
+    sizes = delta.apply_delta(loaded, info.path, ["emb"])
+    assert sizes == {"t0_size": 5}
+    np.testing.assert_array_equal(served(), trained.lookup(ids).numpy())
+    assert not np.array_equal(served(), before)
+    with pytest.raises(ValueError, match="is a full export; apply_delta takes deltas"):
+        delta.apply_delta(loaded, os.path.join(str(tmp_path / "exports"), "000000"), ["emb"])
