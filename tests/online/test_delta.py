@@ -135,3 +135,32 @@ def test_serving_savedmodel_takes_deltas_in_place(tmp_path):
     assert not np.array_equal(served(), before)
     with pytest.raises(ValueError, match="is a full export; apply_delta takes deltas"):
         delta.apply_delta(loaded, os.path.join(str(tmp_path / "exports"), "000000"), ["emb"])
+
+
+def test_warm_start_from_exports_renamed_resharded_subset(kv_creator, tmp_path):
+    old = de.Variable(dim=2, initializer=0.0, kv_creator=kv_creator, name="old_user",
+                      devices=["/CPU:0", "/CPU:1"])
+    keys = np.arange(100, dtype=np.int64)
+    old.upsert(tf.constant(keys), tf.constant(np.stack([keys, -keys], 1).astype(np.float32)))
+    exporter = delta.DeltaExporter([old], str(tmp_path))
+    exporter.export()
+    old.remove(tf.constant([10, 20], tf.int64))
+    old.upsert(tf.constant([30], tf.int64), tf.constant([[1.5, 1.5]]))
+    exporter.export()
+    new = de.Variable(dim=2, kv_creator=kv_creator, name="user",
+                      devices=["/CPU:0", "/CPU:1", "/CPU:2"])
+    delta.replay(str(tmp_path), [new], var_name_to_prev_var_name={"user": "old_user"},
+                 keep_keys=lambda k: k % 10 == 0)
+    got_keys, got_values = _content(new)
+    want = [k for k in range(0, 100, 10) if k not in (10, 20)]
+    assert got_keys.tolist() == want
+    expected = {k: [float(k), float(-k)] for k in want}
+    expected[30] = [1.5, 1.5]
+    assert got_values.tolist() == [expected[k] for k in want]
+    for i, table in enumerate(new.tables):   # spread by the new variable's own partitioner
+        shard_keys = table.export()[0].numpy()
+        assert all(de.default_partition_fn(tf.constant(shard_keys), 3).numpy() == i)
+    with pytest.raises(ValueError, match="has no export of tables \\['user'\\]"):
+        delta.replay(str(tmp_path), [de.Variable(dim=2, name="user")])
+    with pytest.raises(ValueError, match="names variables not given: \\['nope'\\]"):
+        delta.replay(str(tmp_path), [new], var_name_to_prev_var_name={"nope": "old_user"})

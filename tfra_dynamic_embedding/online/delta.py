@@ -199,26 +199,52 @@ def read_export(path):
     return out
 
 
-def replay(directory, variables, upto=None):
+def replay(directory, variables, upto=None, var_name_to_prev_var_name=None, keep_keys=None):
     """Applies the complete exports of `directory` in order (up to sequence `upto`) to
-    `variables` (de.Variables with the exported names): a full export replaces a table's rows,
-    a delta upserts and removes."""
-    by_name = {v.name: v for v in variables}
+    `variables`: a full export replaces a table's rows, a delta upserts and removes. Also a warm
+    start from another model's exports: any shard count (rows go where each variable's
+    partitioner puts them), renamed tables, a subset of keys.
+
+    Args:
+      directory: a `DeltaExporter` directory.
+      variables: de.Variables; each takes the exported table of its own name, or of
+        `var_name_to_prev_var_name[name]`. Exported tables no variable takes are skipped.
+      upto: the last sequence number to apply (None: all).
+      var_name_to_prev_var_name: {variable name: exported table name}.
+      keep_keys: None or `fn(keys: np.ndarray) -> bool mask`: only those keys are written
+        (removals always apply).
+
+    Example:
+        replay("/data/deltas", [new_user], var_name_to_prev_var_name={"new_user": "user"},
+               keep_keys=lambda keys: keys % 10 == 0)
+    """
+    renames = dict(var_name_to_prev_var_name or {})
+    by_table = {renames.get(v.name, v.name): v for v in variables}
+    unknown = sorted(set(renames) - {v.name for v in variables})
+    if unknown:
+        raise ValueError(f"var_name_to_prev_var_name names variables not given: {unknown}")
+    applied = set()
     for sequence in complete_exports(directory):
         if upto is not None and sequence > upto:
             break
         for table, (keys, values, removed, full) in read_export(
                 os.path.join(directory, f"{sequence:06d}")).items():
-            if table not in by_name:
-                raise ValueError(f"export {sequence} has table {table!r}; variables are "
-                                 f"{sorted(by_name)}")
-            var = by_name[table]
+            var = by_table.get(table)
+            if var is None:
+                continue
+            applied.add(table)
             if full:
                 var.clear()
+            if keep_keys is not None and len(keys):
+                mask = np.asarray(keep_keys(keys), bool)
+                keys, values = keys[mask], values[mask]
             if len(keys):
                 var.upsert(tf.constant(keys, var.key_dtype), tf.constant(values, var.value_dtype))
             if len(removed):
                 var.remove(tf.constant(removed, var.key_dtype))
+    missing = sorted(set(by_table) - applied)
+    if missing:
+        raise ValueError(f"{directory!r} has no export of tables {missing}")
 
 
 def add_apply_delta_signature(module, variables):
