@@ -38,11 +38,14 @@ class DLRM(tf.keras.Model):
       vocab_sizes: None for dynamic tables, or one vocabulary size per feature for static ones.
       initializer: initializer of embedding rows.
       devices, kv_creator: where and how the dynamic tables are stored (see `de.Variable`).
+      admission, eviction: online-learning filters of every dynamic table (`de.CountAdmission`,
+        `de.Eviction`, ...; see online/).
     """
 
     def __init__(self, num_dense=13, num_categorical=26, embedding_dim=16, bottom=(64,),
                  top=(128, 64), interaction="dot", vocab_sizes=None, initializer=None,
-                 devices=None, kv_creator=None, name="dlrm", **kwargs):
+                 devices=None, kv_creator=None, admission=None, eviction=None, name="dlrm",
+                 **kwargs):
         super().__init__(name=name, **kwargs)
         if interaction not in INTERACTIONS:
             raise ValueError(f"interaction must be one of {list(INTERACTIONS)}; "
@@ -65,7 +68,8 @@ class DLRM(tf.keras.Model):
         if self.dynamic:
             embeddings = [
                 de.keras.layers.Embedding(embedding_dim, initializer=initializer, devices=devices,
-                                          kv_creator=kv_creator, name=f"C{i + 1}")
+                                          kv_creator=kv_creator, admission=admission,
+                                          eviction=eviction, name=f"C{i + 1}")
                 for i in range(num_categorical)]
         else:
             embeddings = [

@@ -21,6 +21,7 @@ Example:
 import tensorflow as tf
 
 ORDERS = ("lru", "lfu")
+_CHUNK_ROWS = 65536   # rows a native sweep reads at a time
 
 
 class Eviction:
@@ -139,19 +140,38 @@ class EvictionState:
         return tf.cond(needed, sweep, tf.no_op)
 
     def _metadata(self, shard, step):
-        """(keys, stamps, counts) of a shard. Native rows written outside training (a restore,
-        an upsert) carry wall-clock stamps: they count as written now, and are stamped so."""
+        """(keys, stamps, counts, ops) of a shard. Native rows are read in chunks without
+        keeping their values (the sweep's memory stays a chunk's rows); rows written outside
+        training (a restore, an upsert) carry wall-clock stamps: they count as written now, and
+        are stamped so."""
         if not self.native:
             keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
             return keys, status[:, 0], status[:, 1], []
         table = self._var._tables[shard]  # pylint: disable=protected-access
-        keys, values, stamps, counts = table.export_with_meta()
-        later = stamps > step
-        restamp = table.import_with_meta(
-            tf.boolean_mask(keys, later), tf.boolean_mask(values, later),
-            tf.fill([tf.reduce_sum(tf.cast(later, tf.int32))], step),
-            tf.boolean_mask(counts, later), clear=False)
-        return keys, tf.minimum(stamps, step), counts, [restamp]
+
+        def body(cursor, keys, stamps, counts):
+            chunk_keys, values, chunk_stamps, chunk_counts, cursor = table.export_chunk(
+                cursor, _CHUNK_ROWS)
+            later = chunk_stamps > step
+            restamp = table.import_with_meta(
+                tf.boolean_mask(chunk_keys, later), tf.boolean_mask(values, later),
+                tf.fill([tf.reduce_sum(tf.cast(later, tf.int32))], step),
+                tf.boolean_mask(chunk_counts, later), clear=False)
+            with tf.control_dependencies([restamp]):
+                cursor = tf.identity(cursor)
+            return (cursor, keys.write(keys.size(), chunk_keys),
+                    stamps.write(stamps.size(), tf.minimum(chunk_stamps, step)),
+                    counts.write(counts.size(), chunk_counts))
+
+        def array(dtype):
+            return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+
+        _, keys, stamps, counts = tf.while_loop(
+            lambda cursor, *_: cursor >= 0, body,
+            [tf.constant(0, tf.int64), array(self._var.key_dtype), array(tf.int64),
+             array(tf.int64)])
+        keys, stamps, counts = (tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
+        return keys, stamps, counts, []
 
     def _sweep(self, shard, step, incoming, ids, companions):
         ev = self.eviction
