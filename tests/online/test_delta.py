@@ -164,3 +164,18 @@ def test_warm_start_from_exports_renamed_resharded_subset(kv_creator, tmp_path):
         delta.replay(str(tmp_path), [de.Variable(dim=2, name="user")])
     with pytest.raises(ValueError, match="names variables not given: \\['nope'\\]"):
         delta.replay(str(tmp_path), [new], var_name_to_prev_var_name={"nope": "old_user"})
+
+
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                   "docs", "online.md")
+
+
+@pytest.mark.skipif(not os.path.exists(DOC), reason="docs/ is not in this test's runfiles")
+def test_docs_example_prints_what_it_says(capsys, tmp_path):
+    import re  # pylint: disable=import-outside-toplevel
+    with open(DOC, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    assert len(blocks) == 1
+    code = blocks[0].replace("/tmp/online_example", str(tmp_path / "example"))
+    exec(compile(code, "docs/online.md", "exec"), {})  # pylint: disable=exec-used
+    assert capsys.readouterr().out.split() == ["True", "True"]
