@@ -179,7 +179,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=65_536)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--order", choices=("lru", "lfu"), default="lru")
-    parser.add_argument("--interval", type=int, default=25, help="steps between exports")
+    parser.add_argument("--interval", type=int, default=5, help="steps between exports")
     parser.add_argument("--export-share", type=float, default=0.25,
                         help="the last share of the unique ids streams with delta exports")
     parser.add_argument("--rows", type=int, default=200_000, help="demo rows for admission")
@@ -188,7 +188,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.unique, args.capacity, args.batch = 4_000_000, 400_000, 16_384
-        args.interval, args.rows = 25, 40_000
+        args.interval, args.rows = 5, 40_000
     work = tempfile.mkdtemp(prefix="tfra_de_online_")
     began = time.perf_counter()
     try:

@@ -434,7 +434,7 @@ def test_unsupported_models_are_named():
     a = keras.Input(shape=(), dtype="int64", name="a")
     b = keras.Input(shape=(), dtype="int64", name="b")
     model = keras.Model([a, b], keras.layers.Add()([shared(a), shared(b)]))
-    with pytest.raises(NotImplementedError, match="layer .shared_emb. is called 2 times"):
+    with pytest.raises(ValueError, match="layer .shared_emb. is called 2 times"):
         inference.plan_for_model(model, 1)
 
     class Hashing(keras.Model):
@@ -457,7 +457,7 @@ def test_unsupported_models_are_named():
         def call(self, ids):
             return self.emb(ids)
 
-    with pytest.raises(NotImplementedError, match="layer 'squashed': SquashedEmbedding"):
+    with pytest.raises(ValueError, match="layer 'squashed': SquashedEmbedding"):
         inference.plan_for_model(Squashed(), 1,
                                  input_signature=tf.TensorSpec([None, 2], tf.int64))
 

@@ -68,8 +68,8 @@ class _Request:
 
 
 def cut_model(model, input_signature=None):
-    """The `ModelCut` of a trained model; raises ValueError / NotImplementedError naming what
-    the sharded export cannot serve."""
+    """The `ModelCut` of a trained model; raises ValueError naming what the sharded export
+    cannot serve."""
     request = _request_of(model, input_signature)
     features = _probe(model, request)
     if not features:
@@ -120,12 +120,12 @@ def _request_of(model, input_signature):
     for name, tensor in items:
         name = name.split(":")[0]
         if isinstance(tensor, (dict, list, tuple)):
-            raise NotImplementedError(f"{source}: input {name!r} is nested; the sharded export "
+            raise ValueError(f"{source}: input {name!r} is nested; the sharded export "
                                       f"takes a flat dict or list of tensors")
         type_spec = getattr(tensor, "type_spec", tensor)
         if (getattr(tensor, "sparse", False) or getattr(tensor, "ragged", False)
                 or isinstance(type_spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec))):
-            raise NotImplementedError(f"{source}: input {name!r} is sparse/ragged; the sharded "
+            raise ValueError(f"{source}: input {name!r} is sparse/ragged; the sharded "
                                       f"export takes dense ids")
         if name in specs:
             raise ValueError(f"{source}: two inputs are named {name!r}")
@@ -144,19 +144,19 @@ def _probe(model, request):
 
     def record(layer, ids):
         if isinstance(layer, (de_layers.SquashedEmbedding, de_layers.FieldWiseEmbedding)):
-            raise NotImplementedError(f"layer {layer.name!r}: {type(layer).__name__} is not "
+            raise ValueError(f"layer {layer.name!r}: {type(layer).__name__} is not "
                                       f"supported by the sharded export (use "
                                       f"de.keras.layers.Embedding with a combiner)")
         if layer.max_norm is not None:
-            raise NotImplementedError(f"layer {layer.name!r}: max_norm is not supported by the "
+            raise ValueError(f"layer {layer.name!r}: max_norm is not supported by the "
                                       f"sharded export")
         if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
-            raise NotImplementedError(f"layer {layer.name!r} is called on a "
+            raise ValueError(f"layer {layer.name!r} is called on a "
                                       f"{type(ids).__name__}; the sharded export takes dense ids")
         ids = tf.convert_to_tensor(ids)
         cells = ids.shape if layer.combiner is None else ids.shape[:-1]
         if layer.combiner is not None and ids.shape.rank is not None and ids.shape.rank < 1:
-            raise NotImplementedError(f"layer {layer.name!r} pools scalar ids")
+            raise ValueError(f"layer {layer.name!r} pools scalar ids")
         calls.append((layer, ids))
         dynamic = tf.shape(ids) if layer.combiner is None else tf.shape(ids)[:-1]
         rows = tf.zeros(tf.concat([dynamic, [layer.params.dim]], 0), layer.params.value_dtype)
@@ -176,7 +176,7 @@ def _probe(model, request):
     for layer, ids in calls:
         if id(layer) in seen:
             count = sum(1 for other, _ in calls if other is layer)
-            raise NotImplementedError(
+            raise ValueError(
                 f"layer {layer.name!r} is called {count} times in model {model.name!r} (a "
                 f"shared table); the sharded export needs one call per embedding layer")
         if any(f.name == layer.name for f in features):
@@ -274,7 +274,7 @@ def _dense_part(model, request, features):
     stray = [t for t in concrete.captured_inputs
              if t.dtype == tf.resource and t.ref() not in handles]
     if stray:
-        raise NotImplementedError(f"model {model.name!r} reads a table or resource outside its "
+        raise ValueError(f"model {model.name!r} reads a table or resource outside its "
                                   f"de.keras.layers.Embedding layers ({len(stray)} captured); "
                                   f"the main shard holds dense variables only")
     names = _output_names(traced["outputs"])
@@ -311,7 +311,7 @@ def _inputs_reached(outputs, sources):
 
 def _stand_in(spec):
     if spec.shape.rank is None:
-        raise NotImplementedError(f"input {spec.name!r} has an unknown rank; give its rank in "
+        raise ValueError(f"input {spec.name!r} has an unknown rank; give its rank in "
                                   f"input_signature")
     shape = [1 if d is None else d for d in spec.shape.as_list()]
     if spec.dtype == tf.string:
