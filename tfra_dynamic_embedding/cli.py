@@ -151,9 +151,10 @@ def add_plan_parser(subparsers):
         "`apply` use. Example: tfra-de plan --pool 80 --devices 8 --memory 16GiB "
         "--strategy lookup-greedy --out plan.json --plot plan.png")
     _add_source_options(parser)
-    parser.add_argument("--strategy", default="learned",
-                        help="placement strategy (see `tfra-de evaluate --list`; default: the "
-                        "learned RL policy with its shipped CPU weights)")
+    parser.add_argument("--strategy", default="best",
+                        help="placement strategy (see `tfra-de evaluate --list`); default "
+                        "'best': every strategy (the learned RL policy included) proposes, "
+                        "the estimator scores, the cheapest plan wins")
     parser.add_argument("--weights", metavar="DIR", default=None,
                         help="--strategy learned: cost_model_cpu.npz / policy_cpu.npz from "
                         "`tfra-de train-planner --out DIR` (default: the shipped weights)")
@@ -168,13 +169,33 @@ def add_plan_parser(subparsers):
 
 def _run_plan(args):
     from tfra_dynamic_embedding.placement import evaluate, heuristics  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
     policy.use_weights(args.weights)  # registers "learned"; None: the shipped weights
     task = _make_task(args, _load_tables(args))
-    if args.strategy not in heuristics.list_strategies():
-        raise CliError(f"--strategy must be one of {heuristics.list_strategies()}; "
+    if args.strategy != "best" and args.strategy not in heuristics.list_strategies():
+        raise CliError(f"--strategy must be 'best' or one of {heuristics.list_strategies()}; "
                        f"got {args.strategy!r}")
-    plan = heuristics.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
+    if args.strategy in ("best", "learned"):
+        outside = select.learned_out_of_range(task, args.weights)
+        if outside:
+            name, feature, z = outside[0]
+            print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
+                  f"learned cost model was trained on (worst: {name}, feature {feature} at "
+                  f"{z:+.1f} standard deviations); its predictions there are extrapolations")
+    if args.strategy == "best":
+        choice = select.best_plan(task, args.estimator, seed=args.seed)
+        plan = choice.plan
+        best_cost = choice.candidates[0].max_cost
+        for candidate in choice.candidates:
+            cost = ("failed: " + candidate.error if candidate.max_cost is None
+                    else f"max cost {candidate.max_cost * 1e3:.3f} ms"
+                    + (f" (+{candidate.max_cost / best_cost - 1:.1%})" if best_cost else ""))
+            print(f"  candidate {candidate.strategy:<20s} {cost}")
+        margin = ("" if choice.margin is None else ", tied with the runner-up"
+                  if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
+        print(f"best: {plan.strategy} (by the {choice.estimator} estimator{margin})")
+    else:
+        plan = heuristics.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
     report = evaluate.evaluate_plan(plan, args.estimator, num_random=args.random, seed=args.seed)
     plan.save(args.out)
     _print_report(plan, report)

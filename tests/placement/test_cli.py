@@ -91,11 +91,30 @@ def test_evaluate_compares_all_strategies(capsys, pool_dir, tmp_path):
     assert code == 0 and "nsbp" in out and "estimators: analytic" in out
 
 
+def test_plan_by_default_keeps_the_cheapest_proposal(capsys, pool_dir, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", "--tables", str(pool_dir / "tables.json"), "--devices", "4",
+                       "--memory", "1GiB", "--batch-size", "4096", "--out", str(plan_path),
+                       "--random", "0")
+    assert code == 0, out
+    costs = {}
+    for line in out.splitlines():
+        if line.strip().startswith("candidate "):
+            _, name, *rest = line.split()
+            if rest[0] == "max":
+                costs[name] = float(rest[2])
+    assert "learned" in costs and "lookup-greedy" in costs and "random" not in costs
+    plan = Plan.load(plan_path)
+    assert costs[plan.strategy] == min(costs.values())
+    assert f"best: {plan.strategy} (by the analytic estimator" in out
+
+
 def test_cli_errors_are_clear(capsys, pool_dir, tmp_path):
     tables = str(pool_dir / "tables.json")
-    code, _, err = run(capsys, "plan", "--tables", tables, "--strategy", "best", "--out",
+    code, _, err = run(capsys, "plan", "--tables", tables, "--strategy", "nope", "--out",
                        str(tmp_path / "p.json"))
-    assert code == 2 and "--strategy must be one of ['random'" in err and "got 'best'" in err
+    assert code == 2 and "--strategy must be 'best' or one of ['random'" in err
+    assert "got 'nope'" in err
     code, _, err = run(capsys, "plan", "--tables", tables, "--devices", "2", "--memory", "400MiB",
                        "--out", str(tmp_path / "p.json"))
     assert code == 1 and "PlacementError: cannot place" in err and "Shortfall" in err

@@ -1,0 +1,102 @@
+"""The default proposer: every strategy proposes, one estimator scores, the cheapest plan wins.
+
+A learned policy is only as good as the tasks its weights saw, and each heuristic wins on some
+tasks and loses on others; scoring all of them with the estimator in use and keeping the best
+means the default never loses to any of them (by that estimator). The learned proposer also
+says when a task lies outside what its cost model was trained on.
+
+Example:
+    choice = best_plan(task, "analytic")
+    choice.plan.strategy           # e.g. 'lookup-greedy'
+    choice.margin                  # the runner-up's max cost / the winner's - 1
+    for c in choice.candidates: print(c.strategy, c.max_cost, c.error)
+"""
+
+import dataclasses
+import os
+from typing import List, Optional
+
+import numpy as np
+
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import evaluate
+from tfra_dynamic_embedding.placement import heuristics
+
+# Proposers skipped by default: random is a baseline, not a proposal.
+SKIPPED = ("random",)
+# A feature this many of the cost model's training standard deviations from its training mean
+# is outside what the weights saw.
+OUT_OF_RANGE_SIGMAS = 4.0
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One strategy's proposal: its estimated max device cost, or the error that stopped it."""
+
+    strategy: str
+    max_cost: Optional[float] = None
+    error: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Choice:
+    """The winning plan, every candidate (cheapest first, failures last) and the margin."""
+
+    plan: object
+    candidates: List[Candidate]
+    estimator: str
+
+    @property
+    def margin(self):
+        """The runner-up's max cost over the winner's, minus 1 (None with one candidate)."""
+        costs = [c.max_cost for c in self.candidates if c.max_cost is not None]
+        return costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0 else None
+
+
+def best_plan(task, estimator="analytic", seed=0, strategies=None):
+    """Proposes `task` with every registered strategy (or `strategies`; "learned" is registered
+    once `placement.policy` is imported), scores each plan's max device cost with `estimator`,
+    returns a `Choice` holding the cheapest plan."""
+    est = evaluate.get_estimator(estimator)
+    names = list(strategies) if strategies else [
+        s for s in heuristics.list_strategies() if s not in SKIPPED]
+    unknown = [s for s in names if s not in heuristics.list_strategies()]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; choose from "
+                         f"{heuristics.list_strategies()}")
+    plans, candidates = {}, []
+    for name in names:
+        try:
+            plan = heuristics.propose(task, name, seed=seed, estimator=est)
+        except (ValueError, RuntimeError) as error:   # e.g. PlacementError: tables do not fit
+            candidates.append(Candidate(name, error=f"{type(error).__name__}: {error}"))
+            continue
+        plans[name] = plan
+        candidates.append(Candidate(name, max_cost=max(est.plan_costs(plan).values())))
+    scored = sorted((c for c in candidates if c.max_cost is not None),
+                    key=lambda c: (c.max_cost, names.index(c.strategy)))
+    if not scored:
+        first = candidates[0]
+        raise ValueError(f"no strategy could place the task: {first.strategy}: {first.error} "
+                         f"(and {len(candidates) - 1} other strategies failed too)")
+    failed = [c for c in candidates if c.max_cost is None]
+    return Choice(plans[scored[0].strategy], scored + failed, est.name)
+
+
+def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS):
+    """Tables of `task` whose cost-model features lie more than `sigmas` training standard
+    deviations from the training mean: [(table name, feature index, z)], worst first. Non-empty
+    means the learned proposer plans outside what its weights saw."""
+    model = cm.load_cost_model(os.path.join(weights_dir, "cost_model_cpu.npz")
+                               if weights_dir else None)
+    mean, std = model.params["x_mean"], model.params["x_std"]
+    out = []
+    for table in task.tables:
+        z = (cm.shard_features(table, 1.0, model.scales, task.batch_size) - mean) / std
+        worst = int(np.argmax(np.abs(z)))
+        if abs(z[worst]) > sigmas:
+            out.append((table.name, worst, float(z[worst])))
+    return sorted(out, key=lambda item: -abs(item[2]))
+
+
+__all__ = ["Candidate", "Choice", "best_plan", "learned_out_of_range"]
