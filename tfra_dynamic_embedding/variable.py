@@ -192,6 +192,8 @@ class Variable(_tf_private.AutoTrackable):
                 self._track_trackable(self._eviction_state.step, name="eviction_step")
                 if self._eviction_state.status is not None:
                     self._track_trackable(self._eviction_state.status, name="eviction_status")
+                if self._eviction_state.metadata is not None:
+                    self._track_trackable(self._eviction_state.metadata, name="eviction_metadata")
         self._admission_filter = None
         if admission is not None:
             from tfra_dynamic_embedding.online import admission as admission_lib  # pylint: disable=import-outside-toplevel

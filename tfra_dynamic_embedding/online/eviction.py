@@ -8,9 +8,10 @@ new keys would not fit -- the least recently updated first ("lru") or the least 
 not every step. `ttl_steps=T` also drops keys not updated in the last T training steps (checked
 every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused).
 
-The clock is the variable's own count of training steps (checkpointed). Per-key recency and
-counts come from the native table's row metadata (no extra table, no extra probe: every write
-stamps its row), or on the built-in backend from a status table of [last step, updates] per key.
+The clock is the variable's own count of training steps. Per-key recency and counts come from
+the native table's row metadata (no extra table, no extra probe: every write stamps its row), or
+on the built-in backend from a status table of [last step, updates] per key; checkpoints save
+the clock and the recency and counts of either.
 
 Example:
     w = de.get_variable("user", dim=8, eviction=de.Eviction(max_size=1_000_000, order="lfu"))
@@ -77,15 +78,21 @@ class EvictionState:
         with tf.init_scope(), tf.device(var.devices[0]):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name=f"{var.name.replace('/', '_')}_eviction_step")
-        self.status = None
-        if not self.native:
-            from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
-            from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
-            self.status = variable_lib.Variable(
+        from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
+        from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
+
+        def status_table(name, checkpoint):
+            return variable_lib.Variable(
                 key_dtype=var.key_dtype, value_dtype=tf.int64, dim=2, devices=var.devices,
-                partitioner=var.partition_fn, name=f"{var.name}/eviction_status",
-                initializer=0, trainable=False, checkpoint=var.checkpoint,
-                kv_creator=BuiltinKVCreator())
+                partitioner=var.partition_fn, name=f"{var.name}/{name}", initializer=0,
+                trainable=False, checkpoint=checkpoint, kv_creator=BuiltinKVCreator())
+
+        # Built-in: [last step, updates] per key, checkpointed. Native: the rows' own metadata;
+        # a checkpoint saves it (`metadata`), and a restore parks it in `restored` until the
+        # next sweep gives it back to the rows (restored rows carry wall-clock stamps till then).
+        self.status = None if self.native else status_table("eviction_status", var.checkpoint)
+        self.restored = status_table("eviction_restored", False) if self.native else None
+        self.metadata = _NativeMetadata(self) if self.native else None
         shards = var.shard_num
         bound = eviction.max_size
         self.caps = (None if bound is None else
@@ -149,19 +156,31 @@ class EvictionState:
             return keys, status[:, 0], status[:, 1], []
         table = self._var._tables[shard]  # pylint: disable=protected-access
 
+        restored = self.restored._tables[shard]  # pylint: disable=protected-access
+
         def body(cursor, keys, stamps, counts):
             chunk_keys, values, chunk_stamps, chunk_counts, cursor = table.export_chunk(
                 cursor, _CHUNK_ROWS)
             later = chunk_stamps > step
-            restamp = table.import_with_meta(
-                tf.boolean_mask(chunk_keys, later), tf.boolean_mask(values, later),
-                tf.fill([tf.reduce_sum(tf.cast(later, tf.int32))], step),
-                tf.boolean_mask(chunk_counts, later), clear=False)
+            later_keys = tf.boolean_mask(chunk_keys, later)
+            # A restored row takes back its saved stamp and count; any other gets now.
+            saved, found = restored.lookup_with_exists(
+                later_keys, tf.zeros(tf.stack([tf.size(later_keys), 2]), tf.int64))
+            saved, found = tf.reshape(saved, [-1, 2]), tf.reshape(found, [-1])
+            new_stamps = tf.where(found, tf.minimum(saved[:, 0], step), step)
+            new_counts = tf.where(found, saved[:, 1], tf.boolean_mask(chunk_counts, later))
+            restamp = table.import_with_meta(later_keys, tf.boolean_mask(values, later),
+                                             new_stamps, new_counts, clear=False)
             with tf.control_dependencies([restamp]):
+                forget = restored.remove(tf.boolean_mask(later_keys, found))
+            with tf.control_dependencies([forget]):
                 cursor = tf.identity(cursor)
+            fixed_stamps = tf.tensor_scatter_nd_update(
+                tf.minimum(chunk_stamps, step), tf.where(later), new_stamps)
+            fixed_counts = tf.tensor_scatter_nd_update(chunk_counts, tf.where(later), new_counts)
             return (cursor, keys.write(keys.size(), chunk_keys),
-                    stamps.write(stamps.size(), tf.minimum(chunk_stamps, step)),
-                    counts.write(counts.size(), chunk_counts))
+                    stamps.write(stamps.size(), fixed_stamps),
+                    counts.write(counts.size(), fixed_counts))
 
         def array(dtype):
             return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
@@ -216,3 +235,25 @@ def _member(keys, ids):
     position = tf.minimum(tf.searchsorted(ids, keys), tf.maximum(tf.size(ids) - 1, 0))
     return tf.logical_and(tf.size(ids) > 0,
                           tf.equal(tf.gather(tf.concat([ids, keys[:1]], 0), position), keys))
+
+
+class _NativeMetadata(tf.__internal__.tracking.Trackable):
+    """The native rows' stamps and counts in a checkpoint: saved from the tables, restored into
+    the eviction's `restored` table (the rows themselves may be restored after it)."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def _serialize_to_tensors(self):
+        var = self._state._var  # pylint: disable=protected-access
+        parts = [t.export_with_meta() for t in var._tables]  # pylint: disable=protected-access
+        return {"keys": tf.concat([p[0] for p in parts], 0),
+                "stamps": tf.concat([p[2] for p in parts], 0),
+                "counts": tf.concat([p[3] for p in parts], 0)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        restored = self._state.restored
+        clear = restored.clear()
+        with tf.control_dependencies([clear] if clear is not None else []):
+            return restored.upsert(restored_tensors["keys"], tf.stack(
+                [restored_tensors["stamps"], restored_tensors["counts"]], 1))
