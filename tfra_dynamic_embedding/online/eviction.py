@@ -21,6 +21,8 @@ Example:
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
+
 ORDERS = ("lru", "lfu")
 _CHUNK_ROWS = 65536   # rows a native sweep reads at a time
 
@@ -147,13 +149,13 @@ class EvictionState:
         return tf.cond(needed, sweep, tf.no_op)
 
     def _metadata(self, shard, step):
-        """(keys, stamps, counts, ops) of a shard. Native rows are read in chunks without
+        """(keys, stamps, counts) of a shard. Native rows are read in chunks without
         keeping their values (the sweep's memory stays a chunk's rows); rows written outside
         training (a restore, an upsert) carry wall-clock stamps: they count as written now, and
         are stamped so."""
         if not self.native:
             keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
-            return keys, status[:, 0], status[:, 1], []
+            return keys, status[:, 0], status[:, 1]
         table = self._var._tables[shard]  # pylint: disable=protected-access
 
         restored = self.restored._tables[shard]  # pylint: disable=protected-access
@@ -189,12 +191,11 @@ class EvictionState:
             lambda cursor, *_: cursor >= 0, body,
             [tf.constant(0, tf.int64), array(self._var.key_dtype), array(tf.int64),
              array(tf.int64)])
-        keys, stamps, counts = (tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
-        return keys, stamps, counts, []
+        return tuple(tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
 
     def _sweep(self, shard, step, incoming, ids, companions):
         ev = self.eviction
-        keys, stamps, counts, ops = self._metadata(shard, step)
+        keys, stamps, counts = self._metadata(shard, step)
         expired = tf.zeros_like(stamps, tf.bool)
         if ev.ttl_steps is not None:
             expired = stamps <= step - ev.ttl_steps
@@ -211,18 +212,16 @@ class EvictionState:
             score = counts * (1 << 32) + stamps
         # Expired keys go anyway (not picked twice); the step's own keys stay: evicting one
         # would only see it written again, over the bound.
-        keep = tf.logical_or(expired, _member(keys, ids))
-        score = tf.where(keep, tf.int64.max, score)
+        in_step = _member(keys, ids)
+        score = tf.where(tf.logical_or(expired, in_step), tf.int64.max, score)
         if self.caps is not None:
-            drop = tf.minimum(drop, alive - tf.reduce_sum(tf.cast(_member(keys, ids) & ~expired,
-                                                                  tf.int64)))
+            drop = tf.minimum(drop, alive - tf.reduce_sum(tf.cast(in_step & ~expired, tf.int64)))
         lowest = tf.argsort(score, stable=True)[:drop]
         gone = tf.concat([tf.boolean_mask(keys, expired), tf.gather(keys, lowest)], 0)
         tables = [self._var.tables[shard]] + [c.tables[shard] for c in companions]
         if self.status is not None:
             tables.append(self.status.tables[shard])
-        with tf.control_dependencies(ops):
-            return tf.group([t.remove(gone) for t in tables])
+        return tf.group([t.remove(gone) for t in tables])
 
 
 def _member(keys, ids):
@@ -237,12 +236,13 @@ def _member(keys, ids):
                           tf.equal(tf.gather(tf.concat([ids, keys[:1]], 0), position), keys))
 
 
-class _NativeMetadata(tf.__internal__.tracking.Trackable):
+class _NativeMetadata(_tf_private.AutoTrackable):
     """The native rows' stamps and counts in a checkpoint: saved from the tables, restored into
     the eviction's `restored` table (the rows themselves may be restored after it)."""
 
     def __init__(self, state):
-        self._state = state
+        # Not an attribute Keras or AutoTrackable would follow: the state holds the variable.
+        object.__setattr__(self, "_state", state)
 
     def _serialize_to_tensors(self):
         var = self._state._var  # pylint: disable=protected-access
