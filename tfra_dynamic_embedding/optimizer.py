@@ -135,11 +135,9 @@ class _DynamicEmbeddingMixin:
             result = apply(grads_and_vars)
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
-            admitted = {w.ref(): self._de_admit(w) for w in wrappers}
-            keep = {ref: mask for ref, (mask, _) in admitted.items()}
-            room = [op for _, op in admitted.values() if op is not None]
-            room += [op for op in (self._de_make_room(w, keep[w.ref()]) for w in wrappers)
-                     if op is not None]
+            online = {w.ref(): self._de_online(w) for w in wrappers}
+            keep = {ref: mask for ref, (mask, _) in online.items()}
+            room = [op for _, ops in online.values() for op in ops if op is not None]
         with tf.control_dependencies(after + room):
             writes = [w.write_back(looked_up.get(w.ref()), keep[w.ref()]) for w in wrappers]
             writes += [b.write_back(keep=keep[w.ref()])
@@ -151,28 +149,29 @@ class _DynamicEmbeddingMixin:
         with tf.control_dependencies([op for op in writes if op is not None]):
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
 
-    def _de_admit(self, wrapper):
-        """(keep mask over the batch ids or None, filter update op or None): the ids the
-        variable's admission filter lets the step write (held ones, newly admitted ones)."""
-        admission = wrapper.params.admission_filter
-        if admission is None:
-            return None, None
-        ids = wrapper.batch_ids()
-        _, exists = wrapper.params.lookup(ids, return_exists=True)
-        return admission.admit(ids, exists)
-
-    def _de_make_room(self, wrapper, keep=None):
-        """Evicts what the variable's `de.Eviction` requires before the step writes its rows,
-        from the variable, its slot tables and its restrict status (None without eviction)."""
-        state = wrapper.params.eviction_state
-        if state is None:
-            return None
-        companions = [table for (params, _), table in self._de_slot_tables.items()
-                      if params is wrapper.params]
-        if wrapper.params.restrict_policy is not None:
-            companions.append(wrapper.params.restrict_policy.status)
-        ids = wrapper.batch_ids()
-        return state.make_room(ids if keep is None else tf.boolean_mask(ids, keep), companions)
+    def _de_online(self, wrapper):
+        """(keep mask over the batch ids or None, ops to run before the write-back): the
+        variable's admission filter (held and newly admitted ids are written) and its
+        `de.Eviction` (room made in the variable, its slot tables and its restrict status),
+        sharing one presence lookup of the step's ids."""
+        params = wrapper.params
+        admission, eviction = params.admission_filter, params.eviction_state
+        if admission is None and eviction is None:
+            return None, []
+        ids, exists, keep, ops = wrapper.batch_ids(), None, None, []
+        if admission is not None or eviction.caps is not None:
+            _, exists = params.lookup(ids, return_exists=True)
+        if admission is not None:
+            keep, update = admission.admit(ids, exists)
+            ops.append(update)
+            ids, exists = tf.boolean_mask(ids, keep), tf.boolean_mask(exists, keep)
+        if eviction is not None:
+            companions = [table for (slot_params, _), table in self._de_slot_tables.items()
+                          if slot_params is params]
+            if params.restrict_policy is not None:
+                companions.append(params.restrict_policy.status)
+            ops.append(eviction.make_room(ids, companions, exists))
+        return keep, ops
 
     def _de_restrict_update(self, wrapper, keep=None):
         """Updates the restrict policy's status of the trained ids (None without a policy; its

@@ -13,21 +13,10 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.online.training import keys_of, train_step
 from tfra_dynamic_embedding.online import admission as admission_lib
 
 
-def _train_step(var, opt):
-    @tf.function
-    def step(ids):
-        with tf.GradientTape() as tape:
-            rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="lookup")
-            loss = tf.reduce_sum(rows * rows + rows)
-        opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
-    return step
-
-
-def _keys(var):
-    return set(var.export()[0].numpy().tolist())
 
 
 @pytest.mark.parametrize("make", [lambda k: de.CountAdmission(k),
@@ -38,21 +27,21 @@ def test_keys_get_rows_in_their_kth_batch(kv_creator, make, k):
     var = de.Variable(dim=2, initializer=0.0, kv_creator=kv_creator, devices=["/CPU:0", "/CPU:1"],
                       admission=make(k))
     opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
-    step = _train_step(var, opt)
+    step = train_step(var, opt)
     rng = np.random.default_rng(4)
     seen = {}
     for _ in range(25):
         ids = np.unique(rng.integers(0, 40, size=8)).astype(np.int64)
         before = {}
-        if _keys(var):
+        if keys_of(var):
             before = dict(zip(*[t.numpy().tolist() for t in var.export()]))
         step(tf.constant(ids))
         for key in ids.tolist():
             seen[key] = seen.get(key, 0) + 1
-        held = _keys(var)
+        held = keys_of(var)
         assert held == {key for key, n in seen.items() if n >= k}
         for slot in var.get_slot_variables(opt):
-            assert _keys(slot) == held
+            assert keys_of(slot) == held
         rows = dict(zip(*[t.numpy().tolist() for t in var.export()]))
         for key in set(ids.tolist()) & held:   # a trained row moved off the initializer's 0
             assert rows[key] != [0.0, 0.0]
@@ -63,37 +52,37 @@ def test_keys_get_rows_in_their_kth_batch(kv_creator, make, k):
 def test_not_admitted_keys_read_their_initializer_row(kv_creator):
     var = de.Variable(dim=3, initializer=0.5, kv_creator=kv_creator,
                       admission=de.CountAdmission(2))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(1.0)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(1.0)))
     step(tf.constant([7, 8], tf.int64))
     assert int(var.size()) == 0
     np.testing.assert_allclose(var.lookup(tf.constant([7], tf.int64)).numpy(), [[0.5] * 3])
     step(tf.constant([7], tf.int64))
     # SGD on rows*rows + rows from 0.5: 0.5 - (2 * 0.5 + 1) = -1.5
     np.testing.assert_allclose(var.lookup(tf.constant([7], tf.int64)).numpy(), [[-1.5] * 3])
-    assert _keys(var) == {7}
+    assert keys_of(var) == {7}
 
 
 def test_probability_admission_rate(kv_creator):
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator,
                       admission=de.ProbabilityAdmission(0.25, seed=3))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     for start in range(0, 4000, 400):
         step(tf.constant(np.arange(start, start + 400, dtype=np.int64)))
     # 4000 fresh keys, each admitted with p = 0.25: 1000 +- 5 sigma (sigma = 27.4)
     assert 860 < int(var.size()) < 1140
     # Held keys are always trained: training them all again adds no key and drops none.
-    held = _keys(var)
+    held = keys_of(var)
     step(tf.constant(sorted(held), tf.int64))
-    assert _keys(var) == held
+    assert keys_of(var) == held
 
 
 def test_string_keys_bloom(kv_creator):
     var = de.Variable(key_dtype=tf.string, dim=1, initializer=0.0, kv_creator=kv_creator,
                       admission=de.BloomAdmission(2, memory_bytes=4096))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     step(tf.constant(["a", "b"]))
     step(tf.constant(["b", "c"]))
-    assert _keys(var) == {b"b"}
+    assert keys_of(var) == {b"b"}
 
 
 def test_filter_state_survives_a_checkpoint(kv_creator, tmp_path):
@@ -106,7 +95,7 @@ def test_filter_state_survives_a_checkpoint(kv_creator, tmp_path):
 
     var, bloom = make()
     for v in (var, bloom):
-        step = _train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+        step = train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
         step(tf.constant([1, 2], tf.int64))
         step(tf.constant([1], tf.int64))
     path = tf.train.Checkpoint(a=var, b=bloom).save(os.path.join(tmp_path, "ckpt"))
@@ -114,9 +103,9 @@ def test_filter_state_survives_a_checkpoint(kv_creator, tmp_path):
     tf.train.Checkpoint(a=var2, b=bloom2).restore(path).assert_existing_objects_matched()
     for v in (var2, bloom2):
         assert int(v.size()) == 0
-        step = _train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+        step = train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
         step(tf.constant([1, 2], tf.int64))   # 1: third batch, admitted; 2: second, not yet
-        assert _keys(v) == {1}
+        assert keys_of(v) == {1}
 
 
 def test_graph_mode_and_keras_layer(kv_creator):
@@ -142,7 +131,7 @@ def test_graph_mode_and_keras_layer(kv_creator):
                   loss="mse")
     x = np.array([[1, 2], [3, 4], [1, 5], [6, 7]], np.int64)
     model.fit(x, np.zeros((4, 1)), batch_size=2, epochs=1, shuffle=False, verbose=0)
-    assert _keys(layer.params) == {1}
+    assert keys_of(layer.params) == {1}
 
 
 def test_bloom_false_admissions_match_the_estimate(kv_creator):
@@ -150,7 +139,7 @@ def test_bloom_false_admissions_match_the_estimate(kv_creator):
     where all 3 of their counters are taken: about (1 - e^(-3000/4096))^3 = 14% of them."""
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator,
                       admission=de.BloomAdmission(2, memory_bytes=4 * 4096, num_hashes=3))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     step(tf.constant(np.arange(1000, dtype=np.int64)))
     assert int(var.size()) == 0
     step(tf.constant(np.arange(10 ** 6, 10 ** 6 + 1000, dtype=np.int64)))

@@ -12,17 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.online.training import train_step
 from tfra_dynamic_embedding.online import delta
 
-
-def _train_step(var, opt):
-    @tf.function
-    def step(ids):
-        with tf.GradientTape() as tape:
-            rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="lookup")
-            loss = tf.reduce_sum(rows * rows + rows)
-        opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
-    return step
 
 
 def _content(var):
@@ -49,7 +41,7 @@ def test_full_plus_deltas_equals_the_last_state(kv_creator, key_dtype, tmp_path)
                        eviction=de.Eviction(max_size=40, slack=0.0))
     item = de.Variable(key_dtype=key_dtype, dim=2, initializer=0.0, kv_creator=kv_creator,
                        name="item")
-    steps = {v.name: _train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)))
+    steps = {v.name: train_step(v, de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)))
              for v in (user, item)}
     exporter = delta.DeltaExporter([user, item], str(tmp_path / "exports"))
     rng = np.random.default_rng(0)
@@ -100,7 +92,7 @@ def test_nothing_changed_gives_an_empty_delta_and_exporters_resume(tmp_path):
 
 def test_serving_savedmodel_takes_deltas_in_place(tmp_path):
     trained = de.Variable(dim=2, initializer=0.0, name="emb")
-    step = _train_step(trained, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.3)))
+    step = train_step(trained, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.3)))
     step(tf.constant([1, 2, 3, 4], tf.int64))
     exporter = delta.DeltaExporter([trained], str(tmp_path / "exports"))
     exporter.export()

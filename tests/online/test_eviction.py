@@ -14,22 +14,11 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tests.online.training import keys_of, train_step
 
 CPUS = ["/CPU:0", "/CPU:1"]
 
 
-def _train_step(var, opt):
-    @tf.function
-    def step(ids):
-        with tf.GradientTape() as tape:
-            rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True, name="lookup")
-            loss = tf.reduce_sum(rows * rows + rows)
-        opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
-    return step
-
-
-def _keys(var):
-    return set(var.export()[0].numpy().tolist())
 
 
 def _batches(rng, steps, universe, size):
@@ -47,12 +36,12 @@ def test_bound_and_order_under_training(kv_creator, order, shards):
     var = de.Variable(dim=2, initializer=0.0, kv_creator=kv_creator, devices=CPUS[:shards],
                       eviction=de.Eviction(max_size=cap, order=order, slack=0.0))
     opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
-    step = _train_step(var, opt)
+    step = train_step(var, opt)
     last, count, held = {}, {}, set()
     evicted_any = False
     for t, ids in enumerate(_batches(np.random.default_rng(1), 40, 200, 12), start=1):
         step(tf.constant(ids))
-        now = _keys(var)
+        now = keys_of(var)
         batch = set(ids.tolist())
         for key in batch:
             count[key] = count.get(key, 0) + 1 if key in held else 1
@@ -72,17 +61,17 @@ def test_bound_and_order_under_training(kv_creator, order, shards):
             count.pop(key, None)
         held = now
         for slot in var.get_slot_variables(opt):
-            assert _keys(slot) == now
+            assert keys_of(slot) == now
     assert evicted_any
 
 
 def test_per_shard_bound_splits_the_total(kv_creator):
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, devices=CPUS,
                       eviction=de.Eviction(max_size=9, slack=0.0))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     for start in range(0, 60, 6):
         step(tf.constant(np.arange(start, start + 6, dtype=np.int64)))
-        keys = np.array(sorted(_keys(var)))
+        keys = np.array(sorted(keys_of(var)))
         assert len(keys) <= 9
         # default_partition_fn: key % 2; shard 0 holds at most 5, shard 1 at most 4
         assert (keys % 2 == 0).sum() <= 5 and (keys % 2 == 1).sum() <= 4
@@ -91,7 +80,7 @@ def test_per_shard_bound_splits_the_total(kv_creator):
 def test_slack_evicts_ahead_so_scans_are_rare(kv_creator):
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator,
                       eviction=de.Eviction(max_size=100, slack=0.2))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     sizes = []
     for start in range(0, 400, 10):
         step(tf.constant(np.arange(start, start + 10, dtype=np.int64)))
@@ -106,14 +95,14 @@ def test_ttl_drops_keys_not_updated(kv_creator):
     ttl = 10
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, devices=CPUS,
                       eviction=de.Eviction(ttl_steps=ttl))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     last = {}
     for t in range(1, 41):
         ids = np.array([0, 100 + t], np.int64)   # key 0 every step, the other once
         step(tf.constant(ids))
         for key in ids.tolist():
             last[key] = t
-        now = _keys(var)
+        now = keys_of(var)
         assert all(t - last[k] < ttl + ttl // 10 for k in now), t   # none lives past 1.1 TTL
         if t % (ttl // 10) == 0:   # a sweep ran this step: exactly the fresh keys remain
             assert now == {k for k, s in last.items() if t - s < ttl}, t
@@ -124,13 +113,13 @@ def test_restrict_status_and_eviction_together(kv_creator):
                       restrict_policy=de.FrequencyRestrictPolicy,
                       eviction=de.Eviction(max_size=10, slack=0.0))
     opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adagrad(0.1))
-    step = _train_step(var, opt)
+    step = train_step(var, opt)
     for start in range(0, 50, 5):
         step(tf.constant(np.arange(start, start + 5, dtype=np.int64)))
-    assert _keys(var) == set(range(40, 50))
-    assert _keys(var.restrict_policy.status) == set(range(40, 50))
+    assert keys_of(var) == set(range(40, 50))
+    assert keys_of(var.restrict_policy.status) == set(range(40, 50))
     for slot in var.get_slot_variables(opt):
-        assert _keys(slot) == set(range(40, 50))
+        assert keys_of(slot) == set(range(40, 50))
 
 
 def test_checkpoint_keeps_the_clock_and_the_bound(kv_creator, tmp_path):
@@ -140,7 +129,7 @@ def test_checkpoint_keeps_the_clock_and_the_bound(kv_creator, tmp_path):
         return var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1))
 
     var, opt = make()
-    step = _train_step(var, opt)
+    step = train_step(var, opt)
     for start in range(0, 30, 3):
         step(tf.constant(np.arange(start, start + 3, dtype=np.int64)))
     path = tf.train.Checkpoint(var=var).save(os.path.join(tmp_path, "ckpt"))
@@ -149,15 +138,15 @@ def test_checkpoint_keeps_the_clock_and_the_bound(kv_creator, tmp_path):
     restored, opt2 = make()
     tf.train.Checkpoint(var=restored).restore(path).assert_existing_objects_matched()
     assert int(restored.eviction_state.step) == 10
-    assert _keys(restored) == _keys(var) == set(range(18, 30))
+    assert keys_of(restored) == keys_of(var) == set(range(18, 30))
     if restored.eviction_state.status is not None:
         np.testing.assert_array_equal(
             restored.eviction_state.status.lookup(tf.constant([18, 29], tf.int64)).numpy(),
             [[7, 1], [10, 1]])
-    step2 = _train_step(restored, opt2)
+    step2 = train_step(restored, opt2)
     step2(tf.constant([100, 101, 102, 103], tf.int64))
     # The restored recency decides: the 4 oldest keys (18-21, from steps 7 and 8) went.
-    assert _keys(restored) == set(range(22, 30)) | {100, 101, 102, 103}
+    assert keys_of(restored) == set(range(22, 30)) | {100, 101, 102, 103}
     assert int(restored.eviction_state.step) == 11
 
 
@@ -192,13 +181,13 @@ def test_keras_layer_fit_stays_bounded(kv_creator):
     assert 0 < int(layer.params.size()) <= 50
 
 
-def test_string_keys(kv_creator):
+def test_stringkeys_of(kv_creator):
     var = de.Variable(key_dtype=tf.string, dim=1, initializer=0.0, kv_creator=kv_creator,
                       eviction=de.Eviction(max_size=6, slack=0.0))
-    step = _train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
     for start in range(0, 20, 2):
         step(tf.constant([f"k{start}", f"k{start + 1}"]))
-    assert _keys(var) == {f"k{i}".encode() for i in range(14, 20)}
+    assert keys_of(var) == {f"k{i}".encode() for i in range(14, 20)}
 
 
 def test_bad_arguments_are_named():

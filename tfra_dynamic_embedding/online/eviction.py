@@ -100,17 +100,18 @@ class EvictionState:
         self.caps = (None if bound is None else
                      [bound // shards + (1 if i < bound % shards else 0) for i in range(shards)])
 
-    def make_room(self, ids, companions=()):
+    def make_room(self, ids, companions=(), exists=None):
         """The op run before a training step writes the rows of `ids` (unique): advances the
         step, and evicts from the variable and `companions` (slot de.Variables, status tables)
-        what the bound and the time to live require."""
+        what the bound and the time to live require. `exists`: whether the variable holds each
+        id, when the caller looked it up already."""
         var = self._var
         step = self.step.assign_add(1)
         ops = []
         if self.native:
             ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
         with tf.control_dependencies(ops):
-            incoming = self._incoming_per_shard(ids)
+            incoming = self._incoming_per_shard(ids, exists)
             sweeps = []
             for i in range(var.shard_num):
                 sweeps.append(self._sweep_if_needed(i, step, incoming[i], ids, companions))
@@ -121,12 +122,13 @@ class EvictionState:
                 return tf.group(self.status.upsert(ids, tf.concat([stamps, counts + 1], 1)))
             return tf.group(sweeps)
 
-    def _incoming_per_shard(self, ids):
+    def _incoming_per_shard(self, ids, exists=None):
         """How many of `ids` each shard does not hold yet (the step would add them)."""
         var = self._var
         if self.caps is None:
             return [tf.constant(0, tf.int32)] * var.shard_num
-        _, exists = var.lookup(ids, return_exists=True)
+        if exists is None:
+            _, exists = var.lookup(ids, return_exists=True)
         new = tf.boolean_mask(ids, tf.logical_not(exists))
         if var.shard_num == 1:
             return [tf.size(new)]
