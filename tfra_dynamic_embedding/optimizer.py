@@ -183,9 +183,14 @@ class _DynamicEmbeddingMixin:
         return policy.apply_update(ids if keep is None else tf.boolean_mask(ids, keep))
 
     def _de_gradient(self, grad, wrapper):
-        """The wrapper's gradient as the family wants it (default: as given)."""
-        del wrapper
-        return grad
+        """The wrapper's gradient as a dense `[rows, dim]` tensor, repeated ids summed.
+
+        The wrapper holds exactly the batch's unique rows, so the optimizer's dense update of
+        them is its sparse update with repeated indices combined (what the dense path does;
+        Keras 3 and tf_keras would not combine them themselves), and it runs as one fused
+        apply op per variable instead of dedup, decay and scatter ops per slot.
+        """
+        return _summed_rows(grad, wrapper)
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""
@@ -259,10 +264,6 @@ class _Keras3Mixin(_DynamicEmbeddingMixin):
 
         return self._de_apply(grads_and_vars, create_slots, super().apply_gradients)
 
-    def _de_gradient(self, grad, wrapper):
-        # Keras 3 does not combine repeated IndexedSlices indices; the wrapper holds unique rows,
-        # so the summed dense [rows, dim] gradient is exactly the dense path's update.
-        return _summed_rows(grad, wrapper)
 
 
 class _LegacyKerasMixin(_DynamicEmbeddingMixin):
@@ -317,9 +318,6 @@ class _NewTfKerasMixin(_DynamicEmbeddingMixin):
 
         return self._de_apply(grads_and_vars, create_slots, apply)
 
-    def _de_gradient(self, grad, wrapper):
-        # tf_keras scatters IndexedSlices without combining repeated indices: sum them first.
-        return _summed_rows(grad, wrapper)
 
 
 class _StaticShapeView:
