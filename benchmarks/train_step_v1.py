@@ -19,8 +19,9 @@ machine's load hits all alike):
                 only the batch's rows and their slots (lazy, as dynamic embeddings do)
   static-dense  the same tables with v1 Adam's own sparse update (m and v decay in every row)
 
-`--profile` traces one more step of each variant (RunOptions FULL_TRACE) and prints the time per
-op type, summed over the step's ops (ops run in parallel, so the sum exceeds the wall time).
+`--profile` traces 5 more steps of each variant (RunOptions FULL_TRACE) and prints the mean time
+per step of each op type, summed over the step's ops (ops run in parallel, so the sum exceeds
+the wall time).
 Prints a table and one JSON line last. Never fails on speed; compare the ratios of one run.
 """
 
@@ -38,6 +39,7 @@ import tensorflow as tf  # noqa: E402
 
 TABLES, DIM, HIDDEN = 26, 16, (256, 128)
 VARIANTS = ("de", "static-lazy", "static-dense")
+PROFILE_STEPS = 5
 
 
 def make_batches(num_batches, batch_size, seed, exponent=1.2):
@@ -164,7 +166,7 @@ def main(argv=None):
         parser.error("--steps and --warmup must be >= 1")
     tf.compat.v1.disable_eager_execution()
 
-    num_batches = args.warmup + args.steps + (1 if args.profile else 0)
+    num_batches = args.warmup + args.steps + (PROFILE_STEPS if args.profile else 0)
     raw_ids, labels = make_batches(num_batches, args.batch_size, args.seed)
     static_ids, vocab = to_static(raw_ids)
     package = "none"
@@ -207,11 +209,13 @@ def main(argv=None):
         print(f"de / static-lazy = {by_name['de'] / by_name['static-lazy']:.2f}x")
     profiles = {}
     if args.profile:
-        i = num_batches - 1
         for variant in variants:
             session, ids, label, train, loss, _ = built[variant]
-            feeds = {ids: raw_ids[i] if variant == "de" else static_ids[i], label: labels[i]}
-            per_type = profile(session, feeds, [train, loss])
+            per_type = collections.Counter()
+            for i in range(num_batches - PROFILE_STEPS, num_batches):
+                feeds = {ids: raw_ids[i] if variant == "de" else static_ids[i], label: labels[i]}
+                per_type.update(profile(session, feeds, [train, loss]))
+            per_type = collections.Counter({k: v / PROFILE_STEPS for k, v in per_type.items()})
             total = sum(per_type.values())
             profiles[variant] = {k: round(v / 1e3, 2) for k, v in per_type.most_common()}
             print(f"\n{variant}: op time by type (summed over ops: {total / 1e3:.1f} ms)")

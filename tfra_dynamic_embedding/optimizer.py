@@ -81,7 +81,7 @@ class _DynamicEmbeddingMixin:
                 key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
                 devices=params.devices, partitioner=params.partition_fn, name=name,
                 initializer=fill, trainable=False, checkpoint=params.checkpoint,
-                kv_creator=params.kv_creator)
+                kv_creator=params.slot_creator(fill))
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
@@ -123,8 +123,19 @@ class _DynamicEmbeddingMixin:
         if not wrappers:
             return apply(grads_and_vars)
         create_slots([v for g, v in grads_and_vars if g is not None])
-        prefetch = [buffer.prefetch(w.batch_ids())
-                    for w in wrappers for buffer in self._de_buffers.get(w.ref(), [])]
+        # Slots kept in their variable's records (native backend) are read with one probe
+        # per key for all of them, and written back with the rows in one more.
+        groups = {w.ref(): w.params.slot_groups(
+            [b.params for b in self._de_buffers.get(w.ref(), [])]) for w in wrappers}
+        prefetch = []
+        for w in wrappers:
+            buffers = self._de_buffers.get(w.ref(), [])
+            if buffers and groups[w.ref()] is not None:
+                ids = w.batch_ids()
+                rows = tf.split(w.params.lookup_groups(ids, groups[w.ref()]), len(buffers), 1)
+                prefetch += [b.hold(ids, r) for b, r in zip(buffers, rows)]
+            else:
+                prefetch += [b.prefetch(w.batch_ids()) for b in buffers]
         # bp_v2 writes back the change: keep the rows as looked up, read before the update.
         looked_up = {w.ref(): tf.identity(w.held_rows()) for w in wrappers
                      if (w.params.bp_v2 if self._de_bp_v2 is None else self._de_bp_v2)}
@@ -139,9 +150,15 @@ class _DynamicEmbeddingMixin:
             keep = {ref: mask for ref, (mask, _) in online.items()}
             room = [op for _, ops in online.values() for op in ops if op is not None]
         with tf.control_dependencies(after + room):
-            writes = [w.write_back(looked_up.get(w.ref()), keep[w.ref()]) for w in wrappers]
-            writes += [b.write_back(keep=keep[w.ref()])
-                       for w in wrappers for b in self._de_buffers.get(w.ref(), [])]
+            writes = []
+            for w in wrappers:
+                buffers = self._de_buffers.get(w.ref(), [])
+                if buffers and groups[w.ref()] is not None and w.ref() not in looked_up:
+                    writes.append(_write_back_in_records(w, buffers, groups[w.ref()],
+                                                         keep[w.ref()]))
+                else:
+                    writes.append(w.write_back(looked_up.get(w.ref()), keep[w.ref()]))
+                    writes += [b.write_back(keep=keep[w.ref()]) for b in buffers]
             writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers]
         if tf.compat.v1.executing_eagerly_outside_functions():
             return result  # eager runs in order; tf.function orders and runs stateful ops itself
@@ -166,8 +183,9 @@ class _DynamicEmbeddingMixin:
             ops.append(update)
             ids, exists = tf.boolean_mask(ids, keep), tf.boolean_mask(exists, keep)
         if eviction is not None:
+            # Slots kept in the variable's records lose the evicted keys with it.
             companions = [table for (slot_params, _), table in self._de_slot_tables.items()
-                          if slot_params is params]
+                          if slot_params is params and params.slot_groups([table]) is None]
             if params.restrict_policy is not None:
                 companions.append(params.restrict_policy.status)
             ops.append(eviction.make_room(ids, companions, exists))
@@ -385,6 +403,18 @@ def _mixin_for(optimizer):
         f"DynamicEmbeddingOptimizer needs a tf.compat.v1.train, Keras 3 or tf_keras optimizer; "
         f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
 
+
+
+def _write_back_in_records(wrapper, buffers, groups, keep):
+    """Writes the wrapper's rows and its slot buffers' rows into the records of its variable
+    (slot `groups`), one probe per key; `keep` (a bool mask or None) as in `write_back`."""
+    ids = wrapper.batch_ids()
+    rows = tf.concat([wrapper.read_value()] + [b.read_value() for b in buffers], axis=1)
+    for held in [wrapper] + buffers:
+        held.end_step()
+    if keep is not None:
+        ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
+    return wrapper.params.upsert_groups(ids, rows, [0] + list(groups))
 
 
 def _summed_rows(grad, wrapper):

@@ -173,7 +173,11 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
 
         Returns an op (graph mode) that later reads of this wrapper must depend on.
         """
-        rows = self.params.lookup(unique_ids)
+        return self.hold(unique_ids, self.params.lookup(unique_ids))
+
+    def hold(self, unique_ids, rows):
+        """Makes `rows` (those of `unique_ids`, read by the caller) the rows held; returns an
+        op (graph mode) that later reads of this wrapper must depend on."""
         loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
                           self.assign(rows, read_value=False))
         if loaded is not None:  # graph building: remember it for batch_ids()

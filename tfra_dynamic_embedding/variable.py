@@ -24,6 +24,7 @@ from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding.tables import files
+from tfra_dynamic_embedding.tables import native_slots
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -357,6 +358,51 @@ class Variable(_tf_private.AutoTrackable):
             exists = tf.reshape(exists, tf.shape(keys))
             exists.set_shape(keys.shape)
             return rows, exists
+
+    # -- optimizer slots kept in the records (native backend; tables/native_slots.py) ------
+    def slot_creator(self, fill):
+        """The KVCreator of this variable's optimizer slot starting at `fill`: with native
+        shard tables the slot lives in the records of this variable's tables (read and written
+        with the rows by `lookup_groups` / `upsert_groups`); otherwise tables of its own."""
+        if native_slots.fusable(self._tables):
+            return native_slots.SlotColumnsCreator(self._tables, fill, self._kv_creator)
+        return self._kv_creator
+
+    def slot_groups(self, slots):
+        """The column groups of `slots` (slot `de.Variable`s) in this variable's records, or
+        None unless every one of them lives there."""
+        groups = []
+        for slot in slots:
+            tables = slot._tables  # pylint: disable=protected-access
+            if len(tables) != len(self._tables) or not all(
+                    isinstance(v, native_slots.NativeSlotView) and v.table is t
+                    for v, t in zip(tables, self._tables)):
+                return None
+            groups.append(tables[0].group)
+        return groups
+
+    def lookup_groups(self, keys, groups):
+        """`[n, dim * len(groups)]`: the columns of `groups` of 1-D `keys` (0: the rows,
+        g >= 1: slot groups; missing keys get zeros / the slots' fills), one probe per key."""
+        flat = tf.reshape(self._keys_tensor(keys), [-1])
+        rows, _ = self._map_shards(
+            flat, lambda t, k: (native_slots.find_groups(t, k, groups)[0], None))
+        return rows
+
+    def upsert_groups(self, keys, values, groups):
+        """Writes `values` (`[n, dim * len(groups)]`) into the columns of `groups` of 1-D
+        `keys`, one probe per key (a new key's other groups start at zeros / their fills)."""
+        flat = tf.reshape(self._keys_tensor(keys), [-1])
+        values = tf.convert_to_tensor(values, self._value_dtype)
+        if self.shard_num == 1:
+            return native_slots.upsert_groups(self._tables[0], flat, values, groups)
+        parts, positions = self._partition(flat)
+        writes = []
+        for table, part, pos in zip(self._tables, parts, positions):
+            with tf.device(table.device):
+                writes.append(native_slots.upsert_groups(table, part, tf.gather(values, pos),
+                                                         groups))
+        return tf.group(*writes)
 
     def find_or_insert(self, keys, name=None):
         """Rows for `keys`, inserting initializer rows for missing keys; returns (rows, exists).

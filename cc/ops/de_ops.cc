@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "de_table.h"
@@ -240,6 +241,63 @@ REGISTER_OP("TfraDeLoadFromFile")
     .Doc("Replaces the table content with a file written by TfraDeSaveToFile; on any error "
          "the table is left unchanged.");
 
+REGISTER_OP("TfraDeGroupView")
+    .Input("table: resource")
+    .Input("fills: double")
+    .Output("view: resource")
+    .Attr("group: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Column group `group` of a table as a table of its own (an optimizer slot kept in "
+         "its variable's records): every table op works on it; keys, size and removals are "
+         "the table's. Adds the groups 1..group to the table first where missing, group g "
+         "starting at fills[g - 1] (fills: [group]).");
+
+// Output 0: [N, dim * len(groups)] with N from the keys (input 1).
+Status GroupRowsShape(InferenceContext* c) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  int64_t dim;
+  std::vector<int32_t> groups;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
+  c->set_output(0, c->Matrix(c->Dim(keys, 0), dim * static_cast<int64_t>(groups.size())));
+  return absl::OkStatus();
+}
+
+REGISTER_OP("TfraDeFindGroups")
+    .Input("table: resource")
+    .Input("keys: key_dtype")
+    .Input("fills: double")
+    .Output("values: value_dtype")
+    .Output("exists: bool")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .Attr("groups: list(int) >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(GroupRowsShape(c));
+      c->set_output(1, c->Vector(c->Dim(c->input(1), 0)));
+      return absl::OkStatus();
+    })
+    .Doc("The listed column groups of keys, side by side (one probe per key); a missing key "
+         "gets zeros for group 0 and the fill of each slot group. fills: [slot groups] as for "
+         "TfraDeGroupView (added where missing).");
+
+REGISTER_OP("TfraDeUpsertGroups")
+    .Input("table: resource")
+    .Input("keys: key_dtype")
+    .Input("values: value_dtype")
+    .Input("fills: double")
+    .TFRA_DE_TYPE_ATTRS
+    .Attr("dim: int >= 1")
+    .Attr("groups: list(int) >= 1")
+    .SetIsStateful()
+    .SetShapeFn(UpdateShape)
+    .Doc("Writes the listed column groups of keys (values: [N, dim * len(groups)]) with one "
+         "probe per key; a new key's other groups start at zeros / their fills. Writing "
+         "group 0 stamps the row and counts a write.");
+
 // --------------------------------------------------------------- kernels --
 
 // Runs `body`, turning C++ exceptions into a failed status.
@@ -415,7 +473,7 @@ class FindOp : public TableOp {
     Tensor *values, *exists;
     OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, dim, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
-    OP_REQUIRES_OK(ctx, t->Find(ctx, keys, dflt, values, exists));
+    OP_REQUIRES_OK(ctx, t->Find(ctx, keys, dflt, values, exists, 0));
   }
 };
 
@@ -530,7 +588,7 @@ class UpsertOp : public TableOp {
     const Tensor& values = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     OP_REQUIRES_OK(ctx, CheckRows(accum_ ? "deltas" : "values", values, keys.dim_size(0), t->dim()));
-    OP_REQUIRES_OK(ctx, accum_ ? t->Accum(ctx, keys, values) : t->Insert(ctx, keys, values));
+    OP_REQUIRES_OK(ctx, accum_ ? t->Accum(ctx, keys, values, 0) : t->Insert(ctx, keys, values, 0));
   }
 
  private:
@@ -568,7 +626,7 @@ class RemoveOp : public TableOp {
 class ClearOp : public TableOp {
  public:
   using TableOp::TableOp;
-  void Run(OpKernelContext*, TableBase* t) override { t->Clear(); }
+  void Run(OpKernelContext*, TableBase* t) override { t->Clear(0); }
 };
 
 class SizeOp : public TableOp {
@@ -607,7 +665,7 @@ class ExportOp : public TableOp {
     const int64_t limit = ctx->input(2).scalar<int64_t>()();
     Sink sink(ctx, t->dim());
     int64_t next = -1;
-    OP_REQUIRES_OK(ctx, t->Export(cursor, limit, &sink, &next));
+    OP_REQUIRES_OK(ctx, t->Export(cursor, limit, &sink, &next, 0));
     OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 4, next));
   }
 };
@@ -631,7 +689,7 @@ class ImportOp : public TableOp {
                                                           m.second->shape().DebugString())));
     }
     OP_REQUIRES_OK(ctx, CheckScalar("clear_first", ctx->input(5)));
-    OP_REQUIRES_OK(ctx, t->Import(ctx, keys, values, stamps, freqs, ctx->input(5).scalar<bool>()()));
+    OP_REQUIRES_OK(ctx, t->Import(ctx, keys, values, stamps, freqs, ctx->input(5).scalar<bool>()(), 0));
   }
 };
 
@@ -669,7 +727,7 @@ class SaveToFileOp : public TableOp {
   void Run(OpKernelContext* ctx, TableBase* t) override {
     std::string path;
     OP_REQUIRES_OK(ctx, GetPath(ctx, &path));
-    OP_REQUIRES_OK(ctx, t->SaveToFile(path));
+    OP_REQUIRES_OK(ctx, t->SaveToFile(path, 0));
   }
 };
 
@@ -680,8 +738,112 @@ class LoadFromFileOp : public TableOp {
     std::string path;
     OP_REQUIRES_OK(ctx, GetPath(ctx, &path));
     int64_t loaded = 0;
-    OP_REQUIRES_OK(ctx, t->LoadFromFile(path, &loaded));
+    OP_REQUIRES_OK(ctx, t->LoadFromFile(path, 0, &loaded));
     OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, loaded));
+  }
+};
+
+// fills: a 1-D double tensor of slot group start values.
+Status ReadFills(const Tensor& t, std::vector<double>* fills) {
+  if (t.dims() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fills must be a 1-D tensor, got shape ",
+                                                   t.shape().DebugString()));
+  }
+  const auto v = t.flat<double>();
+  fills->assign(v.data(), v.data() + v.size());
+  return absl::OkStatus();
+}
+
+class GroupViewOp : public OpKernel {
+ public:
+  explicit GroupViewOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("group", &group_));
+    OP_REQUIRES(c, group_ >= 1 && group_ < kMaxGroups,
+                absl::InvalidArgumentError(absl::StrCat("group must be in [1, ", kMaxGroups, "), got ",
+                                                        group_)));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      const Tensor& h = ctx->input(0);
+      OP_REQUIRES(ctx, h.dtype() == tensorflow::DT_RESOURCE && h.NumElements() == 1,
+                  absl::InvalidArgumentError("table must be a scalar resource handle"));
+      const tensorflow::ResourceHandle& handle = h.flat<tensorflow::ResourceHandle>()(0);
+      tensorflow::core::RefCountPtr<TableBase> table;
+      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, handle, &table));
+      OP_REQUIRES(ctx, dynamic_cast<GroupView*>(table.get()) == nullptr,
+                  absl::InvalidArgumentError("table must be a table, not a column group view"));
+      std::vector<double> fills;
+      OP_REQUIRES_OK(ctx, ReadFills(ctx->input(1), &fills));
+      OP_REQUIRES(ctx, static_cast<int64_t>(fills.size()) == group_,
+                  absl::InvalidArgumentError(absl::StrCat("fills must hold the start values of groups 1..",
+                                                          group_, ", got ", fills.size())));
+      OP_REQUIRES_OK(ctx, table->EnsureGroups(fills));
+      const std::string name = absl::StrCat(handle.name(), "/_group", group_);
+      TableBase* view = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableBase>(
+                              handle.container(), name, &view, [&](TableBase** out) {
+                                *out = new GroupView(table.get(), group_);
+                                return absl::OkStatus();
+                              }));
+      tensorflow::core::ScopedUnref unref(view);
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+      out->scalar<tensorflow::ResourceHandle>()() =
+          tensorflow::MakeResourceHandle<TableBase>(ctx, handle.container(), name);
+    });
+  }
+
+ private:
+  int64_t group_ = 1;
+};
+
+// Base of FindGroups / UpsertGroups: the groups attr, the fills input (index
+// fills_input), slot groups added where missing.
+class GroupsOp : public TableOp {
+ public:
+  GroupsOp(OpKernelConstruction* c, int fills_input) : TableOp(c), fills_input_(fills_input) {
+    std::vector<int32_t> groups;
+    OP_REQUIRES_OK(c, c->GetAttr("groups", &groups));
+    for (int32_t g : groups) {
+      OP_REQUIRES(c, g >= 0 && g < kMaxGroups,
+                  absl::InvalidArgumentError(absl::StrCat("groups must be in [0, ", kMaxGroups, "), got ", g)));
+      groups_.push_back(g);
+    }
+  }
+
+ protected:
+  Status Prepare(OpKernelContext* ctx, TableBase* t) {
+    TF_RETURN_IF_ERROR(CheckKeys(ctx->input(1)));
+    std::vector<double> fills;
+    TF_RETURN_IF_ERROR(ReadFills(ctx->input(fills_input_), &fills));
+    return t->EnsureGroups(fills);
+  }
+  std::vector<int> groups_;
+  int fills_input_;
+};
+
+class FindGroupsOp : public GroupsOp {
+ public:
+  explicit FindGroupsOp(OpKernelConstruction* c) : GroupsOp(c, 2) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, Prepare(ctx, t));
+    const int64_t n = ctx->input(1).dim_size(0);
+    Tensor *values, *exists;
+    OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim() * static_cast<int64_t>(groups_.size()), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    OP_REQUIRES_OK(ctx, t->FindGroups(ctx, ctx->input(1), groups_, values, exists));
+  }
+};
+
+class UpsertGroupsOp : public GroupsOp {
+ public:
+  explicit UpsertGroupsOp(OpKernelConstruction* c) : GroupsOp(c, 3) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, Prepare(ctx, t));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRows("values", ctx->input(2), keys.dim_size(0),
+                                  t->dim() * static_cast<int64_t>(groups_.size())));
+    OP_REQUIRES_OK(ctx, t->UpsertGroups(ctx, keys, groups_, ctx->input(2)));
   }
 };
 
@@ -703,6 +865,9 @@ TFRA_DE_KERNEL("TfraDeSetStep", SetStepOp);
 TFRA_DE_KERNEL("TfraDeEvict", EvictOp);
 TFRA_DE_KERNEL("TfraDeSaveToFile", SaveToFileOp);
 TFRA_DE_KERNEL("TfraDeLoadFromFile", LoadFromFileOp);
+TFRA_DE_KERNEL("TfraDeGroupView", GroupViewOp);
+TFRA_DE_KERNEL("TfraDeFindGroups", FindGroupsOp);
+TFRA_DE_KERNEL("TfraDeUpsertGroups", UpsertGroupsOp);
 
 }  // namespace
 }  // namespace tfra_de

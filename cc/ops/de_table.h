@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -56,6 +59,36 @@ class ExportSink {
                           Tensor** freqs) = 0;
 };
 
+// A record holds its key's row (column group 0) and, once an optimizer's slots
+// are kept with it, further groups of dim columns (group g: slot g). A
+// GroupView (below) shows one group as a table of its own, so every op works on
+// slot columns too; FindGroups / UpsertGroups move several groups of a key with
+// one probe. Group g >= 1 of a new key starts at the group's fill value.
+constexpr int kMaxGroups = 16;
+
+// An ExportSink into tensors of its own (host memory), `groups` blocks of dim
+// columns per row.
+class HostSink : public ExportSink {
+ public:
+  HostSink(const TableConfig& cfg, int groups) : cfg_(cfg), width_(cfg.dim * groups) {}
+  Status Allocate(int64_t n, Tensor** k, Tensor** v, Tensor** s, Tensor** f) override {
+    keys = Tensor(cfg_.key_dtype, tensorflow::TensorShape({n}));
+    values = Tensor(cfg_.value_dtype, tensorflow::TensorShape({n, width_}));
+    stamps = Tensor(tensorflow::DT_INT64, tensorflow::TensorShape({n}));
+    freqs = Tensor(tensorflow::DT_INT64, tensorflow::TensorShape({n}));
+    *k = &keys;
+    *v = &values;
+    *s = &stamps;
+    *f = &freqs;
+    return absl::OkStatus();
+  }
+  Tensor keys, values, stamps, freqs;
+
+ private:
+  TableConfig cfg_;
+  int64_t width_;
+};
+
 class TableBase : public tensorflow::ResourceBase {
  public:
   explicit TableBase(const TableConfig& cfg) : cfg_(cfg) {}
@@ -65,9 +98,10 @@ class TableBase : public tensorflow::ResourceBase {
   DataType value_dtype() const { return cfg_.value_dtype; }
   int64_t dim() const { return cfg_.dim; }
 
+  // `group` selects the record's columns the op reads or writes (0: the row).
   // rows[i] = row of keys[i], or defaults (a [dim] row or row i of [N, dim]).
   virtual Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults,
-                      Tensor* values, Tensor* exists) = 0;
+                      Tensor* values, Tensor* exists, int group) = 0;
   // Missing keys get rows drawn by `init`; inserted when `insert` is true.
   virtual Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init,
                           bool insert, Tensor* values, Tensor* exists) = 0;
@@ -75,29 +109,139 @@ class TableBase : public tensorflow::ResourceBase {
   // in the table (values[i], or the row another writer put there first).
   virtual Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
                                Tensor* stored) = 0;
-  virtual Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values) = 0;
-  virtual Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas) = 0;
+  virtual Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                        int group) = 0;
+  virtual Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas,
+                       int group) = 0;
   virtual Status Remove(OpKernelContext* ctx, const Tensor& keys, int64_t* removed) = 0;
-  virtual void Clear() = 0;
+  // Group 0: removes every key. Group g >= 1: resets the group to its fill.
+  virtual void Clear(int group) = 0;
   virtual int64_t Size() const = 0;
   // Rows from `cursor` on, at most `limit` (<0: all, as one consistent
   // snapshot). *next is -1 once the table is exhausted.
-  virtual Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next) = 0;
-  // Replaces (clear_first) or extends the content. stamps/freqs may be empty.
+  virtual Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
+                        int group) = 0;
+  // Writes rows; clear_first replaces the content: for group 0 the set of keys
+  // (other groups of the keys that stay are kept), for a group g >= 1 its
+  // columns (keys not imported get the fill; no key is removed).
+  // stamps/freqs may be empty.
   virtual Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
-                        const Tensor& stamps, const Tensor& freqs, bool clear_first) = 0;
+                        const Tensor& stamps, const Tensor& freqs, bool clear_first,
+                        int group) = 0;
   virtual Status Evict(int64_t min_stamp, int64_t min_freq, int64_t* removed) = 0;
-  virtual Status SaveToFile(const std::string& path) = 0;
-  virtual Status LoadFromFile(const std::string& path, int64_t* loaded) = 0;
+  virtual Status SaveToFile(const std::string& path, int group) = 0;
+  virtual Status LoadFromFile(const std::string& path, int group, int64_t* loaded) = 0;
+
+  // Column groups (see kMaxGroups). EnsureGroups makes groups 1..fills.size()
+  // exist, group g filled with fills[g - 1] (existing groups must have the
+  // same fills); FindGroups reads and UpsertGroups writes the listed groups,
+  // one [dim] block each, side by side in a row of values.
+  virtual Status EnsureGroups(const std::vector<double>& fills) = 0;
+  virtual int NumGroups() const = 0;
+  virtual Status FindGroups(OpKernelContext* ctx, const Tensor& keys,
+                            const std::vector<int>& groups, Tensor* values, Tensor* exists) = 0;
+  virtual Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys,
+                              const std::vector<int>& groups, const Tensor& values) = 0;
 
   // Metadata clock: a step >= 0 is recorded as the stamp of written rows;
   // a negative step restores the default, wall-clock seconds.
-  void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
+  virtual void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   uint32_t CurrentStamp() const;
 
  protected:
   TableConfig cfg_;
   std::atomic<int64_t> step_{-1};
+};
+
+// One column group of a table, seen as a table of its own (an optimizer slot
+// kept in its variable's records): keys, size, removals and metadata are the
+// table's; rows are the group's columns. Holds a reference to the table.
+class GroupView : public TableBase {
+ public:
+  GroupView(TableBase* table, int group) : TableBase(table->config()), table_(table), group_(group) {
+    table_->Ref();
+  }
+  ~GroupView() override { table_->Unref(); }
+  std::string DebugString() const override {
+    return absl::StrCat("column group ", group_, " of ", table_->DebugString());
+  }
+  int group() const { return group_; }
+  TableBase* table() const { return table_; }
+
+  Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
+              Tensor* exists, int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Find(ctx, keys, defaults, values, exists, group_);
+  }
+  Status FindInit(OpKernelContext*, const Tensor&, const InitSpec&, bool, Tensor*,
+                  Tensor*) override {
+    return Unsupported("find with initial rows");
+  }
+  Status InsertMissing(OpKernelContext*, const Tensor&, const Tensor&, Tensor*) override {
+    return Unsupported("insert_missing");
+  }
+  Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Insert(ctx, keys, values, group_);
+  }
+  Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas,
+               int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Accum(ctx, keys, deltas, group_);
+  }
+  Status Remove(OpKernelContext* ctx, const Tensor& keys, int64_t* removed) override {
+    return table_->Remove(ctx, keys, removed);
+  }
+  void Clear(int group) override {
+    if (group == 0) table_->Clear(group_);
+  }
+  int64_t Size() const override { return table_->Size(); }
+  Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
+                int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Export(cursor, limit, sink, next, group_);
+  }
+  Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                const Tensor& stamps, const Tensor& freqs, bool clear_first, int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Import(ctx, keys, values, stamps, freqs, clear_first, group_);
+  }
+  Status Evict(int64_t min_stamp, int64_t min_freq, int64_t* removed) override {
+    return table_->Evict(min_stamp, min_freq, removed);
+  }
+  Status SaveToFile(const std::string& path, int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->SaveToFile(path, group_);
+  }
+  Status LoadFromFile(const std::string& path, int group, int64_t* loaded) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->LoadFromFile(path, group_, loaded);
+  }
+  Status EnsureGroups(const std::vector<double>&) override { return Unsupported("add groups"); }
+  int NumGroups() const override { return 1; }
+  Status FindGroups(OpKernelContext*, const Tensor&, const std::vector<int>&, Tensor*,
+                    Tensor*) override {
+    return Unsupported("find_groups");
+  }
+  Status UpsertGroups(OpKernelContext*, const Tensor&, const std::vector<int>&,
+                      const Tensor&) override {
+    return Unsupported("upsert_groups");
+  }
+  void SetStep(int64_t step) override { table_->SetStep(step); }
+
+ private:
+  // A view has one group of its own, group 0 (its table's group group_).
+  Status Top(int group) const {
+    if (group == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("a column group view has only group 0, got ", group));
+  }
+  Status Unsupported(const char* what) const {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not available on column group ", group_,
+                                                   " of a table (an optimizer slot view)"));
+  }
+  TableBase* table_;
+  int group_;
 };
 
 // Builds a Table<K, V> for the config's dtypes (validated).

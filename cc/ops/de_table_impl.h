@@ -5,7 +5,7 @@
 //    (empty / deleted / 7-bit hash tag) plus a uint32 row id per slot, probed
 //    group by group in triangular steps (visits every group, power-of-2 size);
 //  - a slab: one contiguous array of fixed-size records
-//      [key | u32 stamp | u32 freq | dim values]
+//      [key | u32 stamp | u32 freq | dim values | dim values per slot group]
 //    grown with mremap (no copy, no resident doubling); freed rows are reused
 //    through a free list, and freq == 0 marks a free row.
 // Growth is per shard, so at most one shard's index exists twice at a time.
@@ -19,6 +19,9 @@
 #define TFRA_DE_CC_OPS_DE_TABLE_IMPL_H_
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -132,7 +135,8 @@ class Table : public TableBase {
   // ----------------------------------------------------------- batch ops --
 
   Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
-              Tensor* exists) override {
+              Tensor* exists, int group) override {
+    TF_RETURN_IF_ERROR(CheckGroup(group));
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const bool per_key = defaults.dims() == 2;
@@ -144,7 +148,7 @@ class Table : public TableBase {
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t, int64_t row) {
         ex[i] = row >= 0;
-        const V* src = row >= 0 ? Vals(s, row) : (per_key ? dflt + i * dim : dflt);
+        const V* src = row >= 0 ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
         std::memcpy(out + i * dim, src, row_bytes_);
         return absl::OkStatus();
       });
@@ -219,12 +223,14 @@ class Table : public TableBase {
     });
   }
 
-  Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values) override {
-    return Upsert(ctx, keys, values, /*accum=*/false);
+  Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
+                int group) override {
+    return Upsert(ctx, keys, values, /*accum=*/false, group);
   }
 
-  Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas) override {
-    return Upsert(ctx, keys, deltas, /*accum=*/true);
+  Status Accum(OpKernelContext* ctx, const Tensor& keys, const Tensor& deltas,
+               int group) override {
+    return Upsert(ctx, keys, deltas, /*accum=*/true, group);
   }
 
   Status Remove(OpKernelContext* ctx, const Tensor& keys, int64_t* removed) override {
@@ -247,9 +253,13 @@ class Table : public TableBase {
     return st;
   }
 
-  void Clear() override {
+  void Clear(int group) override {
     auto locks = LockAll();
-    for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+    if (group <= 0 || group >= groups_.load()) {
+      if (group == 0) for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+      return;
+    }
+    for (int i = 0; i < num_shards_; ++i) FillGroup(shards_[i], group);
   }
 
   int64_t Size() const override {
@@ -260,8 +270,10 @@ class Table : public TableBase {
 
   // ------------------------------------------------------- export/import --
 
-  Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next) override {
-    if (limit < 0) return ExportAll(sink, next);
+  Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
+                int group) override {
+    TF_RETURN_IF_ERROR(CheckGroup(group));
+    if (limit < 0) return ExportAll(sink, next, group);
     const int64_t shard0 = cursor >> 32;
     if (cursor < 0 || shard0 >= num_shards_) {
       return absl::InvalidArgumentError(absl::StrCat("export: cursor ", cursor,
@@ -287,7 +299,7 @@ class Table : public TableBase {
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         keys.push_back(KO::ToOwned(*reinterpret_cast<const KS*>(rec)));
-        const V* v = reinterpret_cast<const V*>(rec + val_off_);
+        const V* v = reinterpret_cast<const V*>(rec + GroupOff(group));
         vals.insert(vals.end(), v, v + cfg_.dim);
         stamps.push_back(Stamp(rec));
         freqs.push_back(f);
@@ -307,7 +319,9 @@ class Table : public TableBase {
   }
 
   Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
-                const Tensor& stamps, const Tensor& freqs, bool clear_first) override {
+                const Tensor& stamps, const Tensor& freqs, bool clear_first,
+                int group) override {
+    TF_RETURN_IF_ERROR(CheckGroup(group));
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const V* in = values.flat<V>().data();
@@ -315,16 +329,26 @@ class Table : public TableBase {
     const int64_t* fq = freqs.NumElements() > 0 ? freqs.flat<int64_t>().data() : nullptr;
     const uint32_t now = CurrentStamp();
     const int64_t dim = cfg_.dim;
+    // When filled in: per shard, the rows this import wrote.
+    std::vector<std::vector<uint8_t>> seen;
     auto body = [&](Shard& s, int64_t lo, int64_t hi) {
+      std::vector<uint8_t>* mark = seen.empty() ? nullptr : &seen[&s - shards_.get()];
       return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         const uint32_t stamp = st ? ClampU32(st[i]) : now;
         const uint32_t freq = fq ? std::max<uint32_t>(1, ClampU32(fq[i])) : 1;
-        if (row < 0) {
+        const bool fresh = row < 0;
+        if (fresh) {
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, group));
           row = r;
         }
-        WriteRow(s, row, in + i * dim, stamp, freq);
+        std::memcpy(GVals(s, row, group), in + i * dim, row_bytes_);
+        // A slot group's import leaves the metadata of the table's keys alone.
+        if (group == 0 || fresh) SetMeta(s, row, stamp, freq);
+        if (mark != nullptr) {
+          if (mark->size() <= static_cast<size_t>(row)) mark->resize(s.high_water, 0);
+          (*mark)[row] = 1;
+        }
         return absl::OkStatus();
       });
     };
@@ -332,8 +356,169 @@ class Table : public TableBase {
     // Replace: every shard stays locked from clearing to refilling, so no
     // reader sees a half-imported table.
     auto locks = LockAll();
-    for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
-    return ForEachShard(ctx, b, Lock::kNone, body);
+    if (group > 0) {  // the group's columns are reset, then written; no key goes
+      for (int i = 0; i < num_shards_; ++i) FillGroup(shards_[i], group);
+      return ForEachShard(ctx, b, Lock::kNone, body);
+    }
+    if (groups_.load() == 1) {
+      for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+      return ForEachShard(ctx, b, Lock::kNone, body);
+    }
+    // The set of keys is replaced; the slot groups of the keys that stay are
+    // kept (a checkpoint restores them before or after the rows).
+    seen.resize(num_shards_);
+    TF_RETURN_IF_ERROR(ForEachShard(ctx, b, Lock::kNone, body));
+    for (int si = 0; si < num_shards_; ++si) {
+      Shard& s = shards_[si];
+      for (uint32_t row = 0; row < s.high_water; ++row) {
+        if (row < seen[si].size() && seen[si][row]) continue;
+        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        if (Freq(rec) == 0) continue;
+        const KS& k = *reinterpret_cast<const KS*>(rec);
+        const int64_t slot = FindSlotStored(s, k, KO::HashStored(k));
+        if (slot >= 0) EraseSlot(s, slot);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ------------------------------------------------------ column groups --
+
+  int NumGroups() const override { return groups_.load(); }
+
+  Status EnsureGroups(const std::vector<double>& fills) override {
+    const int want = static_cast<int>(fills.size()) + 1;
+    if (want > kMaxGroups) {
+      return absl::InvalidArgumentError(absl::StrCat("a table keeps at most ", kMaxGroups - 1,
+                                                     " slot groups, asked for ", want - 1));
+    }
+    // Groups are only ever added, and a group's fill never changes: the usual
+    // call (every group there) checks without taking the locks.
+    if (want <= groups_.load()) return CheckFills(fills);
+    auto locks = LockAll();
+    const int have = groups_.load();
+    TF_RETURN_IF_ERROR(CheckFills(fills));
+    if (want <= have) return absl::OkStatus();
+    // Every record is rewritten wider; the slabs are allocated first, so that a
+    // failure leaves the table as it was. Row ids (so the index) stay.
+    const size_t old_rec = rec_bytes_, new_rec = RecBytes(want);
+    std::vector<char*> slabs(num_shards_, nullptr);
+    for (int si = 0; si < num_shards_; ++si) {
+      if (shards_[si].slab_rows == 0) continue;
+      slabs[si] = static_cast<char*>(BigAlloc(shards_[si].slab_rows * new_rec));
+      if (slabs[si] == nullptr) {
+        for (int j = 0; j < si; ++j) {
+          if (slabs[j] != nullptr) BigFree(slabs[j], shards_[j].slab_rows * new_rec);
+        }
+        return absl::ResourceExhaustedError("cannot widen a table's records for slot groups");
+      }
+    }
+    for (int g = have; g < want; ++g) fills_[g] = fills[g - 1];
+    const size_t used = GroupOff(have);
+    for (int si = 0; si < num_shards_; ++si) {
+      Shard& s = shards_[si];
+      if (slabs[si] == nullptr) continue;
+      for (uint32_t row = 0; row < s.high_water; ++row) {
+        char* dst = slabs[si] + size_t{row} * new_rec;
+        std::memcpy(dst, s.slab + size_t{row} * old_rec, used);
+        for (int g = have; g < want; ++g) {
+          V* cols = reinterpret_cast<V*>(dst + GroupOff(g));
+          std::fill(cols, cols + cfg_.dim, FromDouble<V>(fills_[g]));
+        }
+      }
+      BigFree(s.slab, s.slab_rows * old_rec);
+      s.slab = slabs[si];
+      s.faulted_rows = s.high_water;
+    }
+    rec_bytes_ = new_rec;
+    prefetch_bytes_ = std::min<size_t>(rec_bytes_, 512);
+    groups_.store(want);
+    return absl::OkStatus();
+  }
+
+  // Whether the existing groups among 1..fills.size() start at those fills.
+  Status CheckFills(const std::vector<double>& fills) const {
+    const int have = std::min<int>(groups_.load(), static_cast<int>(fills.size()) + 1);
+    for (int g = 1; g < have; ++g) {
+      const double a = fills_[g], c = fills[g - 1];
+      if (!(a == c || (std::isnan(a) && std::isnan(c)))) {
+        return absl::InvalidArgumentError(absl::StrCat("slot group ", g, " of this table starts at ", a,
+                                                       ", not ", c));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  Status FindGroups(OpKernelContext* ctx, const Tensor& keys, const std::vector<int>& groups,
+                    Tensor* values, Tensor* exists) override {
+    for (int g : groups) TF_RETURN_IF_ERROR(CheckGroup(g));
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
+    const int64_t dim = cfg_.dim, width = dim * static_cast<int64_t>(groups.size());
+    std::vector<V> fill(width);
+    for (size_t j = 0; j < groups.size(); ++j) {
+      std::fill(fill.begin() + j * dim, fill.begin() + (j + 1) * dim,
+                FromDouble<V>(groups[j] == 0 ? 0.0 : fills_[groups[j]]));
+    }
+    V* out = values->flat<V>().data();
+    bool* ex = exists->flat<bool>().data();
+    return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
+      auto pre = [&](int64_t i) { PrefetchRow(out + i * width, /*write=*/true); };
+      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t, int64_t row) {
+        ex[i] = row >= 0;
+        V* dst = out + i * width;
+        if (row < 0) {
+          std::memcpy(dst, fill.data(), width * sizeof(V));
+        } else {
+          for (size_t j = 0; j < groups.size(); ++j) {
+            std::memcpy(dst + j * dim, GVals(s, row, groups[j]), row_bytes_);
+          }
+        }
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys, const std::vector<int>& groups,
+                      const Tensor& values) override {
+    for (int g : groups) TF_RETURN_IF_ERROR(CheckGroup(g));
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
+    const int64_t dim = cfg_.dim, width = dim * static_cast<int64_t>(groups.size());
+    // The usual call writes every group in record order: one copy per key.
+    bool in_order = true;
+    for (size_t j = 0; j < groups.size(); ++j) in_order = in_order && groups[j] == static_cast<int>(j);
+    const bool has_row = std::find(groups.begin(), groups.end(), 0) != groups.end();
+    const V* in = values.flat<V>().data();
+    const uint32_t stamp = CurrentStamp();
+    return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
+      // Read under the shard's lock: groups are added with every shard locked.
+      const bool whole = in_order && static_cast<int>(groups.size()) == groups_.load();
+      PrepareNewRows(s, static_cast<size_t>(hi - lo));
+      auto pre = [&](int64_t i) { PrefetchRow(in + i * width, /*write=*/false); };
+      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
+        const V* src = in + i * width;
+        const bool fresh = row < 0;
+        if (fresh) {
+          uint32_t r;
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, whole ? kAllGroupsWritten : -1));
+          row = r;
+        }
+        if (whole) {
+          std::memcpy(GVals(s, row, 0), src, width * sizeof(V));
+        } else {
+          for (size_t j = 0; j < groups.size(); ++j) {
+            std::memcpy(GVals(s, row, groups[j]), src + j * dim, row_bytes_);
+          }
+        }
+        if (fresh) {
+          SetMeta(s, row, stamp, 1);
+        } else if (has_row) {
+          SetMeta(s, row, stamp, BumpFreq(s, row));
+        }
+        return absl::OkStatus();
+      });
+    });
   }
 
   Status Evict(int64_t min_stamp, int64_t min_freq, int64_t* removed) override {
@@ -361,8 +546,8 @@ class Table : public TableBase {
   // ---------------------------------------------------------- file I/O --
 
   // Streaming file save/load: de_table_io.h.
-  Status SaveToFile(const std::string& path) override;
-  Status LoadFromFile(const std::string& path, int64_t* loaded) override;
+  Status SaveToFile(const std::string& path, int group) override;
+  Status LoadFromFile(const std::string& path, int group, int64_t* loaded) override;
 
  private:
   // ------------------------------------------------------------ helpers --
@@ -396,6 +581,41 @@ class Table : public TableBase {
   V* Vals(const Shard& s, int64_t row) const {
     return reinterpret_cast<V*>(s.slab + static_cast<size_t>(row) * rec_bytes_ + val_off_);
   }
+  size_t GroupOff(int group) const { return val_off_ + static_cast<size_t>(group) * row_bytes_; }
+  V* GVals(const Shard& s, int64_t row, int group) const {
+    return reinterpret_cast<V*>(s.slab + static_cast<size_t>(row) * rec_bytes_ + GroupOff(group));
+  }
+  size_t RecBytes(int groups) const {
+    return AlignUp(GroupOff(groups), std::max<size_t>({alignof(KS), alignof(V), 4}));
+  }
+  Status CheckGroup(int group) const {
+    const int n = groups_.load();
+    if (group >= 0 && group < n) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("column group ", group, " does not exist; the table has ",
+                                                   n, " (0: rows, 1..: slot groups)"));
+  }
+  // Sets group `group` (>= 1) of every live row of `s` to its fill.
+  void FillGroup(const Shard& s, int group) const {
+    const V c = FromDouble<V>(fills_[group]);
+    for (uint32_t row = 0; row < s.high_water; ++row) {
+      if (Freq(s.slab + size_t{row} * rec_bytes_) == 0) continue;
+      V* cols = GVals(s, row, group);
+      std::fill(cols, cols + cfg_.dim, c);
+    }
+  }
+  // A new record's groups other than `written` (-1: none written yet) start at
+  // zero (the row) or their fill (slot groups).
+  static constexpr int kAllGroupsWritten = kMaxGroups;
+  void InitGroups(const Shard& s, uint32_t row, int written) const {
+    const int n = groups_.load(std::memory_order_relaxed);
+    if (written == kAllGroupsWritten || (n == 1 && written == 0)) return;
+    for (int g = 0; g < n; ++g) {
+      if (g == written) continue;
+      V* cols = GVals(s, row, g);
+      std::fill(cols, cols + cfg_.dim, FromDouble<V>(g == 0 ? 0.0 : fills_[g]));
+    }
+  }
+
   uint32_t Stamp(const char* rec) const {
     uint32_t v;
     std::memcpy(&v, rec + stamp_off_, 4);
@@ -634,7 +854,9 @@ class Table : public TableBase {
     return locks;
   }
 
-  Status Upsert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values, bool accum) {
+  Status Upsert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values, bool accum,
+                int group) {
+    TF_RETURN_IF_ERROR(CheckGroup(group));
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const V* in = values.flat<V>().data();
@@ -647,15 +869,19 @@ class Table : public TableBase {
         const V* src = in + i * dim;
         if (row < 0) {
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
-          WriteRow(s, r, src, stamp, 1);
-        } else if (accum) {
-          V* dst = Vals(s, row);
-          for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<V>(dst[j] + src[j]);
-          SetMeta(s, row, stamp, BumpFreq(s, row));
-        } else {
-          WriteRow(s, row, src, stamp, BumpFreq(s, row));
+          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, group));
+          std::memcpy(GVals(s, r, group), src, row_bytes_);
+          SetMeta(s, r, stamp, 1);
+          return absl::OkStatus();
         }
+        V* dst = GVals(s, row, group);
+        if (accum) {
+          for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<V>(dst[j] + src[j]);
+        } else {
+          std::memcpy(dst, src, row_bytes_);
+        }
+        // Writing a slot group is part of its row's update: the metadata is the row's.
+        if (group == 0) SetMeta(s, row, stamp, BumpFreq(s, row));
         return absl::OkStatus();
       });
     });
@@ -715,7 +941,7 @@ class Table : public TableBase {
   }
 
   // Adds `key` (known absent) with a fresh row; values/meta are the caller's.
-  Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out) {
+  Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out, int written = 0) {
     if (s.cap == 0) TF_RETURN_IF_ERROR(Rehash(s, kGroupWidth));
     size_t slot = FirstNonFull(s.slots, s.cap, h);
     if (s.growth_left == 0 && s.slots[slot] != kDeletedSlot) {
@@ -735,6 +961,7 @@ class Table : public TableBase {
       s.free_rows.push_back(row);
       return absl::InvalidArgumentError(absl::StrCat("cannot store a key: ", e.what()));
     }
+    InitGroups(s, row, written);
     if (s.slots[slot] == kEmptySlot) --s.growth_left;
     s.slots[slot] = FullSlot(h, row);
     s.size.fetch_add(1, std::memory_order_relaxed);
@@ -884,8 +1111,11 @@ class Table : public TableBase {
   size_t stamp_off_ = 0, freq_off_ = 0, val_off_ = 0, row_bytes_ = 0, rec_bytes_ = 0;
   size_t init_rows_ = 0;
   size_t prefetch_bytes_ = 0;  // leading record bytes worth prefetching
+  // Column groups: changed only with every shard locked (EnsureGroups).
+  std::atomic<int> groups_{1};
+  std::array<double, kMaxGroups> fills_{};
 
-  Status ExportAll(ExportSink* sink, int64_t* next) {
+  Status ExportAll(ExportSink* sink, int64_t* next, int group) {
     std::vector<std::shared_lock<std::shared_mutex>> locks;
     locks.reserve(num_shards_);
     for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
@@ -904,7 +1134,7 @@ class Table : public TableBase {
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         KO::Export(*reinterpret_cast<const KS*>(rec), &ok(i));
-        std::memcpy(ov + i * cfg_.dim, rec + val_off_, row_bytes_);
+        std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), row_bytes_);
         os[i] = Stamp(rec);
         of[i] = f;
         ++i;
@@ -921,7 +1151,7 @@ template <class K>
 Status NewTableFor(const TableConfig& cfg, TableBase** out) {
   auto make = [&](auto* value_tag) -> Status {
     using V = std::remove_pointer_t<decltype(value_tag)>;
-    std::unique_ptr<Table<K, V>> t(new Table<K, V>(cfg));
+    tensorflow::core::RefCountPtr<Table<K, V>> t(new Table<K, V>(cfg));
     TF_RETURN_IF_ERROR(t->Init());
     *out = t.release();
     return absl::OkStatus();

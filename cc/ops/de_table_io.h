@@ -6,7 +6,8 @@
 namespace tfra_de {
 
 template <class K, class V>
-Status Table<K, V>::SaveToFile(const std::string& path) {
+Status Table<K, V>::SaveToFile(const std::string& path, int group) {
+  TF_RETURN_IF_ERROR(CheckGroup(group));
   TableFileWriter w;
   FileHeader h;
   h.key_dtype = cfg_.key_dtype;
@@ -29,7 +30,7 @@ Status Table<K, V>::SaveToFile(const std::string& path) {
         if (Freq(rec) == 0) continue;
         KO::Encode(*reinterpret_cast<const KS*>(rec), &buf);
         buf.append(rec + stamp_off_, 8);  // stamp + freq
-        buf.append(rec + val_off_, row_bytes_);
+        buf.append(rec + GroupOff(group), row_bytes_);
         if (++rows == UINT32_MAX || buf.size() >= kBlockTargetBytes) {
           blocks.emplace_back(rows, std::move(buf));
           buf.clear();
@@ -47,7 +48,8 @@ Status Table<K, V>::SaveToFile(const std::string& path) {
 }
 
 template <class K, class V>
-Status Table<K, V>::LoadFromFile(const std::string& path, int64_t* loaded) {
+Status Table<K, V>::LoadFromFile(const std::string& path, int group, int64_t* loaded) {
+  TF_RETURN_IF_ERROR(CheckGroup(group));
   TableFileReader r;
   FileHeader h;
   TF_RETURN_IF_ERROR(r.Open(path, &h));
@@ -62,7 +64,7 @@ Status Table<K, V>::LoadFromFile(const std::string& path, int64_t* loaded) {
   }
   // Everything is staged in a fresh table and swapped in only after the
   // footer's row count checks out: a bad file never leaves a partial load.
-  std::unique_ptr<Table> staged(new Table(cfg_));
+  tensorflow::core::RefCountPtr<Table> staged(new Table(cfg_));  // freed by Unref
   TF_RETURN_IF_ERROR(staged->Init());
   std::string payload;
   uint64_t count = 0, total = 0;
@@ -98,10 +100,22 @@ Status Table<K, V>::LoadFromFile(const std::string& path, int64_t* loaded) {
   }
   {
     auto locks = LockAll();
-    for (int i = 0; i < num_shards_; ++i) SwapShard(&shards_[i], &staged->shards_[i]);
+    if (group == 0 && groups_.load() == 1) {
+      for (int i = 0; i < num_shards_; ++i) SwapShard(&shards_[i], &staged->shards_[i]);
+      *loaded = Size();
+      return absl::OkStatus();  // `staged` now holds the old content and frees it here
+    }
   }
-  *loaded = Size();
-  return absl::OkStatus();  // `staged` now holds the old content and frees it here
+  // Records with slot groups: the rows (or one slot group) are imported, which
+  // keeps the other groups of the keys that stay (see Import).
+  HostSink sink(cfg_, 1);
+  int64_t next = -1;
+  TF_RETURN_IF_ERROR(staged->ExportAll(&sink, &next, 0));
+  staged.reset();
+  TF_RETURN_IF_ERROR(Import(nullptr, sink.keys, sink.values, sink.stamps, sink.freqs,
+                            /*clear_first=*/true, group));
+  *loaded = sink.keys.NumElements();
+  return absl::OkStatus();
 }
 
 }  // namespace tfra_de

@@ -1,0 +1,120 @@
+"""Optimizer slots kept in their variable's native records (one probe per key per step).
+
+A native table's record can hold, after the key's row (column group 0), further groups of `dim`
+columns: one per optimizer slot (Adam's m and v are groups 1 and 2). `SlotColumnsCreator` makes a
+slot `de.Variable`'s shard tables as `NativeSlotView`s of its variable's shard tables: a view is
+a full `KVTable` (lookup, insert, export, import, files, checkpoints under the slot's own name)
+on its group's columns, sharing the table's keys, size, removals and metadata. The optimizer then
+reads all slot rows of a batch with one `find_groups` and writes the trained rows and slot rows
+back with one `upsert_groups`: each touches a key once.
+
+Semantics of the shared keys: a slot's size is its variable's; removing a key from either
+removes it from both (evictions and restrict policies remove from both anyway); a key written
+only through a slot view gets a zero row; a new key's slot columns start at the slot's fill.
+Restoring rows replaces the set of keys but keeps the slot columns of the keys that stay, and
+restoring a slot sets its columns (keys it lacks get the fill), so a checkpoint restores the
+same in either order.
+
+Example:
+    table = native.NativeKVCreator().create(tf.int64, tf.float32, 4, "emb")
+    m = NativeSlotView(table, fill=0.0, name="emb/Adam/m")   # group 1 of `table`
+    rows = find_groups(table, keys, [m.group])               # m's rows of keys, [n, 4]
+    upsert_groups(table, keys, tf.concat([new_rows, new_m], 1), [0, m.group])
+"""
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding.tables import base
+from tfra_dynamic_embedding.tables import native
+
+
+def fusable(tables):
+    """Whether slots of a variable with these shard tables can live in its records."""
+    return bool(tables) and all(type(t) is native.NativeKVTable for t in tables)  # pylint: disable=unidiomatic-typecheck
+
+
+def slot_fills(table):
+    """The start values of `table`'s slot groups 1, 2, ... (a list owned by the table)."""
+    return table.__dict__.setdefault("_slot_fills", [])
+
+
+class NativeSlotView(native.NativeKVTable):
+    """One slot's columns of a native shard table, as a `KVTable` (see module docstring)."""
+
+    def __init__(self, table, fill, name):
+        fills = slot_fills(table)
+        fills.append(float(fill))
+        self.table = table
+        self.group = len(fills)
+        self.fill = float(fill)
+        self._fills = tuple(fills)
+        base.KVTable.__init__(self, table.key_dtype, table.value_dtype, table.dim, name,
+                              table.device)
+        self._gen = native._ops()  # pylint: disable=protected-access
+        self.resource_handle  # pylint: disable=pointless-statement  (create it now)
+
+    def _create_resource(self):
+        return self._gen.tfra_de_group_view(
+            self.table.resource_handle, tf.constant(self._fills, tf.float64), group=self.group,
+            name=base.op_name(self.name))
+
+    def _deserialization_dependencies(self, children):
+        del children
+        return {"table": self.table}   # a loaded view is made after its table
+
+    def fuses_init(self, make_rows):
+        del make_rows
+        return False   # rows come from the slot's fill, never from a drawn initializer
+
+    def lookup_or_init(self, keys, make_rows):
+        return base.KVTable.lookup_or_init(self, keys, make_rows)
+
+    def find_or_insert(self, keys, make_rows):
+        with tf.device(self.device):
+            rows, exists = self.lookup_or_init(keys, make_rows)
+            missing = tf.logical_not(exists)
+            insert = self.insert(tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
+            with tf.control_dependencies([insert]):
+                return tf.identity(rows), exists
+
+
+class SlotColumnsCreator(base.KVCreator):
+    """Makes a slot variable's shard tables as views of its variable's shard tables, in order.
+
+    The variable's creator's `saver` (e.g. a `de.FileSystemSaver`) applies to the slot too.
+    """
+
+    def __init__(self, tables, fill, creator=None):
+        self._tables = list(tables)
+        self._fill = fill
+        self._next = 0
+        self.saver = getattr(creator, "saver", None)
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        del key_dtype, value_dtype, dim, device, shared_name, init_size
+        if self._next >= len(self._tables):
+            raise ValueError(f"slot table {name}: its variable has only {len(self._tables)} "
+                             f"shard tables")
+        table = self._tables[self._next]
+        self._next += 1
+        return NativeSlotView(table, self._fill, name)
+
+
+def find_groups(table, keys, groups):
+    """(`[n, dim * len(groups)]` columns of `groups` for `keys`, exists), one probe per key;
+    a missing key gets zeros (group 0) and each slot's fill."""
+    with tf.device(table.device):
+        return table._gen.tfra_de_find_groups(  # pylint: disable=protected-access
+            table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
+            tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups),
+            value_dtype=table.value_dtype)
+
+
+def upsert_groups(table, keys, values, groups):
+    """Writes `values` (`[n, dim * len(groups)]`) into the columns of `groups`, one probe per
+    key; a write of group 0 stamps the row and counts one write."""
+    with tf.device(table.device):
+        return table._gen.tfra_de_upsert_groups(  # pylint: disable=protected-access
+            table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
+            table._rows(values), tf.constant(slot_fills(table), tf.float64),  # pylint: disable=protected-access
+            dim=table.dim, groups=list(groups))
