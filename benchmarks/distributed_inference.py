@@ -10,7 +10,7 @@ item); a bottom MLP on 13 dense inputs; the pooled rows and the bottom output co
 into a top MLP 256-64-1. Tables are filled directly with `params.upsert` (random rows; nothing
 is trained) and exported with `inference.export_sharded`. Plans are made over TableSpecs of the
 tables (rows, dim, pooling factor, network tag "user" / "item" for nsbp) with
-`placement.heuristics.propose`; for n >= 2 shards each shard gets 1.25 x (values / n) bytes
+`placement.proposers.propose`; for n >= 2 shards each shard gets 1.25 x (values / n) bytes
 of memory, so tables bigger than that are split row-wise (capacity-driven scale-out) and nsbp,
 which packs bins full, may leave a shard unused ("shards" in the JSON counts the processes);
 where a strategy cannot fit that (load-balanced places by pooling factor alone) it gets 1.5x,
@@ -176,7 +176,7 @@ def make_plan(layout, layers, num_shards, strategy):
     """The strategy's Plan over `num_shards` shards with 1.25 x (values / n) bytes each; where
     the strategy cannot fit that (load-balanced ignores sizes), 1.5x, 2x, then no limit."""
     # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import heuristics, types
+    from tfra_dynamic_embedding.placement import proposers, types
     tables = [types.TableSpec(layer.params.name, rows=rows, dim=dim, pooling_factor=pooling,
                               group=group)
               for (_, group, rows, dim, pooling, _), layer in zip(layout, layers)]
@@ -186,7 +186,7 @@ def make_plan(layout, layers, num_shards, strategy):
             slack * total / num_shards)
         task = types.Task(tables, types.make_devices(num_shards, memory, "/job:sparse/task:{i}"))
         try:
-            return heuristics.propose(task, strategy), slack
+            return proposers.propose(task, strategy), slack
         except types.PlacementError:
             continue
     raise AssertionError("unreachable: no memory limit always fits")

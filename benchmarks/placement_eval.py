@@ -45,9 +45,9 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tfra_dynamic_embedding.placement import cost_model as cm  # noqa: E402
-from tfra_dynamic_embedding.placement import evaluate, heuristics, train, workloads  # noqa: E402
-from tfra_dynamic_embedding.placement import policy  # noqa: E402,F401  (registers "learned")
-from tfra_dynamic_embedding.placement.types import PlacementError, Shard  # noqa: E402
+from tfra_dynamic_embedding.placement import evaluate, pieces, proposers, train, workloads  # noqa: E402
+from tfra_dynamic_embedding.placement import policy  # noqa: E402
+from tfra_dynamic_embedding.placement.types import PlacementError  # noqa: E402
 
 STRATEGIES = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced", "nsbp", "cost-greedy", "learned-whole",
@@ -57,8 +57,8 @@ MEASURED_STRATEGIES = ["random", "lookup-greedy", "size-lookup-greedy", "cost-gr
                        "learned-whole", "learned"]
 
 
-@heuristics.register_strategy("learned-whole", "the learned strategy with every table kept "
-                              "whole (no cutting of hot tables): an ablation")
+@proposers.register_strategy("learned-whole", "the learned strategy with every table kept "
+                             "whole (no cutting of hot tables): an ablation")
 def learned_whole(task, seed=0, estimator=None):
     del estimator
     return policy.plan_task(task, seed=seed, samples=policy.BEST_OF, hot_splits=(None,))
@@ -66,7 +66,7 @@ def learned_whole(task, seed=0, estimator=None):
 
 def bound_shards(task):
     """Every piece of the task's tables on one device."""
-    return [Shard(it.table, "", it.index, it.num_slices) for it in heuristics.split_items(task)]
+    return pieces.split_pieces(task)
 
 
 def bound(task, est):
@@ -95,12 +95,12 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
         if on_task:
             on_task(task, "random")
         # the random baseline's plans (evaluate.random_baseline draws the same seeds)
-        proposed = {"random": [heuristics.propose(task, "random", k) for k in range(num_random)]}
+        proposed = {"random": [proposers.propose(task, "random", k) for k in range(num_random)]}
         for name in strategies:
             if name == "random":
                 continue
             try:
-                proposed[name] = [heuristics.propose(task, name, 0, plan_est)]
+                proposed[name] = [proposers.propose(task, name, 0, plan_est)]
             except PlacementError:
                 failures[name] += 1
         if on_proposed:
@@ -294,11 +294,11 @@ def planning_time(task, repeats=5):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     except (AttributeError, OSError):
         pass
-    heuristics.propose(task, "learned")     # loads the weights
+    proposers.propose(task, "learned")     # loads the weights
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        heuristics.propose(task, "learned")
+        proposers.propose(task, "learned")
         times.append(time.perf_counter() - t0)
     return float(np.median(times)), float(np.min(times))
 

@@ -49,7 +49,7 @@ STRATEGIES = ("size-greedy", "lookup-greedy", "random", "one-ps")
 def make_plans(num_ps, batch_size, seed):
     """{label: Plan} over `num_ps` PS devices; "one-ps" puts every table on task 0."""
     # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import evaluate, heuristics, types
+    from tfra_dynamic_embedding.placement import evaluate, proposers, types
     tables = [types.TableSpec(name, rows=rows, dim=dim, pooling_factor=float(pooling))
               for name, rows, dim, pooling in TABLES]
     task = types.Task(tables, types.make_devices(num_ps), batch_size=batch_size)
@@ -59,7 +59,7 @@ def make_plans(num_ps, batch_size, seed):
             plan = types.Plan(task, {t.name: ["/job:ps/task:0"] for t in tables},
                               strategy="one-ps")
         else:
-            plan = heuristics.propose(task, strategy, seed=seed)
+            plan = proposers.propose(task, strategy, seed=seed)
         evaluate.evaluate_plan(plan, "analytic", num_random=0)
         plans[strategy] = plan
     return plans

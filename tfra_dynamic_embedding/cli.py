@@ -168,12 +168,12 @@ def add_plan_parser(subparsers):
 
 
 def _run_plan(args):
-    from tfra_dynamic_embedding.placement import evaluate, heuristics  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import evaluate, proposers  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
-    policy.use_weights(args.weights)  # registers "learned"; None: the shipped weights
+    policy.use_weights(args.weights)  # the "learned" strategy's weights; None: the shipped ones
     task = _make_task(args, _load_tables(args))
-    if args.strategy != "best" and args.strategy not in heuristics.list_strategies():
-        raise CliError(f"--strategy must be 'best' or one of {heuristics.list_strategies()}; "
+    if args.strategy != "best" and args.strategy not in proposers.list_strategies():
+        raise CliError(f"--strategy must be 'best' or one of {proposers.list_strategies()}; "
                        f"got {args.strategy!r}")
     if args.strategy in ("best", "learned"):
         outside = select.learned_out_of_range(task, args.weights)
@@ -195,7 +195,7 @@ def _run_plan(args):
                   if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
         print(f"best: {plan.strategy} (by the {choice.estimator} estimator{margin})")
     else:
-        plan = heuristics.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
+        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
     report = evaluate.evaluate_plan(plan, args.estimator, num_random=args.random, seed=args.seed)
     plan.save(args.out)
     _print_report(plan, report)
@@ -236,12 +236,12 @@ def add_evaluate_parser(subparsers):
 
 
 def _run_evaluate(args):
-    from tfra_dynamic_embedding.placement import (evaluate, heuristics, types,  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import (estimators, evaluate, proposers, types,  # pylint: disable=import-outside-toplevel
                                                   workloads)
     if args.list:
-        for name in heuristics.list_strategies():
-            print(f"{name:20s} {heuristics.get_strategy(name).description}")
-        print("estimators: " + ", ".join(evaluate.list_estimators()))
+        for name in proposers.list_strategies():
+            print(f"{name:20s} {proposers.describe_strategy(name)}")
+        print("estimators: " + ", ".join(estimators.list_estimators()))
         return 0
     if args.plan:
         plan = types.Plan.load(args.plan)
@@ -269,7 +269,7 @@ def _run_evaluate(args):
                                          args.device_template)
     strategies = "all" if args.strategies == "all" else [
         s.strip() for s in args.strategies.split(",") if s.strip()]
-    known = heuristics.list_strategies()
+    known = proposers.list_strategies()
     if strategies != "all" and any(s not in known for s in strategies):
         raise CliError(f"--strategies must be 'all' or names from {known}; "
                        f"got {args.strategies!r}")
@@ -333,7 +333,7 @@ def add_workloads_parser(subparsers):
 
 def _run_generate(args):
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import loaders, workloads  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import loaders, streams, workloads  # pylint: disable=import-outside-toplevel
     os.makedirs(args.out, exist_ok=True)
     pool = workloads.generate_pool(args.tables, seed=args.seed, dims=_dims(args.dims),
                                    batch_size=args.batch_size, row_scale=args.row_scale,
@@ -362,7 +362,7 @@ def _run_generate(args):
     if args.batches:
         os.makedirs(os.path.join(args.out, "batches"), exist_ok=True)
         for k in range(args.batches):
-            indices, offsets, lengths = workloads.pool_batch(pool, k, args.batch_size)
+            indices, offsets, lengths = streams.pool_batch(pool, k, args.batch_size)
             written.append(os.path.join(args.out, "batches", f"batch{k:03d}.npz"))
             np.savez_compressed(written[-1], indices=indices, offsets=offsets, lengths=lengths)
     cal = stats["calibration"]["lookups"]

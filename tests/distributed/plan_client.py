@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import tensorflow_recommenders_addons.dynamic_embedding as de  # noqa: E402
-from tfra_dynamic_embedding.placement import heuristics, types  # noqa: E402
+from tfra_dynamic_embedding.placement import proposers, types  # noqa: E402
 
 spec = json.loads(os.environ["TF_CONFIG"])["cluster"]
 tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": spec["ps"]}))
@@ -27,7 +27,7 @@ plans = {
     "by_hand": types.Plan(task, {"user": ["/job:ps/task:1", "/job:ps/task:0"],
                                  "item": ["/job:ps/task:1"], "ad": ["/job:ps/task:0"]},
                           strategy="by-hand"),
-    "proposed": heuristics.propose(task, "lookup-greedy"),
+    "proposed": proposers.propose(task, "lookup-greedy"),
 }
 ids = tf.constant(list(range(1, 41)), tf.int64)
 out = {}

@@ -161,7 +161,8 @@ def test_dlrm_sharded_equals_single_process(trained_dlrm, tmp_path, strategy, nu
 
 
 def _hand_plan(tables, devices, assignment, strategy="by-hand"):
-    task = placement.Task(tables, placement.make_devices(devices, template="/job:sparse/task:{i}"))
+    task = placement.Task(tables, placement.types.make_devices(devices,
+                                                               template="/job:sparse/task:{i}"))
     return placement.Plan(task, assignment, strategy=strategy)
 
 

@@ -92,11 +92,10 @@ def test_keras_embedding_takes_devices_from_the_plan():
 
 
 def test_a_learned_plan_that_cuts_a_hot_table_applies_to_de_variables():
-    from tfra_dynamic_embedding.placement import policy  # noqa: F401  (registers "learned")
-    from tfra_dynamic_embedding.placement import heuristics
+    from tfra_dynamic_embedding.placement import proposers
     tables = [TableSpec("hot_t", rows=4000, dim=64, pooling_factor=60.0)] + [
         TableSpec(f"cool_{i}", rows=1000, dim=16, pooling_factor=4.0) for i in range(6)]
-    plan = heuristics.propose(Task(tables, [DeviceSpec(c) for c in CPUS]), "learned")
+    plan = proposers.propose(Task(tables, [DeviceSpec(c) for c in CPUS]), "learned")
     assert plan.meta["split_tables"] == ["hot_t"]
     with plan.scope():
         hot = de.get_variable("hot_t", dim=4)

@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import benchmark, evaluate, workloads
+from tfra_dynamic_embedding.placement import benchmark, estimators, evaluate, workloads
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu, torch_cuda
+from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
 
@@ -229,8 +230,8 @@ def test_beyond_max_together_plans_are_measured_in_groups_of_whole_plans(measure
 
 
 def test_measured_estimator_scores_a_tiny_plan():
-    assert "measured-cpu" in evaluate.list_estimators()
-    est = evaluate.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)
+    assert "measured-cpu" in estimators.list_estimators()
+    est = estimators.get_estimator("measured-cpu", batch_size=16, warmup=1, repeat=3, flush=False)
     assert est.measured and not est.additive
     task = Task(TINY + [TableSpec("c", rows=30, dim=4, pooling_factor=2.0)],
                 make_devices(2, template="/CPU:{i}"), batch_size=65536)
@@ -278,7 +279,7 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
             "--quiet", "--row-scale", "0.0001", "--pool-seed", "2"]
     assert _cli(base + ["--records", "3"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 3
-    records = collect.read_records(out)
+    records = records_lib.read_records(out)
     assert len(records) == 3
     assert [r["source"].split(":")[0] for r in records] == ["random", "heuristic", "plan"]
     for record in records:
@@ -287,14 +288,14 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
         assert all(len(t["features"]) == NUM_FEATURES for t in record["tables"])
         assert record["total_ms"] == pytest.approx(record["forward_ms"] + record["backward_ms"],
                                                    abs=1e-4)
-        shards = collect.record_shards(record)
+        shards = records_lib.record_shards(record)
         assert tf_cpu.shard_key(shards, 32) == record["key"]  # round trip of the specs
     with open(out, "a", encoding="utf-8") as f:
         f.write('{"torn": ')                                  # an interrupted write
     assert _cli(base + ["--records", "4"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["written"], summary["skipped"]) == (1, 3)
-    again = collect.read_records(out)
+    again = records_lib.read_records(out)
     assert [r["key"] for r in again[:3]] == [r["key"] for r in records]
     assert len(again) == 4 and again[3]["index"] == 3
     assert again[3]["source"] == "policy:learned"        # a device of the policy's own plan
@@ -303,7 +304,7 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     half_args = [a if a != out else half_out for a in base] + ["--half", "train", "--records", "3"]
     assert _cli(half_args) == 0
     first = {t.name for t in workloads.split_pool(collect.make_pool(2, 32, 40, 0.0001), seed=2)[0]}
-    halves = collect.read_records(half_out)
+    halves = records_lib.read_records(half_out)
     assert len(halves) == 3 and all(r["half"] == "train" for r in halves)
     assert all(t["name"] in first for r in halves for t in r["tables"])
     with pytest.raises(ValueError, match="half"):
@@ -317,7 +318,7 @@ def test_sliced_source_records_row_slices(tmp_path, capsys):
             "--quiet", "--row-scale", "0.001", "--pool-seed", "3", "--sources", "sliced",
             "--records", "6"]
     assert _cli(argv) == 0
-    records = collect.read_records(out)
+    records = records_lib.read_records(out)
     assert len(records) == 6 and {r["source"] for r in records} == {"sliced"}
     sliced = [(r, t) for r in records for t in r["tables"] if "slice" in t]
     assert sliced, "half of the tables should be row slices"
@@ -331,7 +332,7 @@ def test_sliced_source_records_row_slices(tmp_path, capsys):
                                    rtol=1e-5)                     # rows, pooling, size scale
         np.testing.assert_allclose(entry["features"][4:], whole[4:], rtol=1e-5)
     for record in records:   # the key round-trips, and a slice measured only its own keys
-        shards = collect.record_shards(record)
+        shards = records_lib.record_shards(record)
         assert tf_cpu.shard_key(shards, 64) == record["key"]
         kept = protocol.shard_batches(shards, 64, seed=0)
         assert record["lookups"] == sum(len(ix) for ix, _ in kept)
@@ -339,7 +340,7 @@ def test_sliced_source_records_row_slices(tmp_path, capsys):
     gz = str(tmp_path / "sliced.jsonl.gz")
     with open(out, "rb") as src, gzip.open(gz, "wb") as dst:
         dst.write(src.read())
-    assert collect.read_records(gz) == records                    # shipped data is gzipped
+    assert records_lib.read_records(gz) == records                    # shipped data is gzipped
     with pytest.raises(ValueError, match="sources"):
         collect.collect(out, 1, sources=("sliced", "nope"))
     with pytest.raises(ValueError, match="--out must be a plain JSONL"):
@@ -351,7 +352,7 @@ def test_shipped_data_file_is_well_formed():
     if not os.path.exists(DATA):
         pytest.skip("no collected data file")
     assert os.path.getsize(DATA) < 5 * 2 ** 20
-    records = collect.read_records(DATA)
+    records = records_lib.read_records(DATA)
     assert len(records) >= 50
     keys = [r["key"] for r in records]
     assert len(set(keys)) == len(keys)
@@ -385,10 +386,10 @@ def test_torch_cuda_benchmark_runs_on_a_gpu():
 
 def test_benchmark_package_and_parser_do_not_import_tensorflow():
     script = ("import sys, argparse\n"
-              "from tfra_dynamic_embedding.placement import benchmark, evaluate\n"
+              "from tfra_dynamic_embedding.placement import benchmark, estimators\n"
               "from tfra_dynamic_embedding.placement.benchmark import collect\n"
               "p = argparse.ArgumentParser(); collect.add_parser(p.add_subparsers())\n"
-              "assert 'measured-cpu' in evaluate.list_estimators()\n"
+              "assert 'measured-cpu' in estimators.list_estimators()\n"
               "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules\n"
               "print('ok')\n")
     assert run_python(script) == "ok"
@@ -427,7 +428,7 @@ def test_whole_plans_measure_every_device_of_a_plan_together(tmp_path, capsys, m
                         lambda devices, *a, **k: calls.append(len(devices)) or real(devices, *a, **k))
     assert _cli(argv) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 2
-    records = collect.read_records(out)
+    records = records_lib.read_records(out)
     pool = collect.make_pool(3, 32, 40, 0.0001)
     per_plan = []
     for index in (1, 2):
@@ -447,6 +448,6 @@ def test_whole_plans_measure_every_device_of_a_plan_together(tmp_path, capsys, m
         [tf_cpu.shard_key(d, 32) for d in devices]             # device order, same plan
     assert _cli(argv) == 0                                     # resumable: nothing measured again
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["skipped"] >= 1
-    assert len(collect.read_records(out)) >= len(records)
+    assert len(records_lib.read_records(out)) >= len(records)
     with pytest.raises(ValueError, match="whole_plans"):
         collect.collect(out, 1, sources=("random", "task"), whole_plans=True)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tfra_dynamic_embedding import cli
-from tfra_dynamic_embedding.placement import heuristics
+from tfra_dynamic_embedding.placement import proposers
 from tfra_dynamic_embedding.placement.types import Plan
 
 from tests.placement.helpers import run_python
@@ -55,7 +55,7 @@ def test_plan_then_evaluate_then_rescore_an_edited_plan(capsys, pool_dir, tmp_pa
     plan = Plan.load(plan_path)
     assert plan.strategy == "lookup-greedy" and plan.task.num_devices == 4
     assert all(c.predicted_cost > 0 for c in plan.per_device.values())
-    assert plan.assignment == heuristics.propose(plan.task, "lookup-greedy").assignment
+    assert plan.assignment == proposers.propose(plan.task, "lookup-greedy").assignment
 
     data = json.loads(plan_path.read_text())
     moved = plan.task.tables[0].name
@@ -78,9 +78,9 @@ def test_evaluate_compares_all_strategies(capsys, pool_dir, tmp_path):
     assert code == 0, out
     assert "2 task(s), 12 tables on 4 devices, estimator analytic" in out
     rows = json.loads(rows_path.read_text())
-    assert [r["strategy"] for r in rows] == heuristics.list_strategies()
+    assert [r["strategy"] for r in rows] == proposers.list_strategies()
     assert all(r["tasks"] == 2 and r["failures"] == 0 for r in rows)
-    for name in heuristics.list_strategies():
+    for name in proposers.list_strategies():
         assert name in out
     assert png.read_bytes()[:4] == b"\x89PNG"
     code, out, _ = run(capsys, "evaluate", "--pool", "20", "--tasks", "2", "--tables-per-task",

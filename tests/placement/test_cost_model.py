@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import evaluate, heuristics, train, workloads
+from tfra_dynamic_embedding.placement import estimators, evaluate, proposers, train, workloads
 from tfra_dynamic_embedding.placement.types import Shard, TableSpec
 
 from tests.placement.helpers import task as make_task
@@ -68,12 +68,12 @@ def test_save_load_roundtrip_and_record_parsing(tmp_path, halves):
 
 
 def test_shipped_model_is_the_learned_estimator(small_pool):
-    assert "learned" in evaluate.list_estimators()
-    est = evaluate.get_estimator("learned")
+    assert "learned" in estimators.list_estimators()
+    est = estimators.get_estimator("learned")
     assert not est.additive and not est.measured
     task = workloads.make_tasks(small_pool, 1, tables_per_task=12, num_devices=3,
                                 batch_size=1024)[0]
-    plan = heuristics.propose(task, "lookup-greedy")
+    plan = proposers.propose(task, "lookup-greedy")
     report = evaluate.evaluate_plan(plan, "learned", num_random=2)
     assert report.estimator == "learned" and report.max_cost > 0
     assert all(c.predicted_cost is not None for c in plan.per_device.values())
@@ -141,7 +141,7 @@ def test_split_by_tables_uses_the_pool_halves_of_the_placement_tasks():
     assert cm.split_by_tables([forced])[1] == [forced]
 
 
-class FakeMeasured(evaluate.CostEstimator):
+class FakeMeasured(estimators.CostEstimator):
     """Reports a known cost per device (2 ms per table forward, 3 ms backward)."""
     name, measured, additive = "fake-measured", True, False
     calls = []
@@ -160,8 +160,7 @@ class FakeMeasured(evaluate.CostEstimator):
 
 
 def test_train_planner_keeps_the_measured_plans_as_records(tmp_path, halves, monkeypatch):
-    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    monkeypatch.setitem(evaluate._ESTIMATORS, "measured-cpu", FakeMeasured)  # pylint: disable=protected-access
+    monkeypatch.setitem(estimators._ESTIMATORS, "measured-cpu", FakeMeasured)  # pylint: disable=protected-access
     monkeypatch.setattr(FakeMeasured, "calls", [])
     data = tmp_path / "shards.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in
@@ -179,7 +178,7 @@ def test_refinement_measures_the_policys_own_plans_and_refits(halves, monkeypatc
     from tfra_dynamic_embedding.placement import policy as pol  # pylint: disable=import-outside-toplevel
     seen, _ = halves
     monkeypatch.setattr(FakeMeasured, "calls", [])
-    monkeypatch.setitem(evaluate._ESTIMATORS, "fake-measured", FakeMeasured)  # pylint: disable=protected-access
+    monkeypatch.setitem(estimators._ESTIMATORS, "fake-measured", FakeMeasured)  # pylint: disable=protected-access
     records = train.synthetic_records(seen, 60, max_tables=4, seed=1)
     model = cm.fit(records, epochs=2, seed=0, early_stop=0)
     tasks = workloads.make_tasks(seen, 2, tables_per_task=6, num_devices=2, seed=0,

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import evaluate, heuristics
+from tfra_dynamic_embedding.placement import estimators, evaluate, proposers
 from tfra_dynamic_embedding.placement.types import Plan, Shard, TableSpec, Task, make_devices
 
 from .helpers import table, task
 
 
-class BytesEstimator(evaluate.AdditiveEstimator):
+class BytesEstimator(estimators.AdditiveEstimator):
     """Cost = bytes of the shard: device cost equals device memory (easy to check by hand)."""
 
     name = "bytes"
@@ -30,22 +30,22 @@ def case_a():
 def test_analytic_estimator_counts_bytes_moved():
     t = Task([TableSpec("t", rows=10, dim=4, bytes_per_value=4, pooling_factor=2.0)],
              make_devices(1), batch_size=1000)
-    est = evaluate.AnalyticEstimator(bandwidth=1e6)
+    est = estimators.AnalyticEstimator(bandwidth=1e6)
     # 16 B rows: 3 x 2000 lookups + 2 x 1000 samples = 8000 rows = 128,000 B.
     assert est.shard_cost(Shard(t.tables[0], "d"), t) == pytest.approx(0.128)
     # slice 0 of 3 holds 4 of 10 rows: 800 lookups -> 16 x (2400 + 2000) B.
     assert est.shard_cost(Shard(t.tables[0], "d", 0, 3), t) == pytest.approx(0.0704)
-    assert evaluate.AnalyticEstimator(1e6, overhead=0.5).shard_cost(
+    assert estimators.AnalyticEstimator(1e6, overhead=0.5).shard_cost(
         Shard(t.tables[0], "d"), t) == pytest.approx(0.628)
     with pytest.raises(ValueError, match="bandwidth must be > 0 bytes/s; got 0"):
-        evaluate.AnalyticEstimator(bandwidth=0)
-    assert evaluate.get_estimator("analytic").name == "analytic"
+        estimators.AnalyticEstimator(bandwidth=0)
+    assert estimators.get_estimator("analytic").name == "analytic"
     with pytest.raises(ValueError, match="unknown estimator 'oracle'"):
-        evaluate.get_estimator("oracle")
+        estimators.get_estimator("oracle")
 
 
 def test_metrics_of_a_plan():
-    plan = heuristics.propose(case_a(), "size-greedy")
+    plan = proposers.propose(case_a(), "size-greedy")
     report = evaluate.evaluate_plan(plan, BytesEstimator(), random_cost=20.0)
     assert report.device_costs == {"/job:ps/task:0": 17.0, "/job:ps/task:1": 13.0}
     assert report.max_cost == 17.0
@@ -64,9 +64,9 @@ def test_metrics_of_a_plan():
 def test_speedup_is_over_the_mean_of_random_plans():
     t = case_a()
     est = BytesEstimator()
-    randoms = [max(est.plan_costs(heuristics.propose(t, "random", seed=s)).values())
+    randoms = [max(est.plan_costs(proposers.propose(t, "random", seed=s)).values())
                for s in range(7, 12)]
-    report = evaluate.evaluate_plan(heuristics.propose(t, "size-greedy"), est, num_random=5,
+    report = evaluate.evaluate_plan(proposers.propose(t, "size-greedy"), est, num_random=5,
                                     seed=7)
     assert report.speedup_over_random == pytest.approx(np.mean(randoms) / 17.0)
 
@@ -80,13 +80,13 @@ def test_lower_bound_uses_forced_slices():
 
 
 def test_non_additive_estimator_has_no_bound():
-    class Fused(evaluate.CostEstimator):
+    class Fused(estimators.CostEstimator):
         name = "fused"
 
         def device_cost(self, shards, device, task):
             return float(len(shards) ** 2)
 
-    plan = heuristics.propose(case_a(), "size-greedy")
+    plan = proposers.propose(case_a(), "size-greedy")
     report = evaluate.evaluate_plan(plan, Fused(), num_random=0)
     assert report.device_costs == {"/job:ps/task:0": 9.0, "/job:ps/task:1": 4.0}
     assert report.lower_bound is None and report.gap is None and report.shard_costs == {}
@@ -111,7 +111,7 @@ def test_compare_strategies_rows_and_failures():
 
 def test_plots_are_pngs(tmp_path, small_pool):
     t = Task(small_pool[:24], make_devices(4), batch_size=4096)
-    plan = heuristics.propose(t, "lookup-greedy")
+    plan = proposers.propose(t, "lookup-greedy")
     report = evaluate.evaluate_plan(plan, "analytic", num_random=3)
     path = evaluate.plot_plan(plan, report, str(tmp_path / "plan.png"))
     rows, _ = evaluate.compare_strategies(t, "all", "analytic", num_random=3)
@@ -119,14 +119,14 @@ def test_plots_are_pngs(tmp_path, small_pool):
     for p in (path, cmp_path):
         data = open(p, "rb").read()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    assert [r["strategy"] for r in rows] == heuristics.list_strategies()
+    assert [r["strategy"] for r in rows] == proposers.list_strategies()
     assert all(r["failures"] == 0 for r in rows)
     lookup = next(r for r in rows if r["strategy"] == "lookup-greedy")
     assert lookup["speedup_over_random"] > 1.0
 
 
 def test_plan_round_trip_keeps_predicted_costs(tmp_path):
-    plan = heuristics.propose(case_a(), "size-greedy")
+    plan = proposers.propose(case_a(), "size-greedy")
     evaluate.evaluate_plan(plan, BytesEstimator(), num_random=0)
     plan.save(tmp_path / "p.json")
     again = Plan.load(tmp_path / "p.json")

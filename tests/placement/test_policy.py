@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import evaluate, heuristics, policy as pol, train, workloads
+from tfra_dynamic_embedding.placement import evaluate, pieces, proposers, policy as pol, train, workloads
 from tfra_dynamic_embedding.placement.types import PlacementError
 
 from tests.placement.helpers import run_python, table, task as make_task
@@ -71,8 +71,8 @@ def test_short_training_beats_random(model, tiny_tasks):
 def test_shipped_weights_plan_a_task(small_pool):
     task = workloads.make_tasks(small_pool, 1, tables_per_task=30, num_devices=4, seed=1,
                                 memory="1GiB", batch_size=1024)[0]
-    assert "learned" in heuristics.list_strategies()
-    plan = heuristics.propose(task, "learned")
+    assert "learned" in proposers.list_strategies()
+    plan = proposers.propose(task, "learned")
     assert plan.strategy == "learned" and sorted(plan.assignment) == sorted(
         t.name for t in task.tables)
     plan.validate(check_memory=True)
@@ -85,7 +85,7 @@ def test_shipped_weights_plan_a_task(small_pool):
 def test_big_tables_are_split_on_distinct_devices():
     tables = [table("big", 1000, dim=4, pooling=5.0), table("a", 100, dim=4, pooling=1.0),
               table("b", 100, dim=4, pooling=2.0)]
-    plan = heuristics.propose(make_task(tables, 3, memory=2500), "learned")
+    plan = proposers.propose(make_task(tables, 3, memory=2500), "learned")
     assert len(plan.devices_for("big")) == 2 and len(set(plan.devices_for("big"))) == 2
 
 
@@ -93,21 +93,21 @@ def test_infeasible_task_gives_the_heuristics_error():
     tables = [table("a", 900), table("b", 900), table("c", 900)]
     task = make_task(tables, 2, memory=1000)
     with pytest.raises(PlacementError) as ours:
-        heuristics.propose(task, "learned")
+        proposers.propose(task, "learned")
     with pytest.raises(PlacementError) as theirs:
-        heuristics.propose(task, "lookup-greedy")
+        proposers.propose(task, "lookup-greedy")
     assert str(ours.value) == str(theirs.value)
     assert "cannot place 1 of 3 tables on 2 devices" in str(ours.value)
     assert ours.value.shortfall_bytes == theirs.value.shortfall_bytes > 0
     with pytest.raises(PlacementError, match="larger than the largest device"):
-        heuristics.propose(make_task([table("huge", 5000)], 2, memory=1000), "learned")
+        proposers.propose(make_task([table("huge", 5000)], 2, memory=1000), "learned")
 
 
 def test_planning_imports_no_tensorflow():
-    code = ("import sys; from tfra_dynamic_embedding.placement import policy, heuristics, "
+    code = ("import sys; from tfra_dynamic_embedding.placement import proposers, "
             "workloads; pool = workloads.generate_pool(20, seed=1, batch_size=1024, "
             "row_scale=1/64); t = workloads.make_tasks(pool, 1, 10, 2)[0]; "
-            "heuristics.propose(t, 'learned'); print('tensorflow' in sys.modules)")
+            "proposers.propose(t, 'learned'); print('tensorflow' in sys.modules)")
     assert run_python(code) == "False"
 
 
@@ -119,10 +119,10 @@ def test_use_weights_directory(tmp_path, small_pool):
     task = workloads.make_tasks(small_pool, 1, tables_per_task=10, num_devices=2)[0]
     try:
         pol.use_weights(str(tmp_path))
-        plan = heuristics.propose(task, "learned")
+        plan = proposers.propose(task, "learned")
     finally:
         pol.use_weights(None)
-    assert plan.assignment == heuristics.propose(task, "learned").assignment
+    assert plan.assignment == proposers.propose(task, "learned").assignment
 
 
 def test_local_search_lowers_the_max_and_keeps_the_plan_legal(model, small_pool):
@@ -188,7 +188,7 @@ def test_hot_tables_are_cut_into_row_slices_when_that_lowers_the_max(model):
     assert cut.meta["predicted_max_ms"] == pytest.approx(by_model["cut"] * 1e3, rel=1e-6)
     # every slice costs at most the limit it was cut for
     L = sum(model.total(model.shard_embedding(t)[None])[0] for t in tables) / 4
-    items = pol.split_hot_items(heuristics.split_items(task),
+    items = pol.split_hot_items(pieces.split_pieces(task),
                                 np.array([model.total(model.shard_embedding(t)[None])[0]
                                           for t in tables]), model, 4, L)
     hot = [it for it in items if it.table.name == "hot"]

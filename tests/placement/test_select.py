@@ -6,8 +6,7 @@ failed, and the learned proposer's out-of-range check must flag tables unlike it
 
 import pytest
 
-from tfra_dynamic_embedding.placement import evaluate, heuristics, select, types, workloads
-from tfra_dynamic_embedding.placement import policy  # noqa: F401  (registers "learned")
+from tfra_dynamic_embedding.placement import estimators, proposers, select, types, workloads
 
 
 def _task(seed, tables=24, devices=4, memory=None, row_scale=1.0):
@@ -19,12 +18,12 @@ def _task(seed, tables=24, devices=4, memory=None, row_scale=1.0):
 def test_best_is_no_worse_than_any_candidate(seed):
     task = _task(seed)
     choice = select.best_plan(task, "analytic", seed=seed)
-    estimator = evaluate.get_estimator("analytic")
+    estimator = estimators.get_estimator("analytic")
     names = [c.strategy for c in choice.candidates]
     assert "learned" in names and "random" not in names
-    assert sorted(names) == sorted(s for s in heuristics.list_strategies() if s != "random")
+    assert sorted(names) == sorted(s for s in proposers.list_strategies() if s != "random")
     for candidate in choice.candidates:   # rescored independently
-        plan = heuristics.propose(task, candidate.strategy, seed=seed)
+        plan = proposers.propose(task, candidate.strategy, seed=seed)
         assert max(estimator.plan_costs(plan).values()) == pytest.approx(candidate.max_cost)
     best = max(estimator.plan_costs(choice.plan).values())
     assert best == min(c.max_cost for c in choice.candidates)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import features, loaders, workloads
+from tfra_dynamic_embedding.placement import loaders, streams, workloads
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_pooled_reuse_histogram_matches_published_2021(seed, pool):
     assert report["within_tolerance"]
     # The spec's histograms pool to the same figure.
     lookups = [t.pooling_factor * 65536 for t in tables]
-    pooled = features.pooled_reuse_histogram([t.reuse_histogram for t in tables], lookups)
+    pooled = streams.pooled_reuse_histogram([t.reuse_histogram for t in tables], lookups)
     assert np.abs(pooled - report["lookups"]["pooled"]).max() < 1e-3
 
 
@@ -56,11 +56,11 @@ def test_sampled_batches_match_the_expected_histograms(pool):
     chosen += [t for t in pool if t.rows < 1000 and t.pooling_factor > 1][:1]
     assert len(chosen) == 4
     for spec in chosen:
-        indices, offsets = workloads.open_stream(spec).batch(0)
+        indices, offsets = streams.open_stream(spec).batch(0)
         assert offsets.shape == (65537,) and offsets[-1] == indices.size
         assert indices.min() >= 0 and indices.max() < spec.rows
         assert indices.size / 65536 == pytest.approx(spec.pooling_factor, rel=0.03)
-        measured = features.reuse_histogram(indices)
+        measured = streams.reuse_histogram(indices)
         # A table of < 1000 rows has few rows per bin: one row crossing a bin edge moves ~1%.
         tol = 0.02 if spec.rows > 10_000 else 0.05
         assert np.abs(measured - np.array(spec.reuse_histogram)).max() < tol, spec.name
@@ -68,9 +68,9 @@ def test_sampled_batches_match_the_expected_histograms(pool):
 
 def test_streams_are_deterministic_with_stable_hot_rows(pool):
     spec = max(pool[:100], key=lambda t: t.pooling_factor)
-    stream = workloads.open_stream(spec, batch_size=8192)
+    stream = streams.open_stream(spec, batch_size=8192)
     a0, o0 = stream.batch(0)
-    b0, p0 = workloads.open_stream(spec, batch_size=8192).batch(0)
+    b0, p0 = streams.open_stream(spec, batch_size=8192).batch(0)
     a1, _ = stream.batch(1)
     np.testing.assert_array_equal(a0, b0)
     np.testing.assert_array_equal(o0, p0)
@@ -80,10 +80,10 @@ def test_streams_are_deterministic_with_stable_hot_rows(pool):
         return values[counts.argmax()]
 
     assert top(a0) == top(a1)                 # the same hottest row in both batches
-    indices, offsets, lengths = workloads.pool_batch(pool[:3], 0, batch_size=512)
+    indices, offsets, lengths = streams.pool_batch(pool[:3], 0, batch_size=512)
     assert lengths.shape == (3, 512) and offsets[-1] == indices.size
-    parts = loaders.split_dlrm_arrays(indices, offsets, lengths)
-    np.testing.assert_array_equal(parts[0][0], workloads.open_stream(pool[0], 512).batch(0)[0])
+    parts = streams.split_dlrm_arrays(indices, offsets, lengths)
+    np.testing.assert_array_equal(parts[0][0], streams.open_stream(pool[0], 512).batch(0)[0])
 
 
 def test_downscaled_cpu_variant():
@@ -134,9 +134,9 @@ def test_dlrm_arrays_to_tables():
     assert t1.reuse_histogram[:2] == pytest.approx([0.5, 0.5])
     assert t1.stream == {"kind": "dlrm_pt", "path": "x.pt", "table": 1}
     with pytest.raises(ValueError, match="offsets and lengths disagree"):
-        loaders.split_dlrm_arrays(indices, offsets, np.array([[1, 2, 0], [2, 1, 1]]))
+        streams.split_dlrm_arrays(indices, offsets, np.array([[1, 2, 0], [2, 1, 1]]))
     with pytest.raises(ValueError, match=r"lengths must be \[num_tables, batch_size\]"):
-        loaders.split_dlrm_arrays(indices, offsets, np.array([1, 2]))
+        streams.split_dlrm_arrays(indices, offsets, np.array([1, 2]))
 
 
 def test_dlrm_pt_file(tmp_path):
@@ -151,7 +151,7 @@ def test_dlrm_pt_file(tmp_path):
                 torch.tensor([[1, 2], [1, 0]])), path)
     t0, t1 = loaders.load_dlrm_pt(path)
     assert (t0.rows, t1.rows, t0.pooling_factor) == (10, 2, 1.5)
-    indices, offsets = workloads.open_stream(t0).batch(0)
+    indices, offsets = streams.open_stream(t0).batch(0)
     assert indices.tolist() == [5, 5, 9] and offsets.tolist() == [0, 1, 3]
 
 
@@ -166,8 +166,8 @@ def test_table_lists_json_and_csv(tmp_path, pool):
         assert again[2].reuse_histogram == pytest.approx(pool[2].reuse_histogram)
     # A saved pool regenerates the same index streams (CSV keeps no stream reference).
     reloaded = loaders.load_tables(str(tmp_path / "tables.json"))
-    np.testing.assert_array_equal(workloads.open_stream(reloaded[3], 256).batch(2)[0],
-                                  workloads.open_stream(pool[3], 256).batch(2)[0])
+    np.testing.assert_array_equal(streams.open_stream(reloaded[3], 256).batch(2)[0],
+                                  streams.open_stream(pool[3], 256).batch(2)[0])
     (tmp_path / "hash.csv").write_text("name,hash_size,dim,pooling_factor,group\nu,7,4,2.5,n1\n")
     (t,) = loaders.load_tables(str(tmp_path / "hash.csv"))
     assert (t.rows, t.dim, t.pooling_factor, t.group, t.bytes_per_value) == (7, 4, 2.5, "n1", 4)
@@ -199,7 +199,7 @@ def test_criteo_tsv_statistics(tmp_path):
     assert (c3.rows, c3.pooling_factor) == (1, 1.0)
     whole = loaders.criteo_tsv_stats(str(path), batch_size=65536)[0]
     assert whole.reuse_histogram[:3] == pytest.approx([0.25, 0.0, 0.75])
-    indices, offsets = workloads.open_stream(c1).batch(1)
+    indices, offsets = streams.open_stream(c1).batch(1)
     assert indices.tolist() == [0xB] and offsets.tolist() == [0, 1, 1]
     (tmp_path / "bad.tsv").write_text(_criteo_line("0", "zz"))
     with pytest.raises(ValueError, match=r"bad.tsv:1: C1 must be a hex string; got 'zz'"):

@@ -38,7 +38,7 @@ from absl import logging
 from tfra_dynamic_embedding.inference import manifest as manifest_lib
 from tfra_dynamic_embedding.inference import model_cut
 from tfra_dynamic_embedding.placement import apply as apply_lib
-from tfra_dynamic_embedding.placement import heuristics
+from tfra_dynamic_embedding.placement import proposers
 from tfra_dynamic_embedding.placement import types
 
 
@@ -63,7 +63,7 @@ def plan_for_model(model, num_shards, strategy="lookup-greedy", memory=None, see
             params.name, rows=max(1, int(params.size())), dim=params.dim,
             bytes_per_value=params.value_dtype.size, pooling_factor=lookups))
     task = types.Task(tables, types.make_devices(num_shards, memory, device_template))
-    return heuristics.propose(task, strategy, seed=seed)
+    return proposers.propose(task, strategy, seed=seed)
 
 
 def _ids_per_row(cut, feature):

@@ -12,7 +12,7 @@ sharing, contention, kernel overheads) that an additive model cannot. Training d
 benchmark records (JSONL, one per device shard, see `load_records`); the model is exported to
 plain numpy arrays (`CostModel`), so planning needs neither TensorFlow nor a GPU.
 
-Registered as the estimator "learned" (predicted costs, not measured):
+The estimator "learned" (predicted costs, not measured; estimators.py names it):
     report = evaluate_plan(plan, "learned")                  # shipped CPU weights
     est = get_estimator("learned", weights="my_model.npz")    # retrained weights
 
@@ -28,8 +28,8 @@ import os
 
 import numpy as np
 
-from tfra_dynamic_embedding.placement import evaluate, features
-from tfra_dynamic_embedding.placement.benchmark import collect
+from tfra_dynamic_embedding.placement import estimators, features, streams, workloads
+from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 from tfra_dynamic_embedding.placement.types import TableSpec
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -55,7 +55,7 @@ def load_records(path):
     file still being written may end mid-line)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no benchmark records at {path}")
-    return [rec for rec in collect.read_records(path)
+    return [rec for rec in records_lib.read_records(path)
             if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec]
 
 
@@ -66,8 +66,8 @@ def shard_features(table, fraction=1.0, scales=features.FeatureScales(), batch_s
     uniformly random lookups (batch_size * pooling factor draws over its rows).
     """
     if table.reuse_histogram is None and table.stream is None:
-        hist = features.expected_reuse_histogram([1.0], [table.rows],
-                                                 batch_size * table.pooling_factor)
+        hist = streams.expected_reuse_histogram([1.0], [table.rows],
+                                                batch_size * table.pooling_factor)
         head = [table.dim / scales.dim, table.rows / scales.hash_size,
                 table.pooling_factor / scales.pooling_factor, table.size_bytes / 2 ** 30]
         x = np.concatenate([np.asarray(head, dtype=float), hist])
@@ -150,7 +150,6 @@ def split_by_tables(records, seed=0):
 @functools.lru_cache(maxsize=8)
 def _pool_train_names(pool_tables, pool_seed, row_scale, batch_size):
     """Names of the first (training) half of a generated pool."""
-    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
     pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
                                    row_scale=row_scale)
     return frozenset(t.name for t in workloads.split_pool(pool, seed=pool_seed)[0])
@@ -297,7 +296,7 @@ def load_cost_model(weights=None):
     return load_cached(weights or DEFAULT_WEIGHTS, CostModel.load)
 
 
-class LearnedEstimator(evaluate.CostEstimator):
+class LearnedEstimator(estimators.CostEstimator):
     """Estimator "learned": a device's cost (seconds) predicted by the neural cost model."""
 
     name = "learned"
@@ -315,8 +314,6 @@ class LearnedEstimator(evaluate.CostEstimator):
         batch = task.batch_size if task is not None else self.model.batch_size
         return ms * self.model.batch_factor(batch) / 1e3
 
-
-evaluate.register_estimator("learned", LearnedEstimator)
 
 
 # -- training (TensorFlow imported here only) -----------------------------------------------------

@@ -1,12 +1,6 @@
-"""Scoring plans: per-device cost from a pluggable estimator, balance, bounds, speedup, plots.
+"""Scoring plans for reports: balance, lower bound, speedup over random, strategy tables, plots.
 
-An estimator turns the shards on one device into a cost (seconds per training step):
-  - `AnalyticEstimator` ("analytic"): bytes moved / memory bandwidth. A baseline only, never
-    ground truth: it ignores caches, kernel fusion and launch overheads.
-  - a learned cost model or a measured benchmark (later issues) register with
-    `register_estimator(name, factory)`; measured ones set `measured = True`, and their costs
-    land in `DeviceCost.measured_cost` instead of `predicted_cost`.
-
+Reads plans and estimators (estimators.py); no stage of the planner imports this module.
 Metrics of a plan: max device cost (the step time: devices work in parallel), degree of
 balance (min / max device cost, 1 = perfect), speedup over random placement (mean max cost of
 several random plans / this max cost), and for additive estimators the lower bound
@@ -14,106 +8,19 @@ max(largest piece, total / devices) and the gap to it (max cost / bound - 1).
 
 Example:
     report = evaluate_plan(plan, "analytic", num_random=10)
-    print(format_reports([report]))
+    print(format_rows(compare_strategies(tasks)[0]))
     plot_plan(plan, report, "plan.png")
 """
 
-import abc
 import dataclasses
 import math
 
 import numpy as np
 from absl import logging
 
+from tfra_dynamic_embedding.placement import pieces, proposers
+from tfra_dynamic_embedding.placement.estimators import get_estimator
 from tfra_dynamic_embedding.placement.types import PlacementError, Shard
-
-_ESTIMATORS = {}
-
-
-class CostEstimator(abc.ABC):
-    """Cost of the shards on one device. Subclass and `register_estimator` to plug one in."""
-
-    name = "estimator"
-    additive = False   # True when a device's cost is the sum of its shards' costs
-    measured = False   # True for benchmarks (ground truth), False for predictions
-
-    @abc.abstractmethod
-    def device_cost(self, shards, device, task):
-        """Cost of running `shards` (list of `Shard`) together on `device` (a DeviceSpec, or
-        None for a standalone estimate) in `task` (for the batch size)."""
-
-    def plan_costs(self, plan):
-        """{device name: cost} of every device of a plan."""
-        by_device = plan.shards_by_device()
-        return {d.name: float(self.device_cost(by_device[d.name], d, plan.task))
-                for d in plan.task.devices}
-
-
-class AdditiveEstimator(CostEstimator):
-    """An estimator whose device cost is the sum of independent shard costs."""
-
-    additive = True
-
-    @abc.abstractmethod
-    def shard_cost(self, shard, task):
-        """Cost of one shard alone."""
-
-    def device_cost(self, shards, device, task):
-        return float(sum(self.shard_cost(s, task) for s in shards))
-
-
-class AnalyticEstimator(AdditiveEstimator):
-    """Seconds per step = bytes a shard's embedding kernels move / `bandwidth` (+ overhead).
-
-    Per step a shard moves row_bytes * (3 * lookups + 2 * batch): forward gathers one row per
-    lookup and writes one pooled row per sample; backward reads one gradient row per sample and
-    read-modify-writes one row per lookup. lookups = batch * pooling factor * slice fraction.
-
-    Example: AnalyticEstimator(bandwidth=2e11).shard_cost(Shard(table, "/GPU:0"), task)
-    """
-
-    name = "analytic"
-
-    def __init__(self, bandwidth=1e11, overhead=0.0):
-        if not bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0 bytes/s; got {bandwidth!r}")
-        if overhead < 0:
-            raise ValueError(f"overhead must be >= 0 seconds; got {overhead!r}")
-        self.bandwidth = float(bandwidth)
-        self.overhead = float(overhead)
-
-    def bytes_moved(self, shard, task):
-        table = shard.table
-        row_bytes = table.dim * table.bytes_per_value
-        lookups = task.batch_size * table.pooling_factor * shard.fraction
-        return row_bytes * (3.0 * lookups + 2.0 * task.batch_size)
-
-    def shard_cost(self, shard, task):
-        return self.bytes_moved(shard, task) / self.bandwidth + self.overhead
-
-
-def register_estimator(name, factory):
-    """Makes `get_estimator(name, **kwargs)` return `factory(**kwargs)`."""
-    if name in _ESTIMATORS and _ESTIMATORS[name] is not factory:
-        raise ValueError(f"estimator {name!r} is already registered")
-    _ESTIMATORS[name] = factory
-
-
-def list_estimators():
-    return list(_ESTIMATORS)
-
-
-def get_estimator(estimator="analytic", **kwargs):
-    """A CostEstimator from an instance (returned as is) or a registered name."""
-    if isinstance(estimator, CostEstimator):
-        return estimator
-    if estimator not in _ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; choose one of {list_estimators()} "
-                         f"or pass a CostEstimator")
-    return _ESTIMATORS[estimator](**kwargs)
-
-
-register_estimator("analytic", AnalyticEstimator)
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -151,13 +58,12 @@ def lower_bound(task, estimator):
     It bounds plans that split only the tables they must (the "learned" strategy also cuts hot
     tables and can go below it); None for non-additive estimators.
     """
-    from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
     est = get_estimator(estimator)
     if not est.additive:
         return None
-    total, largest, memory = 0.0, 0.0, heuristics.largest_memory(task)
+    total, largest, memory = 0.0, 0.0, pieces.largest_memory(task)
     for table in task.tables:
-        n = heuristics.min_slices(table, task, memory)
+        n = pieces.min_slices(table, task, memory)
         total += est.shard_cost(Shard(table, "", 0, 1), task)
         largest = max(largest, est.shard_cost(Shard(table, "", 0, n), task))
     return max(largest, total / task.num_devices)
@@ -165,9 +71,8 @@ def lower_bound(task, estimator):
 
 def random_baseline(task, estimator="analytic", num_random=10, seed=0):
     """Mean max device cost of `num_random` random plans (seeds seed, seed+1, ...)."""
-    from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
     est = get_estimator(estimator)
-    costs = [max(est.plan_costs(heuristics.propose(task, "random", seed + k)).values())
+    costs = [max(est.plan_costs(proposers.propose(task, "random", seed + k)).values())
              for k in range(num_random)]
     return float(np.mean(costs))
 
@@ -216,10 +121,9 @@ def compare_strategies(tasks, strategies="all", estimator="analytic", num_random
     (max_cost, balance, speedup_over_random, gap, lower_bound, failures); plans maps
     strategy -> the plan of the first task. 'random' reports the mean of `num_random` plans.
     """
-    from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
     tasks = tasks if isinstance(tasks, (list, tuple)) else [tasks]
     if strategies == "all" or strategies == ["all"]:
-        strategies = heuristics.list_strategies()
+        strategies = proposers.list_strategies()
     est = get_estimator(estimator)
     per_strategy = {name: [] for name in strategies}
     plans, failures = {}, {name: [] for name in strategies}
@@ -232,13 +136,13 @@ def compare_strategies(tasks, strategies="all", estimator="analytic", num_random
         for name in strategies:
             try:
                 if name == "random" and rand is not None:
-                    samples = [evaluate_plan(heuristics.propose(task, "random", seed + j), est,
+                    samples = [evaluate_plan(proposers.propose(task, "random", seed + j), est,
                                              random_cost=rand, record=False)
                                for j in range(num_random)]
                     report = _mean_report(samples)
-                    plan = heuristics.propose(task, "random", seed)
+                    plan = proposers.propose(task, "random", seed)
                 else:
-                    plan = heuristics.propose(task, name, seed, est)
+                    plan = proposers.propose(task, name, seed, est)
                     report = evaluate_plan(plan, est, random_cost=rand, num_random=0)
             except PlacementError as error:
                 logging.warning("strategy %s failed on task %d: %s", name, k, error)

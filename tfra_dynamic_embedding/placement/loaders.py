@@ -1,4 +1,4 @@
-"""Loaders of real table lists and index streams: dlrm_datasets `.pt`, JSON/CSV lists, Criteo TSV.
+"""Table lists from files: dlrm_datasets `.pt`, JSON/CSV lists, Criteo TSV (streams: streams.py).
 
 - `load_dlrm_pt(path)`: Meta's embedding-lookup files (`indices, offsets, lengths = torch.load`,
   lengths [tables, batch], offsets of all bags back to back); needs PyTorch.
@@ -15,62 +15,15 @@ Example:
 """
 
 import csv
-import gzip
 import json
 import os
 
 import numpy as np
 
-from tfra_dynamic_embedding.placement import features
+from tfra_dynamic_embedding.placement import streams
 from tfra_dynamic_embedding.placement.types import NUM_REUSE_BINS, TableSpec
 
-CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
-CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))
 _CSV_FIELDS = ("name", "rows", "dim", "bytes_per_value", "pooling_factor", "group")
-
-
-# -- dlrm_datasets ---------------------------------------------------------------------------
-def _require_torch(path):
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-    except ImportError as error:
-        raise ImportError(
-            f"reading the dlrm_datasets file {path!r} needs PyTorch (the .pt format is a "
-            f"torch pickle); install it with `pip install torch` (the CPU wheel is enough), or "
-            f"convert the file to NumPy and call tables_from_dlrm_arrays") from error
-    return torch
-
-
-_PT_CACHE = {}
-
-
-def read_dlrm_pt(path):
-    """(indices, offsets, lengths) of one dlrm_datasets file as int64 NumPy arrays (cached)."""
-    if path not in _PT_CACHE:
-        torch = _require_torch(path)
-        indices, offsets, lengths = torch.load(path, map_location="cpu")
-        _PT_CACHE.clear()  # these files are GBs: keep one
-        _PT_CACHE[path] = tuple(np.asarray(x.numpy(), dtype=np.int64)
-                                for x in (indices, offsets, lengths))
-    return _PT_CACHE[path]
-
-
-def split_dlrm_arrays(indices, offsets, lengths):
-    """Per table (indices, local offsets [B + 1]) from the dlrm_datasets layout."""
-    indices, offsets, lengths = (np.asarray(x, dtype=np.int64) for x in (indices, offsets, lengths))
-    if lengths.ndim != 2:
-        raise ValueError(f"lengths must be [num_tables, batch_size]; got shape {lengths.shape}")
-    num_tables, batch = lengths.shape
-    if offsets.shape != (num_tables * batch + 1,):
-        raise ValueError(f"offsets must have num_tables * batch_size + 1 = "
-                         f"{num_tables * batch + 1} entries; got shape {offsets.shape}")
-    if not np.array_equal(np.diff(offsets), lengths.reshape(-1)):
-        raise ValueError("offsets and lengths disagree: diff(offsets) != lengths.flatten()")
-    out = []
-    for t in range(num_tables):
-        local = offsets[t * batch:(t + 1) * batch + 1]
-        out.append((indices[local[0]:local[-1]], local - local[0]))
-    return out
 
 
 def tables_from_dlrm_arrays(indices, offsets, lengths, dim=16, bytes_per_value=4, name_prefix="t",
@@ -79,7 +32,7 @@ def tables_from_dlrm_arrays(indices, offsets, lengths, dim=16, bytes_per_value=4
     reuse histogram measured on the batch; `source` (the file path) becomes the stream reference.
     """
     tables = []
-    parts = split_dlrm_arrays(indices, offsets, lengths)
+    parts = streams.split_dlrm_arrays(indices, offsets, lengths)
     width = len(str(len(parts) - 1))
     for t, (idx, local) in enumerate(parts):
         stream = {"kind": "dlrm_pt", "path": source, "table": t} if source else None
@@ -87,28 +40,15 @@ def tables_from_dlrm_arrays(indices, offsets, lengths, dim=16, bytes_per_value=4
             f"{name_prefix}{t:0{width}d}", rows=int(idx.max()) + 1 if idx.size else 1, dim=dim,
             bytes_per_value=bytes_per_value,
             pooling_factor=float(local[-1]) / max(len(local) - 1, 1),
-            reuse_histogram=[float(x) for x in features.reuse_histogram(idx)], stream=stream))
+            reuse_histogram=[float(x) for x in streams.reuse_histogram(idx)], stream=stream))
     return tables
 
 
 def load_dlrm_pt(path, dim=16, bytes_per_value=4, name_prefix="t"):
     """TableSpecs of a dlrm_datasets `.pt` file (needs torch; a clear ImportError otherwise)."""
-    indices, offsets, lengths = read_dlrm_pt(path)
+    indices, offsets, lengths = streams.read_dlrm_pt(path)
     return tables_from_dlrm_arrays(indices, offsets, lengths, dim, bytes_per_value, name_prefix,
                                    source=os.fspath(path))
-
-
-class DlrmPtStream:
-    """The stream of one table of one or more dlrm_datasets files (a file is one batch)."""
-
-    def __init__(self, spec):
-        paths = spec.stream["path"]
-        self.paths = [paths] if isinstance(paths, str) else list(paths)
-        self.table = int(spec.stream["table"])
-
-    def batch(self, index):
-        indices, offsets, lengths = read_dlrm_pt(self.paths[index % len(self.paths)])
-        return split_dlrm_arrays(indices, offsets, lengths)[self.table]
 
 
 # -- JSON / CSV table lists ----------------------------------------------------------------------
@@ -179,46 +119,6 @@ def save_tables(tables, path):
 
 
 # -- Criteo TSV ------------------------------------------------------------------------------------
-def _open_text(path):
-    return gzip.open(path, "rt", encoding="utf-8") if str(path).endswith(".gz") else open(
-        path, encoding="utf-8")
-
-
-def _criteo_batches(path, batch_size, max_lines=None):
-    """Yields lists of 26 int64 arrays of values and 26 bool masks (present), per batch of lines."""
-    num_fields = 1 + len(CRITEO_DENSE) + len(CRITEO_CATEGORICAL)
-    with _open_text(path) as f:
-        lines = []
-        for number, line in enumerate(f, start=1):
-            if max_lines is not None and number > max_lines:
-                break
-            fields = line.rstrip("\n").split("\t")
-            if len(fields) != num_fields:
-                raise ValueError(f"{path}:{number}: expected {num_fields} tab-separated fields "
-                                 f"(label, I1..I13, C1..C26); got {len(fields)}")
-            lines.append((number, fields[14:]))
-            if len(lines) == batch_size:
-                yield _criteo_columns(lines, path)
-                lines = []
-        if lines:
-            yield _criteo_columns(lines, path)
-
-
-def _criteo_columns(lines, path):
-    values = np.zeros((len(lines), len(CRITEO_CATEGORICAL)), dtype=np.int64)
-    present = np.zeros(values.shape, dtype=bool)
-    for r, (number, cats) in enumerate(lines):
-        for c, text in enumerate(cats):
-            if text:
-                try:
-                    values[r, c] = int(text, 16)
-                except ValueError as error:
-                    raise ValueError(f"{path}:{number}: {CRITEO_CATEGORICAL[c]} must be a hex "
-                                     f"string; got {text!r}") from error
-                present[r, c] = True
-    return values, present
-
-
 def criteo_tsv_stats(path, dim=16, batch_size=65536, max_lines=None, bytes_per_value=4):
     """One TableSpec per Criteo categorical feature, measured over batches of `batch_size` lines.
 
@@ -228,24 +128,24 @@ def criteo_tsv_stats(path, dim=16, batch_size=65536, max_lines=None, bytes_per_v
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-    num = len(CRITEO_CATEGORICAL)
+    num = len(streams.CRITEO_CATEGORICAL)
     distinct = [np.zeros(0, dtype=np.int64) for _ in range(num)]
     bin_lookups = np.zeros((num, NUM_REUSE_BINS))
     lookups = np.zeros(num)
     lines = 0
-    for values, present in _criteo_batches(path, batch_size, max_lines):
+    for values, present in streams.criteo_batches(path, batch_size, max_lines):
         lines += len(values)
         for c in range(num):
             ids = values[present[:, c], c]
             if ids.size:
                 uniq, counts = np.unique(ids, return_counts=True)
                 distinct[c] = np.union1d(distinct[c], uniq)
-                np.add.at(bin_lookups[c], features.reuse_bin(counts), counts)
+                np.add.at(bin_lookups[c], streams.reuse_bin(counts), counts)
                 lookups[c] += ids.size
     if lines == 0:
         raise ValueError(f"{path} has no data lines")
     tables = []
-    for c, name in enumerate(CRITEO_CATEGORICAL):
+    for c, name in enumerate(streams.CRITEO_CATEGORICAL):
         hist = bin_lookups[c] / lookups[c] if lookups[c] else np.zeros(NUM_REUSE_BINS)
         tables.append(TableSpec(
             name, rows=max(1, distinct[c].size), dim=dim, bytes_per_value=bytes_per_value,
@@ -253,20 +153,3 @@ def criteo_tsv_stats(path, dim=16, batch_size=65536, max_lines=None, bytes_per_v
             stream={"kind": "criteo_tsv", "path": os.fspath(path), "column": name,
                     "batch_size": batch_size}))
     return tables
-
-
-class CriteoStream:
-    """Batches of one Criteo categorical column: raw hex-hash ids, bags of length 0 or 1."""
-
-    def __init__(self, spec, batch_size=None):
-        self.path = spec.stream["path"]
-        self.column = CRITEO_CATEGORICAL.index(spec.stream["column"])
-        self.batch_size = int(batch_size or spec.stream.get("batch_size", 65536))
-
-    def batch(self, index):
-        for i, (values, present) in enumerate(_criteo_batches(self.path, self.batch_size)):
-            if i == index:
-                mask = present[:, self.column]
-                offsets = np.concatenate([[0], np.cumsum(mask)]).astype(np.int64)
-                return values[mask, self.column], offsets
-        raise IndexError(f"{self.path} has fewer than {index + 1} batches of {self.batch_size}")

@@ -17,7 +17,7 @@ self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model,
 then a local search (moves and swaps off the most expensive device while the predicted max
 cost drops, then onto the cheapest while its cost rises without raising the max; `improve`).
-Registered as the strategy "learned" (shipped CPU weights, no training step):
+The strategy "learned" (shipped CPU weights, no training step; proposers.py names it):
     plan = propose(task, "learned")
 """
 
@@ -28,8 +28,8 @@ import os
 import numpy as np
 
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import heuristics
-from tfra_dynamic_embedding.placement.types import PlacementError
+from tfra_dynamic_embedding.placement.pieces import Partition, split_pieces
+from tfra_dynamic_embedding.placement.types import PlacementError, Shard
 
 DEFAULT_WEIGHTS = os.path.join(cm.DATA_DIR, "policy_cpu.npz")
 POLICY_FORMAT = "tfra-de-policy/1"
@@ -110,17 +110,17 @@ class Problem:
     """A task prepared for the policy: its pieces, their embeddings, costs and the scale L."""
 
     def __init__(self, task, model, order="cost", hot_split=None, items=None):
-        """`items`: the task's `heuristics.split_items` when already known."""
+        """`items`: the task's `pieces.split_pieces` when already known."""
         self.task = task
         self.model = model
         # PlacementError for unsplittable tables
-        self.items = list(items) if items is not None else heuristics.split_items(task)
+        self.items = list(items) if items is not None else split_pieces(task)
         self._embed_items()
         if hot_split is not None and self.items:
             self.items = split_hot_items(self.items, self.solo, model, task.num_devices,
                                          hot_split * float(self.solo.sum()) / task.num_devices)
             self._embed_items()
-        self.bytes = np.array([it.bytes for it in self.items], dtype=float)
+        self.bytes = np.array([it.size_bytes for it in self.items], dtype=float)
         self.cap = np.array([math.inf if d.memory_bytes is None else d.memory_bytes
                              for d in task.devices], dtype=float)
         self.num_devices = task.num_devices
@@ -164,7 +164,7 @@ def split_hot_items(items, solo, model, num_devices, limit):
             costs = model.total(np.stack([model.shard_embedding(table, i, n) for i in range(n)]))
             if costs.max() <= limit:
                 break
-        out.extend(heuristics.Item(table, i, n) for i in range(n))
+        out.extend(Shard(table, "", i, n) for i in range(n))
     return out
 
 
@@ -376,7 +376,7 @@ def _extreme_of_rest(cost, a, b, largest):
 
 def _to_plan(problem, choices, seed, meta):
     slices = {it.table.name: it.num_slices for it in problem.items}
-    state = heuristics._State(problem.task, slices)  # pylint: disable=protected-access
+    state = Partition(problem.task, slices)
     for item, device in zip(problem.items, choices):
         if device < 0:
             state.unplaced.append(item)
@@ -413,8 +413,8 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     This runs once per entry of `hot_splits` -- None: tables whole (row-sliced only where they
     fit no device); h: tables predicted to cost more than h * L also cut into row slices
     (`split_hot_items`) -- and the plan with the lowest predicted max cost wins.
-    A dead end (memory) is retried in bytes-first order; if that fails too, the heuristics'
-    PlacementError is raised."""
+    A dead end (memory) is retried in bytes-first order; if that fails too, the
+    Partition's PlacementError is raised."""
     directory = _WEIGHTS_DIR[0]
     if model is None:
         model = cm.load_cost_model(os.path.join(directory, "cost_model_cpu.npz")
@@ -474,10 +474,10 @@ def _decode(problem, policy, samples, seed, search_evaluations):
     return best, float(best_cost), {"decode": how, "order": order}
 
 
-@heuristics.register_strategy("learned", "RL policy over the learned cost model (shipped "
-                              "CPU weights; numpy inference)")
 def learned_plan(task, seed=0, estimator=None):
-    """The shipped RL policy over the shipped neural cost model: greedy decode, plus the best
+    """RL policy over the learned cost model (shipped CPU weights; numpy inference)
+
+    The shipped RL policy over the shipped neural cost model: greedy decode, plus the best
     of 16 sampled plans (by the cost model) for tasks of up to 200 tables, each with tables
     whole and with hot tables cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
     tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and

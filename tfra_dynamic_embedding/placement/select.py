@@ -19,8 +19,7 @@ from typing import List, Optional
 import numpy as np
 
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import evaluate
-from tfra_dynamic_embedding.placement import heuristics
+from tfra_dynamic_embedding.placement import estimators, proposers
 
 # Proposers skipped by default: random is a baseline, not a proposal.
 SKIPPED = ("random",)
@@ -54,20 +53,19 @@ class Choice:
 
 
 def best_plan(task, estimator="analytic", seed=0, strategies=None):
-    """Proposes `task` with every registered strategy (or `strategies`; "learned" is registered
-    once `placement.policy` is imported), scores each plan's max device cost with `estimator`,
-    returns a `Choice` holding the cheapest plan."""
-    est = evaluate.get_estimator(estimator)
+    """Proposes `task` with every registered strategy but random (or `strategies`), scores
+    each plan's max device cost with `estimator`, returns a `Choice` holding the cheapest plan."""
+    est = estimators.get_estimator(estimator)
     names = list(strategies) if strategies else [
-        s for s in heuristics.list_strategies() if s not in SKIPPED]
-    unknown = [s for s in names if s not in heuristics.list_strategies()]
+        s for s in proposers.list_strategies() if s not in SKIPPED]
+    unknown = [s for s in names if s not in proposers.list_strategies()]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; choose from "
-                         f"{heuristics.list_strategies()}")
+                         f"{proposers.list_strategies()}")
     plans, candidates = {}, []
     for name in names:
         try:
-            plan = heuristics.propose(task, name, seed=seed, estimator=est)
+            plan = proposers.propose(task, name, seed=seed, estimator=est)
         except (ValueError, RuntimeError) as error:   # e.g. PlacementError: tables do not fit
             candidates.append(Candidate(name, error=f"{type(error).__name__}: {error}"))
             continue

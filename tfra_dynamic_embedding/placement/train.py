@@ -162,9 +162,9 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
     together), adds each device as a record, refits the cost model from its weights and
     fine-tunes the policy. Small by design."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import evaluate, policy as pol  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import estimators, policy as pol  # pylint: disable=import-outside-toplevel
     measured = []   # (shards, stages) of the devices measured for the current plan
-    est = evaluate.get_estimator(
+    est = estimators.get_estimator(
         estimator, on_measure=lambda shards, batch, result: measured.append((shards, result)))
     records = list(records)
     run = time.strftime("%Y%m%d-%H%M%S")   # measurement groups stay distinct across runs
@@ -231,11 +231,11 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
                   measure=True, log=print, refine_rounds=2, plans_per_round=3):
     """The whole pipeline (see the module docstring); returns the summary dict."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import estimators  # pylint: disable=import-outside-toplevel
     os.makedirs(out, exist_ok=True)
     if measure:
-        try:   # registers "measured-cpu"; its measurements must use the records' single TF
-            # thread, so that is pinned before TF starts (the Keras fit below starts it)
+        try:   # "measured-cpu" must measure with the records' single TF thread, so that is
+            # pinned before TF starts (the Keras fit below starts it)
             from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
             tf_cpu.set_threads(1)
         except ImportError:
@@ -267,7 +267,7 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
                        history=policy_history, log=log)
     log(f"policy trained in {time.time() - t0:.1f}s")
     measured = None
-    if measure and "measured-cpu" in evaluate.list_estimators():
+    if measure and "measured-cpu" in estimators.list_estimators():
         model, pol, refined = refine_with_measurements(model, pol, train_tasks, train_recs,
                                                        rounds=refine_rounds,
                                                        plans_per_round=plans_per_round, log=log)

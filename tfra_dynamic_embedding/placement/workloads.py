@@ -1,16 +1,16 @@
-"""Table pools, index streams and placement tasks: synthetic (calibrated) and loaded from files.
+"""Synthetic table pools (calibrated to published facts) and placement tasks drawn from a pool.
 
 The synthetic pool imitates Meta's 2021 embedding-lookup dataset ("MetaSyn", 856 tables, batch
 65,536) from its published facts only: hash sizes max 12,543,670 / mean 4,107,458 / min 1,
 pooling factors max 193 / mean 15 / min 0 (power law, independent of hash size), and the
 pooled "ratio of index distribution" (`PUBLISHED_LOOKUP_REUSE_2021`). Each table gets its own
-popularity law over its rows -- a Zipf-Mandelbrot head/tail plus a uniform "warm set" -- whose
-parameters are drawn around `DEFAULT_REUSE_MODEL`, fitted so that the pooled expected reuse
-histogram matches the published one (`calibration_report` measures the error).
+popularity law over its rows (`streams.SyntheticStream`: a Zipf-Mandelbrot head/tail plus a
+uniform "warm set") whose parameters are drawn around `DEFAULT_REUSE_MODEL`, fitted so that the
+pooled expected reuse histogram matches the published one (`calibration_report` measures the error).
 
 Example:
     pool = generate_pool(856, seed=0)                  # list[TableSpec], streams attached
-    indices, offsets = open_stream(pool[0], batch_size=4096).batch(0)
+    indices, offsets = streams.open_stream(pool[0], batch_size=4096).batch(0)
     train, test = split_pool(pool, seed=0)
     tasks = make_tasks(test, num_tasks=10, tables_per_task=80, num_devices=8, memory="16GiB")
 """
@@ -21,10 +21,9 @@ import math
 import numpy as np
 from absl import logging
 
-from tfra_dynamic_embedding.placement import features
+from tfra_dynamic_embedding.placement import streams
 from tfra_dynamic_embedding.placement.types import (NUM_REUSE_BINS, TableSpec, Task, make_devices,
                                                     parse_bytes)
-from tfra_dynamic_embedding.placement import loaders as _loaders
 
 # -- published facts -------------------------------------------------------------------------
 METASYN_2021 = {"num_tables": 856, "batch_size": 65536,
@@ -71,165 +70,6 @@ class ReuseModel:
 
 
 DEFAULT_REUSE_MODEL = ReuseModel()
-
-
-# -- popularity law of one table --------------------------------------------------------------
-def _zm_cum(x, s, q):
-    """Unnormalised cumulative mass of density (x + q)^-s at x (monotone increasing in x)."""
-    if abs(s - 1.0) < 1e-6:
-        return np.log(np.asarray(x, dtype=float) + q)
-    return ((np.asarray(x, dtype=float) + q) ** (1.0 - s)) / (1.0 - s)
-
-
-def popularity_buckets(stream, rows, exact=64, per_decade=32):
-    """(mass, rows) buckets of a synthetic stream's popularity law, for expected histograms.
-
-    Ranks [0, rows - warm_rows) follow a continuous Zipf-Mandelbrot law (rank k covers [k, k+1));
-    the first `exact` ranks are one bucket each, the rest log-spaced; the warm set is one bucket.
-    """
-    warm_rows = int(stream.get("warm_rows", 0))
-    warm = float(stream.get("warm_share", 0.0)) if warm_rows else 0.0
-    zipf_rows = rows - warm_rows
-    s, q = float(stream["zipf_s"]), float(stream["zipf_q"])
-    head = min(zipf_rows, exact)
-    edges = np.arange(head + 1, dtype=float)
-    if zipf_rows > head:
-        count = max(1, int(math.ceil(math.log10(zipf_rows / head) * per_decade)))
-        tail = np.unique(np.round(np.logspace(math.log10(head), math.log10(zipf_rows), count + 1)))
-        edges = np.concatenate([edges[:-1], tail])
-    cum = _zm_cum(edges, s, q)
-    mass = np.diff(cum) / (cum[-1] - cum[0]) * (1.0 - warm)
-    widths = np.diff(edges)
-    if warm_rows:
-        mass = np.append(mass, warm)
-        widths = np.append(widths, warm_rows)
-    return mass, widths
-
-
-def expected_histograms(tables, batch_size, weight="lookups"):
-    """[len(tables), 17] expected reuse histograms of synthetic tables' batches (Poisson model).
-
-    Rows of tables without lookups are all zero. One vectorised pass over all tables' buckets.
-    """
-    masses, lams, owner = [], [], []
-    for i, spec in enumerate(tables):
-        lookups = spec.pooling_factor * batch_size
-        if lookups <= 0:
-            continue
-        mass, widths = popularity_buckets(spec.stream, spec.rows)
-        masses.append(mass if weight == "lookups" else widths)
-        lams.append(lookups * mass / widths)
-        owner.append(np.full(len(mass), i))
-    out = np.zeros((len(tables), NUM_REUSE_BINS))
-    if not masses:
-        return out
-    probs = features.reuse_bin_probabilities(np.concatenate(lams), weight)
-    weighted = np.concatenate(masses)[:, None] * probs
-    owner = np.concatenate(owner)
-    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
-    out[owner[starts]] = np.add.reduceat(weighted, starts, axis=0)
-    totals = out.sum(axis=1, keepdims=True)
-    return np.divide(out, totals, out=np.zeros_like(out), where=totals > 0)
-
-
-def expected_histogram(spec, batch_size, weight="lookups"):
-    """Expected 17-bin reuse histogram of one synthetic table's batch."""
-    return expected_histograms([spec], batch_size, weight)[0]
-
-
-class SyntheticStream:
-    """Batches of one synthetic table: `batch(i)` -> (indices int64 [n], offsets int64 [B + 1]).
-
-    Sample j looks up indices[offsets[j]:offsets[j+1]]; bag lengths are negative-binomial with
-    mean pooling_factor; indices follow the table's popularity law, ranks mapped to row ids by a
-    seeded affine bijection of [0, rows). Batch i is a pure function of (seed, i).
-    """
-
-    def __init__(self, spec, batch_size=None):
-        self.spec = spec
-        self.params = spec.stream
-        self.batch_size = int(batch_size or self.params.get("batch_size", 65536))
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1; got {batch_size!r}")
-        rows = spec.rows
-        rng = np.random.default_rng([int(self.params["seed"]), 7])
-        mult = int(rng.integers(1, 2 ** 31 - 1)) | 1
-        while math.gcd(mult, rows) != 1:
-            mult += 2
-        self._mult, self._shift = mult % rows or 1, int(rng.integers(0, rows))
-
-    def lengths(self, rng):
-        mean = self.spec.pooling_factor
-        if mean <= 0:
-            return np.zeros(self.batch_size, dtype=np.int64)
-        disp = float(self.params.get("length_dispersion", 2.0))
-        return rng.negative_binomial(disp, disp / (disp + mean), self.batch_size).astype(np.int64)
-
-    def ranks(self, rng, n):
-        p, rows = self.params, self.spec.rows
-        warm_rows = int(p.get("warm_rows", 0))
-        zipf_rows = rows - warm_rows
-        s, q = float(p["zipf_s"]), float(p["zipf_q"])
-        u = rng.random(n)
-        lo, hi = _zm_cum(0.0, s, q), _zm_cum(float(zipf_rows), s, q)
-        target = lo + u * (hi - lo)
-        if abs(s - 1.0) < 1e-6:
-            x = np.exp(target) - q
-        else:
-            x = (target * (1.0 - s)) ** (1.0 / (1.0 - s)) - q
-        ranks = np.clip(np.floor(x), 0, zipf_rows - 1).astype(np.int64)
-        if warm_rows:
-            warm = rng.random(n) < float(p["warm_share"])
-            ranks[warm] = zipf_rows + rng.integers(0, warm_rows, int(warm.sum()))
-        return ranks
-
-    def batch(self, index):
-        rng = np.random.default_rng([int(self.params["seed"]), 11, int(index)])
-        lengths = self.lengths(rng)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        ranks = self.ranks(rng, int(offsets[-1]))
-        rows = self.spec.rows
-        indices = (ranks * self._mult + self._shift) % rows
-        return indices.astype(np.int64), offsets
-
-    def __iter__(self):
-        index = 0
-        while True:
-            yield self.batch(index)
-            index += 1
-
-
-def open_stream(spec, batch_size=None):
-    """The index stream a TableSpec refers to (`spec.stream["kind"]`).
-
-    Kinds: "synthetic" (this module), "dlrm_pt" ({"path", "table"}: a dlrm_datasets file, needs
-    torch), "criteo_tsv" ({"path", "column"}). Each has `.batch(i) -> (indices, offsets)`.
-    """
-    if spec.stream is None:
-        raise ValueError(f"table {spec.name!r} has no index stream (TableSpec.stream is None)")
-    kind = spec.stream.get("kind")
-    if kind == "synthetic":
-        return SyntheticStream(spec, batch_size)
-    if kind == "dlrm_pt":
-        return _loaders.DlrmPtStream(spec)
-    if kind == "criteo_tsv":
-        return _loaders.CriteoStream(spec, batch_size)
-    raise ValueError(f"unknown stream kind {kind!r} of table {spec.name!r}; expected one of "
-                     f"'synthetic', 'dlrm_pt', 'criteo_tsv'")
-
-
-def pool_batch(tables, index=0, batch_size=None):
-    """One batch of all `tables` in dlrm_datasets layout: (indices, offsets, lengths [T, B])."""
-    parts, lengths = [], []
-    for spec in tables:
-        idx, off = open_stream(spec, batch_size).batch(index)
-        parts.append(idx)
-        lengths.append(np.diff(off))
-    if len({len(x) for x in lengths}) > 1:
-        raise ValueError("tables' streams have different batch sizes; pass batch_size=")
-    lengths = np.stack(lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))]).astype(np.int64)
-    return np.concatenate(parts).astype(np.int64), offsets, lengths
 
 
 # -- the pool --------------------------------------------------------------------------------
@@ -334,7 +174,7 @@ def generate_pool(num_tables=856, seed=0, dims=DEFAULT_DIMS, batch_size=65536, r
                          bytes_per_value, float(pooling[i]),
                          group=f"net{groups[i]}" if groups is not None else None, stream=stream)
         tables.append(spec)
-    for spec, hist in zip(tables, expected_histograms(tables, batch_size)):
+    for spec, hist in zip(tables, streams.expected_histograms(tables, batch_size)):
         spec.reuse_histogram = [round(float(x), 6) for x in hist / max(hist.sum(), 1e-300)] \
             if hist.sum() > 0 else [0.0] * NUM_REUSE_BINS
     logging.info("generated a pool of %d tables (seed %s, batch %d)", num_tables, seed, batch_size)
@@ -351,7 +191,7 @@ def pool_statistics(tables, batch_size=None):
             "rows_min": int(rows.min()), "pooling_max": float(pooling.max()),
             "pooling_mean": float(pooling.mean()), "pooling_min": float(pooling.min()),
             "rank_correlation_rows_pooling": rank_correlation(rows, pooling),
-            "pooled_lookup_reuse": features.pooled_reuse_histogram(hists, lookups).tolist()}
+            "pooled_lookup_reuse": streams.pooled_reuse_histogram(hists, lookups).tolist()}
 
 
 def rank_correlation(a, b):
@@ -376,12 +216,12 @@ def calibration_report(tables, batch_size=65536):
     out = {}
     for weight, target in (("lookups", PUBLISHED_LOOKUP_REUSE_2021),
                            ("unique", PUBLISHED_UNIQUE_REUSE_2021)):
-        hists = expected_histograms(tables, batch_size, weight)
+        hists = streams.expected_histograms(tables, batch_size, weight)
         if weight == "lookups":
             scale = np.array([t.pooling_factor * batch_size for t in tables])
         else:
-            scale = np.array([expected_unique_rows(t, batch_size) for t in tables])
-        pooled = features.pooled_reuse_histogram(hists, scale)
+            scale = np.array([streams.expected_unique_rows(t, batch_size) for t in tables])
+        pooled = streams.pooled_reuse_histogram(hists, scale)
         err = np.abs(pooled - np.asarray(target))
         out[weight] = {"pooled": pooled.round(4).tolist(), "max_abs": float(err.max()),
                        "l1": float(err.sum())}
@@ -390,15 +230,6 @@ def calibration_report(tables, batch_size=65536):
                                and out["lookups"]["l1"] <= tol["l1"]
                                and out["unique"]["max_abs"] <= tol["unique_max_abs"])
     return out
-
-
-def expected_unique_rows(spec, batch_size):
-    """Expected number of distinct rows in one batch of a synthetic table."""
-    lookups = spec.pooling_factor * batch_size
-    if lookups <= 0:
-        return 0.0
-    mass, widths = popularity_buckets(spec.stream, spec.rows)
-    return float(np.sum(widths * -np.expm1(-lookups * mass / widths)))
 
 
 # -- tasks -----------------------------------------------------------------------------------

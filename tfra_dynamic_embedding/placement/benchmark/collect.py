@@ -8,8 +8,8 @@ Record r (r = 0 .. N-1) is a shard drawn from a seeded, down-scaled MetaSyn-like
 its source cycling through:
   random     k ~ U{1..K} tables drawn from the pool;
   heuristic  a random task (2-6 devices, tables from the pool) placed by a greedy heuristic of
-             heuristics.py; the shard is one device's tables;
-  plan       the same with a random plan (heuristics' "random" strategy);
+             proposers.py; the shard is one device's tables;
+  plan       the same with a random plan (the "random" strategy);
   policy     the same placed by the learned policy (strategy "learned", its shipped weights);
   sliced     like random, but each table is, with probability 1/2, one row slice of 2-8 (the
              pieces the learned policy cuts hot tables into);
@@ -27,17 +27,21 @@ shard per call, or a whole plan's with `--whole-plans`) and written as one JSON 
    "fraction", "slice": [index, num_slices]}],
    "forward_ms", "backward_ms", "total_ms", "seed", "threads", "key", "source", "index", ...}
 "spec" is the TableSpec JSON without its reuse histogram (that is features[4:21]; see
-`record_shards`); "fraction" and "slice" only for row slices. Collection appends and is
+`records.record_shards`); "fraction" and "slice" only for row slices. Collection appends and is
 resumable: a record whose shard key is already in the file is skipped.
 """
 
-import gzip
 import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from tfra_dynamic_embedding.placement import cost_model, proposers, workloads
+from tfra_dynamic_embedding.placement.benchmark import tf_cpu
+from tfra_dynamic_embedding.placement.benchmark.records import read_records
+from tfra_dynamic_embedding.placement.types import Shard, Task, make_devices
 
 DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
@@ -60,7 +64,6 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
     (the halves the placement evaluation trains and tests on), so that a cost model can be
     trained on one half's tables and checked on tables it never saw.
     """
-    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
     if half not in HALVES:
         raise ValueError(f"half must be one of {HALVES}; got {half!r}")
     pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
@@ -74,8 +77,6 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
 def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=SOURCES):
     """(source, [Shard]) of record `index`: a pure function of (pool, index, pool_seed,
     sources); record `index` draws from `sources[index % len(sources)]`."""
-    from tfra_dynamic_embedding.placement import heuristics  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement.types import Shard, Task, make_devices  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
     source = sources[index % len(sources)]
     if source in ("random", "sliced"):
@@ -96,9 +97,7 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
     task = Task([pool[i] for i in chosen], make_devices(devices), batch_size=batch_size)
     strategy = {"heuristic": str(rng.choice(HEURISTICS)), "plan": "random",
                 "policy": "learned"}[source]
-    if strategy == "learned":
-        from tfra_dynamic_embedding.placement import policy  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
+    plan = proposers.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     device = task.devices[int(rng.integers(0, devices))].name
     shards = plan.shards_on(device)
     if not shards:  # an empty device: take the fullest one
@@ -120,12 +119,11 @@ def _task_shard(pool, turn, rng, batch_size):
 def _task_plan(pool, turn, rng, batch_size):
     """("task:STRATEGY", [[Shard] per non-empty device]) of an eval-shaped task planned by
     TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]."""
-    from tfra_dynamic_embedding.placement import heuristics, policy, workloads  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     task = workloads.make_tasks(pool, 1, min(TASK_SHAPE["tables"], len(pool)),
                                 TASK_SHAPE["devices"], TASK_SHAPE["memory"],
                                 seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
     strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
-    plan = heuristics.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
+    plan = proposers.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     return f"task:{strategy}", [shards for shards in plan.shards_by_device().values() if shards]
 
 
@@ -140,8 +138,6 @@ def draw_plan(pool, index, pool_seed=0, batch_size=1024):
 def make_record(shards, result, batch_size, seed, **extra):
     """One JSONL record of a measured shard (`Shard`s, or TableSpecs for whole tables); a row
     slice's features scale with its share of rows (`cost_model.shard_features`)."""
-    from tfra_dynamic_embedding.placement import cost_model  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     entries = []
     for shard in shards:
         table = getattr(shard, "table", shard)
@@ -171,40 +167,6 @@ def _compact_spec(spec):
     """TableSpec JSON without the reuse histogram: it is features[4:21] of the same record."""
     out = spec.to_dict()
     out.pop("reuse_histogram", None)
-    return out
-
-
-def record_shards(record):
-    """The `Shard`s (tables and row slices) of a record; reuse histograms are restored from the
-    features."""
-    from tfra_dynamic_embedding.placement.types import Shard, TableSpec  # pylint: disable=import-outside-toplevel
-    out = []
-    for table in record["tables"]:
-        spec = dict(table["spec"])
-        hist = table["features"][4:]
-        if "reuse_histogram" not in spec and sum(hist) > 0:
-            spec["reuse_histogram"] = list(hist)
-        index, num_slices = table.get("slice", (0, 1))
-        out.append(Shard(TableSpec.from_dict(spec), "", int(index), int(num_slices)))
-    return out
-
-
-def read_records(path):
-    """The records of a JSONL file, or of a gzipped one (`.gz`: how the package ships its data);
-    a torn last line from an interrupted run is skipped."""
-    out = []
-    if not os.path.exists(path):
-        return out
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
     return out
 
 
@@ -247,7 +209,6 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
     if whole_plans and tuple(sources) != ("task",):
         raise ValueError(f"whole_plans measures plans of the 'task' source only; got sources "
                          f"{list(sources)}")
-    from tfra_dynamic_embedding.placement.benchmark import tf_cpu  # pylint: disable=import-outside-toplevel
     tf_cpu.set_threads(threads)
     pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half)
     # Record indices of a half are offset so its shards differ from the whole pool's.

@@ -26,6 +26,8 @@ import time
 import numpy as np
 from absl import logging
 
+from tfra_dynamic_embedding.placement import streams
+
 DEFAULT_LLC_BYTES = 64 * 2 ** 20
 
 
@@ -191,12 +193,11 @@ def shard_batches(shards, batch_size, seed=0, batch_index=0):
     Synthetic streams give batch `batch_index` at `batch_size`; tables without a stream get
     `uniform_batch`; row slices keep their own keys only.
     """
-    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
     out = []
     for shard in shards:
         spec = getattr(shard, "table", shard)
         if spec.stream is not None:
-            indices, offsets = workloads.open_stream(spec, batch_size).batch(batch_index)
+            indices, offsets = streams.open_stream(spec, batch_size).batch(batch_index)
         else:
             indices, offsets = uniform_batch(spec, batch_size, seed)
         out.append(slice_batch(indices, offsets, getattr(shard, "index", 0),

@@ -25,7 +25,7 @@ import json
 import numpy as np
 from absl import logging
 
-from tfra_dynamic_embedding.placement import evaluate
+from tfra_dynamic_embedding.placement import estimators
 from tfra_dynamic_embedding.placement.benchmark import protocol
 
 BACKEND = "tf_cpu"
@@ -228,7 +228,7 @@ def shard_key(shards, batch_size, backend=BACKEND):
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-class MeasuredEstimator(evaluate.CostEstimator):
+class MeasuredEstimator(estimators.CostEstimator):
     """Device cost = measured step time (seconds) of its shards with the tf_cpu benchmark.
 
     `batch_size`: the batch to measure at (default: the task's, capped at `max_batch_size` so
@@ -245,7 +245,7 @@ class MeasuredEstimator(evaluate.CostEstimator):
     traced functions): the four plans of an 800-table / 80-device task took a 24 GB machine
     out of memory, so larger sets are measured in groups of whole plans.
 
-    Example: evaluate_plan(plan, "measured-cpu")  (after importing placement.benchmark)
+    Example: evaluate_plan(plan, "measured-cpu")
     """
 
     name = "measured-cpu"

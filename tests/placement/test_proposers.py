@@ -1,16 +1,16 @@
-"""Heuristic strategies on hand-made tasks with known answers; memory, errors, row slices."""
+"""Proposers on hand-made tasks with known answers; memory, errors, row slices; the registry."""
 
 import pytest
 
-from tfra_dynamic_embedding.placement import heuristics
-from tfra_dynamic_embedding.placement.evaluate import CostEstimator
-from tfra_dynamic_embedding.placement.types import PlacementError
+from tfra_dynamic_embedding.placement import pieces, proposers
+from tfra_dynamic_embedding.placement.estimators import CostEstimator
+from tfra_dynamic_embedding.placement.types import PlacementError, Shard
 
 from .helpers import by_device, table, task
 
 
 def plan_of(strategy, t, **kwargs):
-    return by_device(heuristics.propose(t, strategy, **kwargs))
+    return by_device(proposers.propose(t, strategy, **kwargs))
 
 
 def test_size_greedy_and_capacity_balanced_on_equal_devices():
@@ -70,16 +70,16 @@ def test_nsbp_packs_each_network_on_few_devices():
 
 def test_every_strategy_respects_memory_exactly_full():
     t = task([table("m6", 6), table("m5a", 5), table("m5b", 5), table("m4", 4)], memory=10)
-    for name in heuristics.list_strategies():
-        plan = heuristics.propose(t, name)
+    for name in proposers.list_strategies():
+        plan = proposers.propose(t, name)
         assert sorted(plan.memory_by_device().values()) == [10, 10], name
 
 
-@pytest.mark.parametrize("strategy", heuristics.list_strategies())
+@pytest.mark.parametrize("strategy", proposers.list_strategies())
 def test_infeasible_task_names_tables_and_shortfall(strategy):
     t = task([table(f"x{i}", 80) for i in range(3)], memory=100)
     with pytest.raises(PlacementError) as info:
-        heuristics.propose(t, strategy)
+        proposers.propose(t, strategy)
     # Greedy strategies place equal tables in name order, so the last one is left over; the
     # learned policy may leave over another of the three equal tables.
     left = "x2" if strategy != "learned" else info.value.tables[0]
@@ -92,13 +92,13 @@ def test_infeasible_task_names_tables_and_shortfall(strategy):
 
 def test_table_larger_than_any_device_is_split_by_rows():
     t = task([table("big", 250), table("s", 10)], 3, memory=100)
-    plan = heuristics.propose(t, "size-greedy")
+    plan = proposers.propose(t, "size-greedy")
     assert by_device(plan) == {0: ["big#0"], 1: ["big#1", "s"], 2: ["big#2"]}
     assert plan.devices_for("big") == ["/job:ps/task:0", "/job:ps/task:1", "/job:ps/task:2"]
     assert plan.memory_by_device() == {"/job:ps/task:0": 84, "/job:ps/task:1": 93,
                                        "/job:ps/task:2": 83}
-    for name in heuristics.list_strategies():
-        devices = heuristics.propose(t, name).devices_for("big")
+    for name in proposers.list_strategies():
+        devices = proposers.propose(t, name).devices_for("big")
         assert len(devices) == 3 and len(set(devices)) == 3, name
 
 
@@ -106,7 +106,7 @@ def test_table_too_big_even_for_all_devices():
     t = task([table("huge", 250)], 2, memory=100)
     with pytest.raises(PlacementError, match=r"'huge' \(250 B\) is larger than the largest "
                        r"device \(100 B\) and cannot be split into <= 2 row slices") as info:
-        heuristics.propose(t, "lookup-greedy")
+        proposers.propose(t, "lookup-greedy")
     assert info.value.tables == ["huge"] and info.value.shortfall_bytes == 50
 
 
@@ -115,11 +115,11 @@ def test_random_is_seeded_uniform_and_respects_memory():
     for seed in range(20):
         assert sorted(plan_of("random", t, seed=seed).values()) == [["r0"], ["r1"]]
     t = task([table(f"q{i}", 1) for i in range(8)], 4)
-    plans = [heuristics.propose(t, "random", seed=s).assignment for s in range(20)]
-    assert heuristics.propose(t, "random", seed=3).assignment == plans[3]
+    plans = [proposers.propose(t, "random", seed=s).assignment for s in range(20)]
+    assert proposers.propose(t, "random", seed=3).assignment == plans[3]
     assert len({str(sorted(p.items())) for p in plans}) == 20
     one = task([table("only", 1)], 2)
-    on_first = sum(heuristics.propose(one, "random", seed=s).devices_for("only")[0] ==
+    on_first = sum(proposers.propose(one, "random", seed=s).devices_for("only")[0] ==
                    "/job:ps/task:0" for s in range(400))
     assert 160 <= on_first <= 240
 
@@ -135,13 +135,13 @@ class WidestTablePlusLaunches(CostEstimator):
 
 def test_cost_greedy_uses_a_pluggable_estimator():
     t = task([table(n, d, dim=d) for n, d in zip("abcd", (8, 8, 2, 2))])
-    plan = heuristics.propose(t, "cost-greedy", estimator=WidestTablePlusLaunches())
+    plan = proposers.propose(t, "cost-greedy", estimator=WidestTablePlusLaunches())
     assert by_device(plan) == {0: ["a", "c"], 1: ["b", "d"]}
     assert plan.estimator == "widest"
 
 
 def test_registry_accepts_new_proposers():
-    @heuristics.register_strategy("everything-on-last", "all tables on the last device")
+    @proposers.register_strategy("everything-on-last", "all tables on the last device")
     def last(t, seed=0, estimator=None):
         from tfra_dynamic_embedding.placement.types import Plan  # pylint: disable=import-outside-toplevel
         return Plan(t, {x.name: [t.devices[-1].name] for x in t.tables}, strategy="last")
@@ -149,11 +149,25 @@ def test_registry_accepts_new_proposers():
     try:
         t = task([table("a", 1), table("b", 1)])
         assert plan_of("everything-on-last", t) == {0: [], 1: ["a", "b"]}
-        assert heuristics.get_strategy("everything-on-last").description == \
+        assert proposers.get_strategy("everything-on-last").description == \
             "all tables on the last device"
         with pytest.raises(ValueError, match="already registered"):
-            heuristics.register_strategy("everything-on-last")(lambda t, seed=0, estimator=None: 0)
+            proposers.register_strategy("everything-on-last")(lambda t, seed=0, estimator=None: 0)
     finally:
-        heuristics.unregister_strategy("everything-on-last")
+        proposers.unregister_strategy("everything-on-last")
     with pytest.raises(ValueError, match=r"unknown strategy 'nope'; choose one of \['random'"):
-        heuristics.propose(task([table("a", 1)]), "nope")
+        proposers.propose(task([table("a", 1)]), "nope")
+
+
+def test_pieces_are_unplaced_shards():
+    t = task([table("big", 250), table("s", 10)], 3, memory=100)
+    assert pieces.split_pieces(t) == [Shard(t.tables[0], "", i, 3) for i in range(3)] + [
+        Shard(t.tables[1], "")]
+    assert [p.size_bytes for p in pieces.split_pieces(t)] == [84, 83, 83, 10]
+
+
+def test_learned_entry_is_described_from_its_module():
+    assert proposers.list_strategies()[-1] == "learned"
+    assert proposers.describe_strategy("learned") == (
+        "RL policy over the learned cost model (shipped CPU weights; numpy inference)")
+    assert proposers.describe_strategy("random").startswith("Each piece (biggest first)")

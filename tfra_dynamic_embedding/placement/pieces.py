@@ -1,0 +1,121 @@
+"""Pieces of a task and their partition under memory: the stage every proposer builds on.
+
+A piece is a `types.Shard` not yet on a device: a whole table, or row slice i of n of a table
+bigger than the largest device (slice i: keys with key % n == i; the fewest slices that fit,
+`min_slices`). A `Partition` puts pieces on devices, refuses what does not fit and turns the
+result into a `Plan`, or into a `PlacementError` naming the pieces left over and the shortfall.
+
+Example:
+    state = Partition(task)
+    for piece in split_pieces(task):
+        state.put(piece, state.candidates(piece)[0])
+    plan = state.plan("first-fit", seed=0)
+"""
+
+import math
+
+from absl import logging
+
+from tfra_dynamic_embedding.placement.types import PlacementError, Plan, Shard, format_bytes
+
+
+def largest_memory(task):
+    """Memory of the task's largest device in bytes; None when some device has no limit."""
+    limits = [d.memory_bytes for d in task.devices]
+    return None if any(m is None for m in limits) else max(limits)
+
+
+def min_slices(table, task, largest=None):
+    """Fewest row slices of `table` that each fit the largest device (1 if it fits whole).
+    `largest`: `largest_memory(task)` when already known (planners ask for every table)."""
+    if largest is None:
+        largest = largest_memory(task)
+    if largest is None or table.size_bytes <= largest:
+        return 1
+    n = max(2, math.ceil(table.size_bytes / largest))
+    while n <= min(task.num_devices, table.rows) and table.slice_bytes(0, n) > largest:
+        n += 1
+    if n > task.num_devices or n > table.rows or table.slice_bytes(0, n) > largest:
+        raise PlacementError(
+            f"table {table.name!r} ({format_bytes(table.size_bytes)}) is larger than the largest "
+            f"device ({format_bytes(largest)}) and cannot be split into <= {task.num_devices} "
+            f"row slices that fit", [table.name],
+            table.size_bytes - task.num_devices * largest if n > task.num_devices else
+            table.slice_bytes(0, n) - largest)
+    return n
+
+
+def split_pieces(task):
+    """All pieces of a task, unplaced (`Shard.device` ""): one per table, or its minimal row
+    slices when it fits no device."""
+    items = []
+    largest = largest_memory(task)
+    for table in task.tables:
+        n = min_slices(table, task, largest)
+        if n > 1:
+            logging.info("table %s (%s) is split row-wise into %d slices", table.name,
+                         format_bytes(table.size_bytes), n)
+        items.extend(Shard(table, "", i, n) for i in range(n))
+    return items
+
+
+class Partition:
+    """Pieces put on devices under memory limits, so far: memory used and balance load per device;
+    `plan()` is the Plan, or the PlacementError naming the pieces left in `unplaced`."""
+
+    def __init__(self, task, slices=None):
+        """`slices`: {table name: row slices} where a planner cuts a table finer than
+        `min_slices`."""
+        self.task = task
+        slices = slices or {}
+        self.capacity = [math.inf if d.memory_bytes is None else d.memory_bytes
+                         for d in task.devices]
+        self.used = [0] * task.num_devices
+        self.load = [0.0] * task.num_devices
+        largest = largest_memory(task)
+        self.placed = {t.name: [None] * (slices[t.name] if t.name in slices
+                                         else min_slices(t, task, largest))
+                       for t in task.tables}
+        self.unplaced = []
+
+    def candidates(self, item):
+        taken = set(self.placed[item.table.name])
+        return [d for d in range(self.task.num_devices)
+                if d not in taken and self.used[d] + item.size_bytes <= self.capacity[d]]
+
+    def put(self, item, device, load=0.0):
+        self.placed[item.table.name][item.index] = device
+        self.used[device] += item.size_bytes
+        self.load[device] += load
+
+    def plan(self, strategy, seed, estimator=None):
+        if self.unplaced:
+            raise _infeasible(self)
+        names = [d.name for d in self.task.devices]
+        assignment = {t: [names[d] for d in devices] for t, devices in self.placed.items()}
+        return Plan(self.task, assignment, strategy=strategy,
+                    estimator=getattr(estimator, "name", None), meta={"seed": seed})
+
+
+def _infeasible(state):
+    task = state.task
+    total = sum(t.size_bytes for t in task.tables)
+    capacity = sum(state.capacity)
+    parts, worst = [], 0
+    for item in state.unplaced:
+        free = [(state.capacity[d] - state.used[d], task.devices[d].name)
+                for d in range(task.num_devices)]
+        best_free, where = max(free, key=lambda x: x[0])  # first device on ties
+        worst = max(worst, item.size_bytes - best_free)
+        piece = item.table.name if item.num_slices == 1 else (
+            f"{item.table.name}[slice {item.index}/{item.num_slices}]")
+        parts.append(f"{piece} ({format_bytes(item.size_bytes)}; largest free space "
+                     f"{format_bytes(best_free)} on {where})")
+    shortfall = max(worst, total - capacity)
+    names = sorted({item.table.name for item in state.unplaced})
+    message = (f"cannot place {len(names)} of {len(task.tables)} tables on "
+               f"{task.num_devices} devices: " + "; ".join(parts[:20]) +
+               (f"; ... {len(parts) - 20} more" if len(parts) > 20 else "") +
+               f". Shortfall {format_bytes(shortfall)} (tables need {format_bytes(total)}, "
+               f"devices hold {format_bytes(capacity)})")
+    return PlacementError(message, names, shortfall)
