@@ -132,7 +132,7 @@ class _DynamicEmbeddingMixin:
             buffers = self._de_buffers.get(w.ref(), [])
             if buffers and groups[w.ref()] is not None:
                 ids = w.batch_ids()
-                rows = tf.split(w.params.lookup_groups(ids, groups[w.ref()]), len(buffers), 1)
+                rows = w.params.lookup_groups(ids, groups[w.ref()])
                 prefetch += [b.hold(ids, r) for b, r in zip(buffers, rows)]
             else:
                 prefetch += [b.prefetch(w.batch_ids()) for b in buffers]
@@ -409,11 +409,11 @@ def _write_back_in_records(wrapper, buffers, groups, keep):
     """Writes the wrapper's rows and its slot buffers' rows into the records of its variable
     (slot `groups`), one probe per key; `keep` (a bool mask or None) as in `write_back`."""
     ids = wrapper.batch_ids()
-    rows = tf.concat([wrapper.read_value()] + [b.read_value() for b in buffers], axis=1)
+    rows = [held.read_value() for held in [wrapper] + buffers]
     for held in [wrapper] + buffers:
         held.end_step()
     if keep is not None:
-        ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
+        ids, rows = tf.boolean_mask(ids, keep), [tf.boolean_mask(r, keep) for r in rows]
     return wrapper.params.upsert_groups(ids, rows, [0] + list(groups))
 
 

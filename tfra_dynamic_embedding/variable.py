@@ -382,26 +382,33 @@ class Variable(_tf_private.AutoTrackable):
         return groups
 
     def lookup_groups(self, keys, groups):
-        """`[n, dim * len(groups)]`: the columns of `groups` of 1-D `keys` (0: the rows,
-        g >= 1: slot groups; missing keys get zeros / the slots' fills), one probe per key."""
+        """The rows of each column group in `groups` (0: the rows, g >= 1: slot groups) for
+        1-D `keys`: a list of `[n, dim]` tensors, one probe per key (missing keys get zeros /
+        the slots' fills)."""
         flat = tf.reshape(self._keys_tensor(keys), [-1])
-        rows, _ = self._map_shards(
-            flat, lambda t, k: (native_slots.find_groups(t, k, groups)[0], None))
-        return rows
+        if self.shard_num == 1:
+            return native_slots.find_groups(self._tables[0], flat, groups)[0]
+        parts, positions = self._partition(flat)
+        per_shard = []
+        for table, part in zip(self._tables, parts):
+            with tf.device(table.device):
+                per_shard.append(native_slots.find_groups(table, part, groups)[0])
+        return [data_flow.dynamic_stitch(positions, [rows[j] for rows in per_shard])
+                for j in range(len(groups))]
 
     def upsert_groups(self, keys, values, groups):
-        """Writes `values` (`[n, dim * len(groups)]`) into the columns of `groups` of 1-D
-        `keys`, one probe per key (a new key's other groups start at zeros / their fills)."""
+        """Writes `values[j]` (`[n, dim]`) into column group `groups[j]` of 1-D `keys`, one
+        probe per key (a new key's other groups start at zeros / their fills)."""
         flat = tf.reshape(self._keys_tensor(keys), [-1])
-        values = tf.convert_to_tensor(values, self._value_dtype)
+        values = [tf.convert_to_tensor(v, self._value_dtype) for v in values]
         if self.shard_num == 1:
             return native_slots.upsert_groups(self._tables[0], flat, values, groups)
         parts, positions = self._partition(flat)
         writes = []
         for table, part, pos in zip(self._tables, parts, positions):
             with tf.device(table.device):
-                writes.append(native_slots.upsert_groups(table, part, tf.gather(values, pos),
-                                                         groups))
+                writes.append(native_slots.upsert_groups(
+                    table, part, [tf.gather(v, pos) for v in values], groups))
         return tf.group(*writes)
 
     def find_or_insert(self, keys, name=None):

@@ -253,49 +253,56 @@ REGISTER_OP("TfraDeGroupView")
          "the table's. Adds the groups 1..group to the table first where missing, group g "
          "starting at fills[g - 1] (fills: [group]).");
 
-// Output 0: [N, dim * len(groups)] with N from the keys (input 1).
-Status GroupRowsShape(InferenceContext* c) {
-  ShapeHandle keys;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-  int64_t dim;
-  std::vector<int32_t> groups;
-  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-  TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
-  c->set_output(0, c->Matrix(c->Dim(keys, 0), dim * static_cast<int64_t>(groups.size())));
-  return absl::OkStatus();
-}
-
 REGISTER_OP("TfraDeFindGroups")
     .Input("table: resource")
     .Input("keys: key_dtype")
     .Input("fills: double")
-    .Output("values: value_dtype")
+    .Output("values: N * value_dtype")
     .Output("exists: bool")
     .TFRA_DE_TYPE_ATTRS
     .Attr("dim: int >= 1")
     .Attr("groups: list(int) >= 1")
+    .Attr("N: int >= 1")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(GroupRowsShape(c));
-      c->set_output(1, c->Vector(c->Dim(c->input(1), 0)));
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      int64_t dim, n;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int64_t j = 0; j < n; ++j) c->set_output(j, c->Matrix(c->Dim(keys, 0), dim));
+      c->set_output(n, c->Vector(c->Dim(keys, 0)));
       return absl::OkStatus();
     })
-    .Doc("The listed column groups of keys, side by side (one probe per key); a missing key "
-         "gets zeros for group 0 and the fill of each slot group. fills: [slot groups] as for "
-         "TfraDeGroupView (added where missing).");
+    .Doc("The rows of the listed column groups of keys (values[j]: group groups[j]; N = "
+         "len(groups)), one probe per key; a missing key gets zeros for group 0 and the fill "
+         "of each slot group. fills: [slot groups] as for TfraDeGroupView (added where "
+         "missing).");
 
 REGISTER_OP("TfraDeUpsertGroups")
     .Input("table: resource")
     .Input("keys: key_dtype")
-    .Input("values: value_dtype")
+    .Input("values: N * value_dtype")
     .Input("fills: double")
     .TFRA_DE_TYPE_ATTRS
     .Attr("dim: int >= 1")
     .Attr("groups: list(int) >= 1")
+    .Attr("N: int >= 1")
     .SetIsStateful()
-    .SetShapeFn(UpdateShape)
-    .Doc("Writes the listed column groups of keys (values: [N, dim * len(groups)]) with one "
-         "probe per key; a new key's other groups start at zeros / their fills. Writing "
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys, rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int64_t j = 0; j < n; ++j) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(2 + j), 2, &rows));
+        DimensionHandle unused;
+        TF_RETURN_IF_ERROR(c->Merge(c->Dim(keys, 0), c->Dim(rows, 0), &unused));
+      }
+      return absl::OkStatus();
+    })
+    .Doc("Writes the listed column groups of keys (values[j]: [N, dim] rows of groups[j]), "
+         "one probe per key; a new key's other groups start at zeros / their fills. Writing "
          "group 0 stamps the row and counts a write.");
 
 // --------------------------------------------------------------- kernels --
@@ -797,11 +804,11 @@ class GroupViewOp : public OpKernel {
   int64_t group_ = 1;
 };
 
-// Base of FindGroups / UpsertGroups: the groups attr, the fills input (index
-// fills_input), slot groups added where missing.
+// Base of FindGroups / UpsertGroups: the groups attr; Prepare adds the slot
+// groups of the fills input where missing.
 class GroupsOp : public TableOp {
  public:
-  GroupsOp(OpKernelConstruction* c, int fills_input) : TableOp(c), fills_input_(fills_input) {
+  explicit GroupsOp(OpKernelConstruction* c) : TableOp(c) {
     std::vector<int32_t> groups;
     OP_REQUIRES_OK(c, c->GetAttr("groups", &groups));
     for (int32_t g : groups) {
@@ -812,38 +819,47 @@ class GroupsOp : public TableOp {
   }
 
  protected:
-  Status Prepare(OpKernelContext* ctx, TableBase* t) {
+  Status Prepare(OpKernelContext* ctx, TableBase* t, int fills_input) {
     TF_RETURN_IF_ERROR(CheckKeys(ctx->input(1)));
     std::vector<double> fills;
-    TF_RETURN_IF_ERROR(ReadFills(ctx->input(fills_input_), &fills));
+    TF_RETURN_IF_ERROR(ReadFills(ctx->input(fills_input), &fills));
     return t->EnsureGroups(fills);
   }
   std::vector<int> groups_;
-  int fills_input_;
 };
 
 class FindGroupsOp : public GroupsOp {
  public:
-  explicit FindGroupsOp(OpKernelConstruction* c) : GroupsOp(c, 2) {}
+  using GroupsOp::GroupsOp;
   void Run(OpKernelContext* ctx, TableBase* t) override {
-    OP_REQUIRES_OK(ctx, Prepare(ctx, t));
+    OP_REQUIRES_OK(ctx, Prepare(ctx, t, 2));
     const int64_t n = ctx->input(1).dim_size(0);
-    Tensor *values, *exists;
-    OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim() * static_cast<int64_t>(groups_.size()), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    const int count = static_cast<int>(groups_.size());
+    OP_REQUIRES(ctx, ctx->num_outputs() == count + 1,
+                absl::InvalidArgumentError(absl::StrCat("N must be len(groups) = ", count)));
+    std::vector<Tensor*> values(count);
+    for (int j = 0; j < count; ++j) OP_REQUIRES_OK(ctx, AllocRows(ctx, j, n, t->dim(), &values[j]));
+    Tensor* exists;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(count, TensorShape({n}), &exists));
     OP_REQUIRES_OK(ctx, t->FindGroups(ctx, ctx->input(1), groups_, values, exists));
   }
 };
 
 class UpsertGroupsOp : public GroupsOp {
  public:
-  explicit UpsertGroupsOp(OpKernelConstruction* c) : GroupsOp(c, 3) {}
+  using GroupsOp::GroupsOp;
   void Run(OpKernelContext* ctx, TableBase* t) override {
-    OP_REQUIRES_OK(ctx, Prepare(ctx, t));
+    const int count = static_cast<int>(groups_.size());
+    OP_REQUIRES(ctx, ctx->num_inputs() == count + 3,
+                absl::InvalidArgumentError(absl::StrCat("N must be len(groups) = ", count)));
+    OP_REQUIRES_OK(ctx, Prepare(ctx, t, count + 2));
     const Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRows("values", ctx->input(2), keys.dim_size(0),
-                                  t->dim() * static_cast<int64_t>(groups_.size())));
-    OP_REQUIRES_OK(ctx, t->UpsertGroups(ctx, keys, groups_, ctx->input(2)));
+    std::vector<const Tensor*> values(count);
+    for (int j = 0; j < count; ++j) {
+      values[j] = &ctx->input(2 + j);
+      OP_REQUIRES_OK(ctx, CheckRows("values", *values[j], keys.dim_size(0), t->dim()));
+    }
+    OP_REQUIRES_OK(ctx, t->UpsertGroups(ctx, keys, groups_, values));
   }
 };
 

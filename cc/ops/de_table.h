@@ -135,13 +135,15 @@ class TableBase : public tensorflow::ResourceBase {
   // Column groups (see kMaxGroups). EnsureGroups makes groups 1..fills.size()
   // exist, group g filled with fills[g - 1] (existing groups must have the
   // same fills); FindGroups reads and UpsertGroups writes the listed groups,
-  // one [dim] block each, side by side in a row of values.
+  // values[j] holding the [N, dim] rows of groups[j].
   virtual Status EnsureGroups(const std::vector<double>& fills) = 0;
   virtual int NumGroups() const = 0;
   virtual Status FindGroups(OpKernelContext* ctx, const Tensor& keys,
-                            const std::vector<int>& groups, Tensor* values, Tensor* exists) = 0;
+                            const std::vector<int>& groups, const std::vector<Tensor*>& values,
+                            Tensor* exists) = 0;
   virtual Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys,
-                              const std::vector<int>& groups, const Tensor& values) = 0;
+                              const std::vector<int>& groups,
+                              const std::vector<const Tensor*>& values) = 0;
 
   // Metadata clock: a step >= 0 is recorded as the stamp of written rows;
   // a negative step restores the default, wall-clock seconds.
@@ -220,12 +222,12 @@ class GroupView : public TableBase {
   }
   Status EnsureGroups(const std::vector<double>&) override { return Unsupported("add groups"); }
   int NumGroups() const override { return 1; }
-  Status FindGroups(OpKernelContext*, const Tensor&, const std::vector<int>&, Tensor*,
-                    Tensor*) override {
+  Status FindGroups(OpKernelContext*, const Tensor&, const std::vector<int>&,
+                    const std::vector<Tensor*>&, Tensor*) override {
     return Unsupported("find_groups");
   }
   Status UpsertGroups(OpKernelContext*, const Tensor&, const std::vector<int>&,
-                      const Tensor&) override {
+                      const std::vector<const Tensor*>&) override {
     return Unsupported("upsert_groups");
   }
   void SetStep(int64_t step) override { table_->SetStep(step); }

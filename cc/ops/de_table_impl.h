@@ -450,28 +450,31 @@ class Table : public TableBase {
   }
 
   Status FindGroups(OpKernelContext* ctx, const Tensor& keys, const std::vector<int>& groups,
-                    Tensor* values, Tensor* exists) override {
+                    const std::vector<Tensor*>& values, Tensor* exists) override {
     for (int g : groups) TF_RETURN_IF_ERROR(CheckGroup(g));
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
-    const int64_t dim = cfg_.dim, width = dim * static_cast<int64_t>(groups.size());
-    std::vector<V> fill(width);
-    for (size_t j = 0; j < groups.size(); ++j) {
-      std::fill(fill.begin() + j * dim, fill.begin() + (j + 1) * dim,
-                FromDouble<V>(groups[j] == 0 ? 0.0 : fills_[groups[j]]));
+    const int64_t dim = cfg_.dim;
+    const size_t n = groups.size();
+    std::vector<V*> out(n);
+    std::vector<V> fill(n);
+    for (size_t j = 0; j < n; ++j) {
+      out[j] = values[j]->flat<V>().data();
+      fill[j] = FromDouble<V>(groups[j] == 0 ? 0.0 : fills_[groups[j]]);
     }
-    V* out = values->flat<V>().data();
     bool* ex = exists->flat<bool>().data();
     return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
-      auto pre = [&](int64_t i) { PrefetchRow(out + i * width, /*write=*/true); };
+      auto pre = [&](int64_t i) {
+        for (size_t j = 0; j < n; ++j) PrefetchRow(out[j] + i * dim, /*write=*/true);
+      };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t, int64_t row) {
         ex[i] = row >= 0;
-        V* dst = out + i * width;
-        if (row < 0) {
-          std::memcpy(dst, fill.data(), width * sizeof(V));
-        } else {
-          for (size_t j = 0; j < groups.size(); ++j) {
-            std::memcpy(dst + j * dim, GVals(s, row, groups[j]), row_bytes_);
+        for (size_t j = 0; j < n; ++j) {
+          V* dst = out[j] + i * dim;
+          if (row < 0) {
+            std::fill(dst, dst + dim, fill[j]);
+          } else {
+            std::memcpy(dst, GVals(s, row, groups[j]), row_bytes_);
           }
         }
         return absl::OkStatus();
@@ -480,36 +483,37 @@ class Table : public TableBase {
   }
 
   Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys, const std::vector<int>& groups,
-                      const Tensor& values) override {
+                      const std::vector<const Tensor*>& values) override {
     for (int g : groups) TF_RETURN_IF_ERROR(CheckGroup(g));
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
-    const int64_t dim = cfg_.dim, width = dim * static_cast<int64_t>(groups.size());
-    // The usual call writes every group in record order: one copy per key.
-    bool in_order = true;
-    for (size_t j = 0; j < groups.size(); ++j) in_order = in_order && groups[j] == static_cast<int>(j);
-    const bool has_row = std::find(groups.begin(), groups.end(), 0) != groups.end();
-    const V* in = values.flat<V>().data();
+    const int64_t dim = cfg_.dim;
+    const size_t n = groups.size();
+    std::vector<const V*> in(n);
+    for (size_t j = 0; j < n; ++j) in[j] = values[j]->flat<V>().data();
+    // The usual call writes every group: a new key needs no start values.
+    std::vector<int> sorted(groups);
+    std::sort(sorted.begin(), sorted.end());
+    bool distinct_prefix = true;
+    for (size_t j = 0; j < n; ++j) distinct_prefix = distinct_prefix && sorted[j] == static_cast<int>(j);
+    const bool has_row = sorted.front() == 0;
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
       // Read under the shard's lock: groups are added with every shard locked.
-      const bool whole = in_order && static_cast<int>(groups.size()) == groups_.load();
+      const bool whole = distinct_prefix && static_cast<int>(n) == groups_.load();
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
-      auto pre = [&](int64_t i) { PrefetchRow(in + i * width, /*write=*/false); };
+      auto pre = [&](int64_t i) {
+        for (size_t j = 0; j < n; ++j) PrefetchRow(in[j] + i * dim, /*write=*/false);
+      };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
-        const V* src = in + i * width;
         const bool fresh = row < 0;
         if (fresh) {
           uint32_t r;
           TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, whole ? kAllGroupsWritten : -1));
           row = r;
         }
-        if (whole) {
-          std::memcpy(GVals(s, row, 0), src, width * sizeof(V));
-        } else {
-          for (size_t j = 0; j < groups.size(); ++j) {
-            std::memcpy(GVals(s, row, groups[j]), src + j * dim, row_bytes_);
-          }
+        for (size_t j = 0; j < n; ++j) {
+          std::memcpy(GVals(s, row, groups[j]), in[j] + i * dim, row_bytes_);
         }
         if (fresh) {
           SetMeta(s, row, stamp, 1);

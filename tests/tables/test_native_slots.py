@@ -58,18 +58,22 @@ def test_find_and_upsert_groups_move_every_group_of_a_key_at_once():
     m = native_slots.NativeSlotView(table, 0.0, "emb/m")
     v = native_slots.NativeSlotView(table, 0.5, "emb/v")
     keys = _keys([5, 6, 5])   # a repeated key: the last write wins
-    values = tf.reshape(tf.range(27, dtype=tf.float32), [3, 3 * DIM])
+    values = [tf.reshape(tf.range(9, dtype=tf.float32) + 9 * j, [3, DIM]) for j in range(3)]
     native_slots.upsert_groups(table, keys, values, [0, m.group, v.group])
-    want = values.numpy()[2]
-    got, exists = native_slots.find_groups(table, _keys([5, 7]), [v.group, 0, m.group])
+    want = [x.numpy()[2] for x in values]
+    (got_v, got_row, got_m), exists = native_slots.find_groups(table, _keys([5, 7]),
+                                                              [v.group, 0, m.group])
     np.testing.assert_array_equal(exists.numpy(), [True, False])
-    np.testing.assert_array_equal(got.numpy()[0], np.concatenate(
-        [want[2 * DIM:], want[:DIM], want[DIM:2 * DIM]]))
-    np.testing.assert_array_equal(got.numpy()[1], [0.5] * DIM + [0.0] * DIM + [0.0] * DIM)
+    np.testing.assert_array_equal(got_row.numpy()[0], want[0])
+    np.testing.assert_array_equal(got_m.numpy()[0], want[1])
+    np.testing.assert_array_equal(got_v.numpy()[0], want[2])
+    np.testing.assert_array_equal(got_v.numpy()[1], [0.5] * DIM)
+    np.testing.assert_array_equal(got_row.numpy()[1], [0.0] * DIM)
+    np.testing.assert_array_equal(got_m.numpy()[1], [0.0] * DIM)
     # Writing only slot groups leaves the row and its write count alone.
     _, _, _, freqs_before = table.export_with_meta()
-    native_slots.upsert_groups(table, _keys([5]), tf.fill([1, DIM], 9.0), [v.group])
-    assert _rows(table)[5] == tuple(want[:DIM])
+    native_slots.upsert_groups(table, _keys([5]), [tf.fill([1, DIM], 9.0)], [v.group])
+    assert _rows(table)[5] == tuple(want[0])
     assert _rows(v)[5] == (9.0,) * DIM
     np.testing.assert_array_equal(table.export_with_meta()[3].numpy(), freqs_before.numpy())
 
@@ -79,7 +83,7 @@ def test_restoring_rows_and_slots_in_either_order_gives_the_checkpoint(rows_firs
     table = _table()
     m = native_slots.NativeSlotView(table, 0.0, "emb/m")
     # State before the restore: keys 1, 2, 9 with rows and slot values.
-    native_slots.upsert_groups(table, _keys([1, 2, 9]), tf.fill([3, 2 * DIM], -1.0), [0, 1])
+    native_slots.upsert_groups(table, _keys([1, 2, 9]), [tf.fill([3, DIM], -1.0)] * 2, [0, 1])
     saved_keys = _keys([2, 3])
     saved_rows = tf.constant([[2.0] * DIM, [3.0] * DIM])
     saved_m = tf.constant([[20.0] * DIM, [30.0] * DIM])
@@ -94,7 +98,7 @@ def test_restoring_rows_and_slots_in_either_order_gives_the_checkpoint(rows_firs
 def test_slot_import_resets_keys_it_lacks_to_the_fill_and_clear_resets_the_slot():
     table = _table()
     v = native_slots.NativeSlotView(table, 0.5, "emb/v")
-    native_slots.upsert_groups(table, _keys([1, 2]), tf.fill([2, 2 * DIM], 7.0), [0, 1])
+    native_slots.upsert_groups(table, _keys([1, 2]), [tf.fill([2, DIM], 7.0)] * 2, [0, 1])
     v.import_(_keys([2]), tf.fill([1, DIM], 4.0))
     assert _rows(v) == {1: (0.5,) * DIM, 2: (4.0,) * DIM}
     v.clear()
@@ -109,11 +113,11 @@ def test_files_of_rows_and_slots_round_trip(tmp_path, key_dtype):
     m = native_slots.NativeSlotView(table, 0.0, "emb/m")
     keys = tf.constant([as_key(k) for k in range(300)], key_dtype)
     values = tf.random.stateless_normal([300, 2 * DIM], seed=[1, 2])
-    native_slots.upsert_groups(table, keys, values, [0, 1])
+    native_slots.upsert_groups(table, keys, [values[:, :DIM], values[:, DIM:]], [0, 1])
     rows_before, m_before = _rows(table, key_dtype), _rows(m, key_dtype)
     table.save_to(str(tmp_path / "rows"))
     m.save_to(str(tmp_path / "m"))
-    native_slots.upsert_groups(table, keys[:10], tf.zeros([10, 2 * DIM]), [0, 1])
+    native_slots.upsert_groups(table, keys[:10], [tf.zeros([10, DIM])] * 2, [0, 1])
     table.insert(tf.constant([as_key(1000)], key_dtype), tf.ones([1, DIM]))
     assert int(m.load_from(str(tmp_path / "m"))) == 300
     assert int(table.load_from(str(tmp_path / "rows"))) == 300
@@ -129,20 +133,18 @@ def test_adding_groups_keeps_every_row_of_a_large_table():
     table.remove(keys[:1000])   # free rows in the slabs too
     native_slots.NativeSlotView(table, 1.0, "big/a")
     native_slots.NativeSlotView(table, 2.0, "big/b")
-    got, exists = native_slots.find_groups(table, keys, [0, 1, 2])
+    (got, got_a, got_b), exists = native_slots.find_groups(table, keys, [0, 1, 2])
     np.testing.assert_array_equal(exists.numpy(), np.arange(50_000) >= 1000)
-    np.testing.assert_array_equal(got.numpy()[1000:, :DIM], rows.numpy()[1000:])
-    np.testing.assert_array_equal(got.numpy()[1000:, DIM:], np.tile([1.0] * DIM + [2.0] * DIM,
-                                                                    (49_000, 1)))
+    np.testing.assert_array_equal(got.numpy()[1000:], rows.numpy()[1000:])
+    np.testing.assert_array_equal(got_a.numpy()[1000:], np.ones([49_000, DIM]))
+    np.testing.assert_array_equal(got_b.numpy()[1000:], np.full([49_000, DIM], 2.0))
 
 
 def test_bad_groups_and_fills_are_named():
     table = _table()
     native_slots.NativeSlotView(table, 0.0, "emb/m")
     with pytest.raises(tf.errors.InvalidArgumentError, match="column group 4 does not exist"):
-        table._gen.tfra_de_find_groups(table.resource_handle, _keys([1]),  # pylint: disable=protected-access
-                                       tf.constant([0.0], tf.float64), dim=DIM, groups=[4],
-                                       value_dtype=tf.float32)
+        native_slots.find_groups(table, _keys([1]), [4])
     with pytest.raises(tf.errors.InvalidArgumentError, match="starts at 0, not 1"):
         table._gen.tfra_de_group_view(table.resource_handle, tf.constant([1.0], tf.float64),  # pylint: disable=protected-access
                                       group=1)
@@ -154,8 +156,9 @@ def test_bad_groups_and_fills_are_named():
         table._gen.tfra_de_group_view(view.resource_handle, tf.zeros([1], tf.float64), group=1)  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError, match="not available on column group"):
         view._find_init(_keys([1]), native.native_initializer(0.0, DIM), insert=True)  # pylint: disable=protected-access
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[1, 6\]"):
-        native_slots.upsert_groups(table, _keys([1]), tf.zeros([1, DIM]), [0, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \[1, 3\]"):
+        native_slots.upsert_groups(table, _keys([1]), [tf.zeros([1, DIM]), tf.zeros([1, 2])],
+                                   [0, 1])
 
 
 # -- through the optimizer ---------------------------------------------------------------------

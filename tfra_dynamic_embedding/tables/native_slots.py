@@ -18,8 +18,8 @@ same in either order.
 Example:
     table = native.NativeKVCreator().create(tf.int64, tf.float32, 4, "emb")
     m = NativeSlotView(table, fill=0.0, name="emb/Adam/m")   # group 1 of `table`
-    rows = find_groups(table, keys, [m.group])               # m's rows of keys, [n, 4]
-    upsert_groups(table, keys, tf.concat([new_rows, new_m], 1), [0, m.group])
+    (m_rows,), exists = find_groups(table, keys, [m.group])  # m's rows of keys, [n, 4]
+    upsert_groups(table, keys, [new_rows, new_m], [0, m.group])
 """
 
 import tensorflow as tf
@@ -101,20 +101,21 @@ class SlotColumnsCreator(base.KVCreator):
 
 
 def find_groups(table, keys, groups):
-    """(`[n, dim * len(groups)]` columns of `groups` for `keys`, exists), one probe per key;
-    a missing key gets zeros (group 0) and each slot's fill."""
+    """([rows of group g for `keys`, `[n, dim]` each, for g in `groups`], exists), one probe
+    per key; a missing key gets zeros (group 0) and each slot's fill."""
     with tf.device(table.device):
-        return table._gen.tfra_de_find_groups(  # pylint: disable=protected-access
+        out = table._gen.tfra_de_find_groups(  # pylint: disable=protected-access
             table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
             tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups),
-            value_dtype=table.value_dtype)
+            N=len(groups), value_dtype=table.value_dtype)
+        return list(out.values), out.exists
 
 
 def upsert_groups(table, keys, values, groups):
-    """Writes `values` (`[n, dim * len(groups)]`) into the columns of `groups`, one probe per
-    key; a write of group 0 stamps the row and counts one write."""
+    """Writes `values[j]` (`[n, dim]`) into the columns of `groups[j]`, one probe per key; a
+    write of group 0 stamps the row and counts one write."""
     with tf.device(table.device):
         return table._gen.tfra_de_upsert_groups(  # pylint: disable=protected-access
             table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
-            table._rows(values), tf.constant(slot_fills(table), tf.float64),  # pylint: disable=protected-access
-            dim=table.dim, groups=list(groups))
+            [table._rows(v) for v in values],  # pylint: disable=protected-access
+            tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups))
