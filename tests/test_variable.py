@@ -455,3 +455,12 @@ def test_builtin_key_value_pairs_without_a_kernel_are_named():
         de.Variable(key_dtype=tf.string, value_dtype=tf.string, dim=1)
     with pytest.raises(ValueError, match="key_dtype int32 to value_dtype int64"):
         de.Variable(key_dtype=tf.int32, value_dtype=tf.int64, dim=1)
+
+
+def test_contains_says_which_keys_have_rows_without_drawing_or_inserting(kv_creator):
+    emb = de.Variable(dim=3, initializer=tf.random_normal_initializer(0.0, 1.0),
+                      kv_creator=kv_creator, devices=CPUS[:2], name="contains_emb")
+    emb.upsert(tf.constant([1, 4], tf.int64), tf.ones([2, 3]))
+    got = emb.contains(tf.constant([[1, 2], [4, 8]], tf.int64))
+    np.testing.assert_array_equal(got.numpy(), [[True, False], [True, False]])
+    assert int(emb.size()) == 2

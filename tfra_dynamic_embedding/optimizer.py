@@ -177,7 +177,7 @@ class _DynamicEmbeddingMixin:
             return None, []
         ids, exists, keep, ops = wrapper.batch_ids(), None, None, []
         if admission is not None or eviction.caps is not None:
-            _, exists = params.lookup(ids, return_exists=True)
+            exists = params.contains(ids)
         if admission is not None:
             keep, update = admission.admit(ids, exists)
             ops.append(update)

@@ -259,7 +259,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             return self.params.upsert(ids, rows)
         # Only bp_v2 pays for this check, at write time: an id another writer inserted since
         # the lookup also gets the change added rather than overwritten.
-        _, exists = self.params.lookup(ids, return_exists=True)
+        exists = self.params.contains(ids)
         before = tf.where(exists[:, None], looked_up, tf.zeros_like(looked_up))
         return self.params.accum(ids, rows - before)
 

@@ -411,6 +411,17 @@ class Variable(_tf_private.AutoTrackable):
                     table, part, [tf.gather(v, pos) for v in values], groups))
         return tf.group(*writes)
 
+    def contains(self, keys, name=None):
+        """A bool tensor shaped like `keys`: whether each key has a row. Never inserts, draws
+        no initial rows (native tables probe only their index)."""
+        keys = self._keys_tensor(keys)
+        with tf.name_scope(name or scope_name(self._name + "_contains")):
+            exists, _ = self._map_shards(tf.reshape(keys, [-1]),
+                                         lambda table, k: (table.contains(k), None))
+            exists = tf.reshape(exists, tf.shape(keys))
+            exists.set_shape(keys.shape)
+            return exists
+
     def find_or_insert(self, keys, name=None):
         """Rows for `keys`, inserting initializer rows for missing keys; returns (rows, exists).
 

@@ -89,6 +89,20 @@ REGISTER_OP("TfraDeFind")
     .SetShapeFn(FindShape)
     .Doc("Rows of keys; a missing key gets default_values ([dim] or its row of [N, dim]).");
 
+REGISTER_OP("TfraDeContains")
+    .Input("table: resource")
+    .Input("keys: key_dtype")
+    .Output("exists: bool")
+    .Attr("key_dtype: {int32, int64, string}")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      c->set_output(0, c->Vector(c->Dim(keys, 0)));
+      return absl::OkStatus();
+    })
+    .Doc("Whether each key is present (the index alone is probed; no row is read).");
+
 REGISTER_OP("TfraDeFindInit")
     .Input("table: resource")
     .Input("keys: key_dtype")
@@ -484,6 +498,18 @@ class FindOp : public TableOp {
   }
 };
 
+class ContainsOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    Tensor* exists;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.dim_size(0)}), &exists));
+    OP_REQUIRES_OK(ctx, t->Contains(ctx, keys, exists));
+  }
+};
+
 class FindInitOp : public TableOp {
  public:
   explicit FindInitOp(OpKernelConstruction* c) : TableOp(c) {
@@ -868,6 +894,7 @@ class UpsertGroupsOp : public GroupsOp {
 
 TFRA_DE_KERNEL("TfraDeTable", TableHandleOp);
 TFRA_DE_KERNEL("TfraDeFind", FindOp);
+TFRA_DE_KERNEL("TfraDeContains", ContainsOp);
 TFRA_DE_KERNEL("TfraDeFindInit", FindInitOp);
 TFRA_DE_KERNEL("TfraDeInsertMissing", InsertMissingOp);
 TFRA_DE_KERNEL("TfraDeInsert", InsertOp);

@@ -102,6 +102,8 @@ class TableBase : public tensorflow::ResourceBase {
   // rows[i] = row of keys[i], or defaults (a [dim] row or row i of [N, dim]).
   virtual Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults,
                       Tensor* values, Tensor* exists, int group) = 0;
+  // exists[i] = whether keys[i] is present (no row is read).
+  virtual Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) = 0;
   // Missing keys get rows drawn by `init`; inserted when `insert` is true.
   virtual Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init,
                           bool insert, Tensor* values, Tensor* exists) = 0;
@@ -174,6 +176,9 @@ class GroupView : public TableBase {
               Tensor* exists, int group) override {
     TF_RETURN_IF_ERROR(Top(group));
     return table_->Find(ctx, keys, defaults, values, exists, group_);
+  }
+  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override {
+    return table_->Contains(ctx, keys, exists);
   }
   Status FindInit(OpKernelContext*, const Tensor&, const InitSpec&, bool, Tensor*,
                   Tensor*) override {

@@ -155,6 +155,21 @@ class Table : public TableBase {
     });
   }
 
+  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override {
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
+    bool* ex = exists->flat<bool>().data();
+    return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        if (p + 16 < hi && s.cap != 0) {  // the index group of a key further ahead
+          __builtin_prefetch(s.slots + ((b.hash[p + 16] >> 7) & (s.cap / kGroupWidth - 1)) * kGroupWidth);
+        }
+        ex[b.order[p]] = FindSlot(s, b.keys[b.order[p]], b.hash[p]) >= 0;
+      }
+      return absl::OkStatus();
+    });
+  }
+
   Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
                   Tensor* values, Tensor* exists) override {
     Batch b;

@@ -265,3 +265,4 @@ def test_file_system_saver_saves_slots_in_records(tmp_path):
         np.testing.assert_array_equal(got_keys, keys)
         np.testing.assert_array_equal(got_rows, rows)
     assert os.listdir(tmp_path)
+

@@ -128,7 +128,7 @@ class EvictionState:
         if self.caps is None:
             return [tf.constant(0, tf.int32)] * var.shard_num
         if exists is None:
-            _, exists = var.lookup(ids, return_exists=True)
+            exists = var.contains(ids)
         new = tf.boolean_mask(ids, tf.logical_not(exists))
         if var.shard_num == 1:
             return [tf.size(new)]

@@ -61,6 +61,12 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
     def lookup_with_exists(self, keys, default_rows):
         """(rows, exists): like `lookup` plus a bool mask of the keys present. Never inserts."""
 
+    def contains(self, keys):
+        """A bool mask of the keys present. Never inserts; backends may skip reading rows."""
+        keys = tf.convert_to_tensor(keys)
+        return self.lookup_with_exists(keys, tf.zeros([tf.size(keys), self.dim],
+                                                      self.value_dtype))[1]
+
     def fuses_init(self, make_rows):
         """Whether this backend draws `make_rows`' rows inside its own lookup kernels (then
         `lookup_or_init` / `find_or_insert` never call it). The built-in backend never does."""

@@ -344,6 +344,11 @@ class NativeKVTable(base.KVTable):
             return self._gen.tfra_de_find(self.resource_handle, keys,
                                           self._rows(default_rows, "default_rows"), dim=self.dim)
 
+    def contains(self, keys):
+        """A bool mask of the keys present: one probe of the index per key, no row read."""
+        with tf.device(self.device):
+            return self._gen.tfra_de_contains(self.resource_handle, self._keys(keys))
+
     def fuses_init(self, make_rows):
         """Whether `make_rows` is drawn inside this table's lookup kernels (a NativeInitializer,
         or a maker of initializers.rows_maker carrying one): then it is never called."""
