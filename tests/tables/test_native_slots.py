@@ -266,3 +266,15 @@ def test_file_system_saver_saves_slots_in_records(tmp_path):
         np.testing.assert_array_equal(got_rows, rows)
     assert os.listdir(tmp_path)
 
+
+
+def test_a_saved_model_holding_the_optimizer_saves_and_loads_its_slot_views(tmp_path):
+    emb, opt = _train(native.NativeKVCreator())
+    module = tf.Module()
+    module.emb, module.opt = emb, opt
+    module.serve = tf.function(lambda ids: emb.lookup(ids),
+                               input_signature=[tf.TensorSpec([None], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    keys, rows = _sorted(emb)
+    np.testing.assert_array_equal(loaded.serve(tf.constant(keys)).numpy(), rows)

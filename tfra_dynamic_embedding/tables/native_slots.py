@@ -22,6 +22,8 @@ Example:
     upsert_groups(table, keys, [new_rows, new_m], [0, m.group])
 """
 
+import copy
+
 import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import base
@@ -60,7 +62,19 @@ class NativeSlotView(native.NativeKVTable):
 
     def _deserialization_dependencies(self, children):
         del children
-        return {"table": self.table}   # a loaded view is made after its table
+        return {"table": self.table}   # saved and loaded after its table
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
+        # As TrackableResource's, but the copy views the table's copy (made first, see above).
+        del kwargs
+        exported = copy.copy(self)
+        exported.table = object_map.get(self.table, self.table)
+        with tf.device(self._resource_device):
+            handle = exported._create_resource()  # pylint: disable=protected-access
+        exported._resource_handle = handle  # pylint: disable=protected-access
+        object_map[self] = exported
+        tensor_map[self.resource_handle] = handle
+        return [self.resource_handle]
 
     def fuses_init(self, make_rows):
         del make_rows
