@@ -139,8 +139,12 @@ class _DynamicEmbeddingMixin:
         # bp_v2 writes back the change: keep the rows as looked up, read before the update.
         looked_up = {w.ref(): tf.identity(w.held_rows()) for w in wrappers
                      if (w.params.bp_v2 if self._de_bp_v2 is None else self._de_bp_v2)}
+        # A wrapper holds exactly the batch's unique rows, so the optimizer's dense update of
+        # them, with repeated ids' gradients summed, is its sparse update with repeated indices
+        # combined (what the dense path does; Keras 3 and tf_keras would not combine them), run
+        # as one fused apply op per variable instead of dedup, decay and scatter ops per slot.
         grads_and_vars = [
-            (self._de_gradient(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
+            (_summed_rows(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
             for g, v in grads_and_vars]
         with tf.control_dependencies(prefetch + list(looked_up.values())):
             result = apply(grads_and_vars)
@@ -199,16 +203,6 @@ class _DynamicEmbeddingMixin:
             return None
         ids = wrapper.batch_ids()
         return policy.apply_update(ids if keep is None else tf.boolean_mask(ids, keep))
-
-    def _de_gradient(self, grad, wrapper):
-        """The wrapper's gradient as a dense `[rows, dim]` tensor, repeated ids summed.
-
-        The wrapper holds exactly the batch's unique rows, so the optimizer's dense update of
-        them is its sparse update with repeated indices combined (what the dense path does;
-        Keras 3 and tf_keras would not combine them themselves), and it runs as one fused
-        apply op per variable instead of dedup, decay and scatter ops per slot.
-        """
-        return _summed_rows(grad, wrapper)
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""
@@ -283,7 +277,6 @@ class _Keras3Mixin(_DynamicEmbeddingMixin):
         return self._de_apply(grads_and_vars, create_slots, super().apply_gradients)
 
 
-
 class _LegacyKerasMixin(_DynamicEmbeddingMixin):
     """tf_keras legacy (OptimizerV2) optimizers: slots come from `add_slot`."""
 
@@ -335,7 +328,6 @@ class _NewTfKerasMixin(_DynamicEmbeddingMixin):
             return super(_NewTfKerasMixin, self).apply_gradients(pairs, name=name, **kwargs)
 
         return self._de_apply(grads_and_vars, create_slots, apply)
-
 
 
 class _StaticShapeView:
@@ -402,7 +394,6 @@ def _mixin_for(optimizer):
     raise TypeError(
         f"DynamicEmbeddingOptimizer needs a tf.compat.v1.train, Keras 3 or tf_keras optimizer; "
         f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
-
 
 
 def _write_back_in_records(wrapper, buffers, groups, keep):
