@@ -812,12 +812,23 @@ class GroupViewOp : public OpKernel {
                                                           group_, ", got ", fills.size())));
       OP_REQUIRES_OK(ctx, table->EnsureGroups(fills));
       const std::string name = absl::StrCat(handle.name(), "/_group", group_);
+      tensorflow::ResourceMgr* rm = ctx->resource_manager();
+      auto find_or_make = [&](TableBase** view) {
+        return rm->LookupOrCreate<TableBase>(handle.container(), name, view, [&](TableBase** out) {
+          *out = new GroupView(table.get(), group_);
+          return absl::OkStatus();
+        });
+      };
       TableBase* view = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableBase>(
-                              handle.container(), name, &view, [&](TableBase** out) {
-                                *out = new GroupView(table.get(), group_);
-                                return absl::OkStatus();
-                              }));
+      OP_REQUIRES_OK(ctx, find_or_make(&view));
+      auto* group_view = dynamic_cast<GroupView*>(view);
+      if (group_view == nullptr || group_view->table() != table.get()) {
+        // A view left by an earlier table of the same name (destroyed and made again in a
+        // long-lived server): replace it, so the slot never reads a dead table.
+        view->Unref();
+        rm->Delete<TableBase>(handle.container(), name).IgnoreError();
+        OP_REQUIRES_OK(ctx, find_or_make(&view));
+      }
       tensorflow::core::ScopedUnref unref(view);
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));

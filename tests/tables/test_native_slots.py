@@ -278,3 +278,15 @@ def test_a_saved_model_holding_the_optimizer_saves_and_loads_its_slot_views(tmp_
     loaded = tf.saved_model.load(str(tmp_path))
     keys, rows = _sorted(emb)
     np.testing.assert_array_equal(loaded.serve(tf.constant(keys)).numpy(), rows)
+
+
+def test_a_view_left_by_a_destroyed_table_of_the_same_name_is_replaced():
+    old = native.NativeKVTable(tf.int64, tf.float32, DIM, "same", shared_name="slots_same_name")
+    native_slots.NativeSlotView(old, 0.0, "same/m")
+    old.insert(_keys([1, 2, 3]), tf.ones([3, DIM]))
+    tf.raw_ops.DestroyResourceOp(resource=old.resource_handle)   # the view still holds it
+    new = native.NativeKVTable(tf.int64, tf.float32, DIM, "same", shared_name="slots_same_name")
+    view = native_slots.NativeSlotView(new, 0.0, "same/m")
+    new.insert(_keys([7]), tf.ones([1, DIM]))
+    assert int(view.size()) == 1
+    assert _rows(view) == {7: (0.0,) * DIM}
