@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
+from tfra_dynamic_embedding import restrict_policies
 
 DIM = 4
 
@@ -148,3 +149,113 @@ def test_keras_layer_passes_the_policy_and_model_fit_updates_the_status():
     assert counts == {1: 2, 2: 2, 3: 2}                # one update per step and trained id
     layer.params.restrict(0)
     assert int(layer.params.size()) == 0 and int(policy.status.size()) == 0
+
+
+def _statuses(policy):
+    keys, values = policy.status.export()
+    return dict(zip(keys.numpy().tolist(), values.numpy().ravel().tolist()))
+
+
+def test_native_rows_keep_the_status_no_status_table():
+    var = de.Variable(dim=DIM, name="rows_emb", kv_creator=de.NativeKVCreator(),
+                      restrict_policy=de.FrequencyRestrictPolicy)
+    policy = var.restrict_policy
+    assert isinstance(policy.status, restrict_policies.RowStatus)
+    assert policy.status.value_dtype == tf.int32 and policy.status.dim == 1
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
+    _train(var, opt, [[1, 2, 3], [1, 2], [1, 1]], use_function=True)
+    assert _statuses(policy) == {1: 3, 2: 2, 3: 1}
+    assert int(policy.status.waiting.size()) == 0      # training kept no second table
+    np.testing.assert_array_equal(policy.status.lookup(tf.constant([[3, 1], [9, 2]], tf.int64)),
+                                  [[[1], [3]], [[0], [2]]])
+    # Every native row has a status: a row written by upsert counts one write.
+    var.upsert(tf.constant([50], tf.int64), tf.ones([1, DIM]))
+    assert _statuses(policy)[50] == 1 and int(policy.status.size()) == 4
+    var.restrict(2)
+    assert _keys(var) == [1, 2] and all(_keys(s) == [1, 2] for s in policy.params_in_slots)
+
+
+@pytest.mark.parametrize("policy_class", [de.TimestampRestrictPolicy, de.FrequencyRestrictPolicy])
+def test_apply_update_of_keys_without_rows(kv_creator, policy_class):
+    """TFRA's own scenario: statuses of keys the variable does not hold yet."""
+    var = de.Variable(dim=2, name="waiting_emb", initializer=-0.1, kv_creator=kv_creator)
+    policy = policy_class(var)
+    assert int(policy.status.size()) == 0
+    policy.apply_update(tf.constant([0, 1, 2], tf.int64))
+    assert int(policy.status.size()) == 3
+    time.sleep(1.1)
+    policy.apply_update(tf.constant([1, 2, 3, 3], tf.int64))
+    assert int(policy.status.size()) == 4 and int(var.size()) == 0
+    status = _statuses(policy)
+    if policy_class is de.FrequencyRestrictPolicy:
+        assert status == {0: 1, 1: 2, 2: 2, 3: 1}
+    else:
+        assert all(status[k] > status[0] for k in (1, 2, 3))
+    # A key that was waiting and then gets a row: its status continues (counts add up).
+    var.upsert(tf.constant([1], tf.int64), tf.ones([1, 2]))
+    policy._after_write(tf.constant([1], tf.int64))   # what a training write-back does
+    assert int(policy.status.size()) == 4
+    if policy_class is de.FrequencyRestrictPolicy:
+        assert _statuses(policy)[1] == 3
+    var.upsert(tf.constant([7], tf.int64), tf.ones([1, 2]))
+    policy.apply_update(tf.constant([7], tf.int64))    # a key with a row: one more update
+    if policy_class is de.FrequencyRestrictPolicy:
+        assert _statuses(policy)[7] == (2 if kv_creator.__class__ is de.NativeKVCreator else 1)
+    np.testing.assert_array_equal(var.lookup(tf.constant([7], tf.int64)), [[1.0, 1.0]])
+
+
+def test_native_restore_puts_saved_statuses_back_into_the_rows(tmp_path):
+    def make(name, policy_class, kv_creator=None):
+        return de.Variable(dim=DIM, name=name, kv_creator=kv_creator or de.NativeKVCreator(),
+                           restrict_policy=policy_class)
+
+    stamped = make("stamp_saved", de.TimestampRestrictPolicy)
+    counted = make("count_saved", de.FrequencyRestrictPolicy)
+    def sgd():
+        return de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1))
+
+    _train(stamped, sgd(), [[1, 2, 3]])
+    _train(counted, sgd(), [[1, 2, 3], [1, 2], [1]])
+    path = tf.train.Checkpoint(a=stamped, b=counted).save(str(tmp_path / "ckpt"))
+    saved_stamps = _statuses(stamped.restrict_policy)
+    time.sleep(1.1)   # a restore writes rows at a later second: the saved stamps must win
+    stamped2 = make("stamp_restored", de.TimestampRestrictPolicy)
+    counted2 = make("count_restored", de.FrequencyRestrictPolicy)
+    tf.train.Checkpoint(a=stamped2, b=counted2).restore(path).assert_existing_objects_matched()
+    assert _statuses(stamped2.restrict_policy) == saved_stamps
+    assert int(stamped2.restrict_policy.status.waiting.size()) == 0   # all in the rows
+    assert int(counted2.restrict_policy.status.waiting.size()) == 0
+    _train(counted2, sgd(), [[2, 3]])
+    assert _statuses(counted2.restrict_policy) == {1: 3, 2: 3, 3: 2}
+    # The same checkpoint entry as a status table's: it restores into the built-in backend.
+    builtin = make("count_builtin", de.FrequencyRestrictPolicy, de.BuiltinKVCreator())
+    tf.train.Checkpoint(b=builtin).restore(path).expect_partial()
+    assert _statuses(builtin.restrict_policy) == {1: 3, 2: 2, 3: 1}
+
+
+def test_native_status_in_a_v1_saver_checkpoint(tmp_path):
+    prefix = str(tmp_path / "v1")
+    for phase in ("save", "restore"):
+        graph = tf.Graph()
+        with graph.as_default():
+            var = de.get_variable("v1_rows", dim=DIM, kv_creator=de.NativeKVCreator(),
+                                  restrict_policy=de.FrequencyRestrictPolicy)
+            assert isinstance(var.restrict_policy.status, restrict_policies.RowStatus)
+            ids = tf.compat.v1.placeholder(tf.int64, [None])
+            loss = tf.reduce_sum(de.embedding_lookup(var, ids) ** 2)
+            train = de.DynamicEmbeddingOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+            export = var.restrict_policy.status.export()
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                if phase == "save":
+                    for batch in ([5, 6], [5]):
+                        sess.run(train, {ids: batch})
+                    saver.save(sess, prefix)
+                else:
+                    saver.restore(sess, prefix)
+                    sess.run(train, {ids: [6]})
+                keys, values = sess.run(export)
+                statuses = dict(zip(keys.tolist(), values.ravel().tolist()))
+        assert statuses == ({5: 2, 6: 1} if phase == "save" else {5: 2, 6: 2})

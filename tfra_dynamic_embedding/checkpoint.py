@@ -57,7 +57,7 @@ class GraphSaveable(_tf_private.SaveableObject):
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes  # The shapes come from the saved tensors themselves.
         keys, values = restored_tensors
-        return self._variable.import_(keys, values)
+        return self._variable._restore_from_tensors({KEYS: keys, VALUES: values})  # pylint: disable=protected-access
 
 
 def register_graph_saveable(variable, name):

@@ -202,7 +202,7 @@ class _DynamicEmbeddingMixin:
         if policy is None:
             return None
         ids = wrapper.batch_ids()
-        return policy.apply_update(ids if keep is None else tf.boolean_mask(ids, keep))
+        return policy._after_write(ids if keep is None else tf.boolean_mask(ids, keep))  # pylint: disable=protected-access
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""

@@ -1,11 +1,10 @@
 """Restrict policies: cap a `de.Variable`'s size by evicting its stalest or rarest keys.
 
 TFRA's API: a variable made with `restrict_policy=<policy class>` owns a policy that keeps a
-status per key in a second, non-trainable `de.Variable` (int32, dim 1, same devices and
-partitioner). `de.DynamicEmbeddingOptimizer` updates the status of every key it trains and
-remembers the optimizer's slot tables; `var.restrict(num_reserved, trigger=...)` then removes,
-when the variable holds more than `trigger` keys, all but `num_reserved // shard_num` keys per
-shard -- those with the lowest status -- from the variable, the status and the slots.
+status per key (int32): `de.DynamicEmbeddingOptimizer` updates the status of every key it trains
+and remembers the optimizer's slot tables; `var.restrict(num_reserved, trigger=...)` then
+removes, when the variable holds more than `trigger` keys, all but `num_reserved // shard_num`
+keys per shard -- those with the lowest status -- from the variable, the status and the slots.
 
     w = de.get_variable("user", dim=8, restrict_policy=de.TimestampRestrictPolicy)
     opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
@@ -13,20 +12,33 @@ shard -- those with the lowest status -- from the variable, the status and the s
     w.restrict(1_000_000, trigger=1_200_000)   # back to 1M keys once over 1.2M
 
 `TimestampRestrictPolicy`: status = Unix seconds of the key's last update (oldest out first).
-`FrequencyRestrictPolicy`: status = number of updates that trained the key (rarest out first).
-Keys written without training (e.g. `upsert`) have no status and are never evicted.
+`FrequencyRestrictPolicy`: status = number of updates of the key (rarest out first).
+
+Where the status lives:
+- native backend: in the rows themselves. Every native row carries the time of its last write
+  and its number of writes, so training keeps the status with no extra table and no extra
+  probe; every row has a status (rows written by `upsert` or a restore count too). Keys given
+  a status before they have a row (`policy.apply_update(ids)`) wait in a small side table.
+- built-in backend (or a variable that also has `eviction=`, whose step clock stamps the
+  rows): a second, non-trainable `de.Variable` (int32, dim 1, same devices and partitioner);
+  keys written without training (e.g. `upsert`) have no status there and are never evicted.
+Either way `policy.status` exports, sizes and checkpoints alike (TFRA's `keys`/`values` entry).
 """
 
 import abc
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import variable as variable_lib
+from tfra_dynamic_embedding.online import eviction as eviction_lib
 
 
 class RestrictPolicy(abc.ABC):
     """Base class: `apply_update(ids)` tracks the status of keys, `apply_restriction(residue,
-    trigger=...)` evicts down to `residue` keys. Subclasses define `_fresh_status(keys)`."""
+    trigger=...)` evicts down to `residue` keys. Subclasses define `_fresh_status(keys)` (the
+    status table's new values) and `_combine` (how a row's and a waiting status add up)."""
 
     STATUS = "status"
 
@@ -35,25 +47,53 @@ class RestrictPolicy(abc.ABC):
             raise TypeError(f"var must be a de.Variable; got {var!r}")
         self.var = var
         self.params_in_slots = []   # slot de.Variables of optimizers that trained `var`
-        self._status = variable_lib.Variable(
-            key_dtype=var.key_dtype, value_dtype=tf.int32, dim=1, devices=var.devices,
-            partitioner=var.partition_fn, name=f"{var.name}/{self.STATUS}", initializer=0,
-            trainable=False, checkpoint=var.checkpoint,
-            kv_creator=_status_creator())
+        if _rows_keep_status(var):
+            self._status = RowStatus(self)
+        else:
+            self._status = _status_variable(var, self.STATUS, var.checkpoint)
 
     @property
     def status(self):
-        """The status `de.Variable` (key -> [int32])."""
+        """The status: a `de.Variable` (key -> [int32]), or on native rows a `RowStatus` with
+        the same `size`, `export`, `lookup` and checkpoint entry."""
         return self._status
 
     def apply_update(self, indices):
         """Updates the status of the keys in `indices` (any shape; repeats count once)."""
         keys, _ = tf.unique(tf.reshape(tf.convert_to_tensor(indices, self.var.key_dtype), [-1]))
-        return self._status.upsert(keys, self._fresh_status(keys))
+        if isinstance(self._status, RowStatus):
+            return self._status.touch(keys)
+        return self._status.upsert(keys, self._fresh_status(self._status, keys))
+
+    def _after_write(self, ids):
+        """The status update of a training write of `ids`: native rows stamped and counted
+        themselves while being written (None); a status table is updated here."""
+        if isinstance(self._status, RowStatus):
+            return None
+        return self.apply_update(ids)
+
+    def _after_restore(self, restored):
+        """The op that ends a restore of the variable (`restored`, the import): a `RowStatus`
+        gives the restored rows the statuses saved with them."""
+        if not isinstance(self._status, RowStatus):
+            return restored
+        with tf.control_dependencies([restored] if restored is not None else []):
+            return self._status.settle()
 
     @abc.abstractmethod
-    def _fresh_status(self, keys):
-        """[len(keys), 1] int32 status of `keys` after this update (higher = kept longer)."""
+    def _fresh_status(self, table, keys):
+        """[len(keys), 1] int32 status of `keys` in status `table` after this update (higher =
+        kept longer)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _combine(row_status, waiting_status):
+        """The status of a key from its row's metadata and its waiting status (int32)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _row_status(stamps, counts):
+        """A row's status (int32) from its metadata: last-write seconds and writes."""
 
     def apply_restriction(self, residue, **kwargs):
         """Evicts, when the variable holds more than `trigger` (default `residue`) keys, all but
@@ -75,7 +115,10 @@ class RestrictPolicy(abc.ABC):
         ops = []
         for i, device in enumerate(self.var.devices):
             with tf.device(device):
-                keys, status = self._status.tables[i].export()
+                if isinstance(self._status, RowStatus):
+                    keys, status = self._status.export_shard(i)
+                else:
+                    keys, status = self._status.tables[i].export()
                 status = tf.reshape(status, [-1])
                 excess = tf.maximum(tf.size(status) - per_shard, 0)
                 _, lowest = tf.math.top_k(-status, k=excess, sorted=False)
@@ -103,9 +146,17 @@ class TimestampRestrictPolicy(RestrictPolicy):
 
     STATUS = "timestamp"
 
-    def _fresh_status(self, keys):
+    def _fresh_status(self, table, keys):
         now = tf.cast(tf.timestamp(), tf.int32)
         return tf.fill(tf.stack([tf.size(keys), 1]), now)
+
+    @staticmethod
+    def _combine(row_status, waiting_status):
+        return tf.maximum(row_status, waiting_status)
+
+    @staticmethod
+    def _row_status(stamps, counts):
+        return tf.cast(stamps, tf.int32)
 
 
 class FrequencyRestrictPolicy(RestrictPolicy):
@@ -113,11 +164,170 @@ class FrequencyRestrictPolicy(RestrictPolicy):
 
     STATUS = "frequency"
 
-    def _fresh_status(self, keys):
-        return self._status.lookup(keys) + 1
+    def _fresh_status(self, table, keys):
+        return table.lookup(keys) + 1
+
+    @staticmethod
+    def _combine(row_status, waiting_status):
+        return row_status + waiting_status
+
+    @staticmethod
+    def _row_status(stamps, counts):
+        return tf.cast(tf.minimum(counts, tf.int32.max), tf.int32)
 
 
-def _status_creator():
+class RowStatus(_tf_private.AutoTrackable):
+    """A policy's status kept by native rows: each row's last-write time and write count.
+
+    Keys given a status without a row (`apply_update` of keys the variable does not hold, or a
+    restore of statuses before their rows) wait in `waiting`, a built-in table of the status's
+    name; a key's status combines both (latest time, summed counts). A restore writes the saved
+    statuses into the rows (`settle`), so after it the rows alone hold them again.
+
+    Example:
+        var = de.Variable(dim=4, restrict_policy=de.FrequencyRestrictPolicy)   # native rows
+        keys, counts = var.restrict_policy.status.export()                      # [n], [n, 1]
+    """
+
+    def __init__(self, policy):
+        var = policy.var
+        # Not attributes AutoTrackable follows: the variable holds the policy and its status.
+        object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "_var", var)
+        object.__setattr__(self, "waiting",
+                           _status_variable(var, policy.STATUS, checkpoint=False))
+        if var.checkpoint and not tf.executing_eagerly():
+            checkpoint_lib.register_graph_saveable(self, self.waiting._unique_name)  # pylint: disable=protected-access
+
+    # -- the de.Variable surface TFRA code reads ----------------------------------------------
+    name = property(lambda self: self.waiting.name)
+    key_dtype = property(lambda self: self._var.key_dtype)
+    value_dtype = property(lambda self: tf.int32)
+    dim = property(lambda self: 1)
+    devices = property(lambda self: self._var.devices)
+    shard_num = property(lambda self: self._var.shard_num)
+    # Removing keys from the status removes waiting ones; rows take their status with them.
+    tables = property(lambda self: self.waiting.tables)
+
+    def size(self, name=None):
+        """Keys with a status: the variable's rows and the waiting keys without a row."""
+        del name
+        keys, _ = self.waiting.export()
+        without_row = tf.size(keys) - tf.reduce_sum(tf.cast(self._var.contains(keys), tf.int32))
+        return self._var.size() + tf.cast(without_row, tf.int64)
+
+    def export(self, name=None):
+        """(keys, [n, 1] int32 statuses) of every key with a status."""
+        del name
+        parts = [self.export_shard(i) for i in range(self.shard_num)]
+        if len(parts) == 1:
+            return parts[0]
+        return tf.concat([p[0] for p in parts], 0), tf.concat([p[1] for p in parts], 0)
+
+    def lookup(self, keys, name=None):
+        """[..., 1] int32 statuses of `keys` (0 for a key without one)."""
+        del name
+        keys = tf.convert_to_tensor(keys, self.key_dtype)
+        known, status = self.export()
+        flat = tf.reshape(keys, [-1])
+        if keys.dtype == tf.string:   # searched by fingerprint, like the eviction's member test
+            known, flat_ids = (tf.strings.to_hash_bucket_fast(t, tf.int64.max)
+                               for t in (known, flat))
+        else:
+            known, flat_ids = tf.cast(known, tf.int64), tf.cast(flat, tf.int64)
+        order = tf.argsort(known)
+        known, status = tf.gather(known, order), tf.gather(tf.reshape(status, [-1]), order)
+        at = tf.minimum(tf.searchsorted(known, flat_ids), tf.maximum(tf.size(known) - 1, 0))
+        found = tf.logical_and(tf.size(known) > 0,
+                               tf.equal(tf.gather(tf.concat([known, flat_ids[:1]], 0), at),
+                                        flat_ids))
+        values = tf.where(found, tf.gather(tf.concat([status, [0]], 0), at), 0)
+        return tf.reshape(values, tf.concat([tf.shape(keys), [1]], 0))
+
+    # -- updates -------------------------------------------------------------------------------
+    def export_shard(self, shard):
+        """(keys, [n, 1] statuses) of shard `shard`: its rows' and its waiting keys'."""
+        policy = self._policy
+        keys, stamps, counts = eviction_lib.row_metadata(_row_tables(self._var)[shard],
+                                                         self.key_dtype)
+        waiting_keys, waiting = self.waiting.tables[shard].export()
+        all_keys = tf.concat([keys, waiting_keys], 0)
+        unique, index = tf.unique(all_keys)
+        n = tf.size(unique)
+        rows = tf.math.unsorted_segment_max(  # statuses are >= 0: 0 is "no row" / "not waiting"
+            policy._row_status(stamps, counts), index[:tf.size(keys)], n)   # pylint: disable=protected-access
+        rows = tf.maximum(rows, 0)
+        waits = tf.maximum(tf.math.unsorted_segment_max(
+            tf.reshape(waiting, [-1]), index[tf.size(keys):], n), 0)
+        return unique, tf.reshape(policy._combine(rows, waits), [-1, 1])  # pylint: disable=protected-access
+
+    def touch(self, keys):
+        """`apply_update` of unique `keys`: rows present are written again unchanged (a zero
+        accum stamps and counts them); keys without a row wait."""
+        var = self._var
+        present = var.contains(keys)
+        held = tf.boolean_mask(keys, present)
+        written = var.accum(held, tf.zeros([tf.size(held), var.dim], var.value_dtype))
+        absent = tf.boolean_mask(keys, tf.logical_not(present))
+        waiting = self.waiting.upsert(
+            absent, self._policy._fresh_status(self.waiting, absent))  # pylint: disable=protected-access
+        return tf.group([op for op in (written, waiting) if op is not None])
+
+    def settle(self):
+        """Moves the waiting statuses of keys that have rows into those rows (after a restore:
+        the rows were written with the restore's time and one write)."""
+        ops = []
+        for shard, table in enumerate(_row_tables(self._var)):
+            with tf.device(table.device):
+                keys, status = self.waiting.tables[shard].export()
+                held = table.contains(keys)
+                keys = tf.boolean_mask(keys, held)
+                status = tf.cast(tf.boolean_mask(tf.reshape(status, [-1]), held), tf.int64)
+                rows = table.lookup(keys, tf.zeros([self._var.dim], self._var.value_dtype))
+                if isinstance(self._policy, TimestampRestrictPolicy):
+                    written = table.import_with_meta(keys, rows, stamps=status, clear=False)
+                else:
+                    written = table.import_with_meta(keys, rows, freqs=status, clear=False)
+                with tf.control_dependencies([written]):
+                    ops.append(self.waiting.tables[shard].remove(keys))
+        return tf.group(ops)
+
+    # -- checkpoints: the entry of TFRA's status variable (keys, values) ------------------------
+    def _serialize_to_tensors(self):
+        keys, values = self.export()
+        return {checkpoint_lib.KEYS: keys, checkpoint_lib.VALUES: values}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self.import_(restored_tensors[checkpoint_lib.KEYS],
+                            restored_tensors[checkpoint_lib.VALUES])
+
+    def import_(self, keys, values, name=None):
+        """Replaces every status: saved ones wait, then go into the rows that exist (the
+        variable's own restore settles the rest)."""
+        del name
+        cleared = self.waiting.clear()
+        with tf.control_dependencies([cleared] if cleared is not None else []):
+            written = self.waiting.upsert(keys, tf.reshape(values, [-1, 1]))
+        with tf.control_dependencies([written] if written is not None else []):
+            return self.settle()
+
+
+def _rows_keep_status(var):
+    """Whether `var`'s rows carry a usable status: native metadata in wall-clock seconds (a
+    variable with `eviction=` stamps its rows with training steps instead)."""
+    return var.eviction_state is None and all(
+        hasattr(t, "export_chunk") and hasattr(t, "import_with_meta") for t in _row_tables(var))
+
+
+def _row_tables(var):
+    """The backend tables of `var`'s shards (`var.tables` holds TFRA's views of them)."""
+    return [t.kv_table for t in var.tables]
+
+
+def _status_variable(var, status_name, checkpoint):
     # int32 rows: the built-in table holds them (the native kernels store floating rows)
     from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
-    return BuiltinKVCreator()
+    return variable_lib.Variable(
+        key_dtype=var.key_dtype, value_dtype=tf.int32, dim=1, devices=var.devices,
+        partitioner=var.partition_fn, name=f"{var.name}/{status_name}", initializer=0,
+        trainable=False, checkpoint=checkpoint, kv_creator=BuiltinKVCreator())

@@ -278,7 +278,8 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         if policy is None:
             return write
         with tf.control_dependencies([write] if write is not None else []):
-            return tf.group(policy.apply_update(self.batch_ids()))
+            update = policy._after_write(self.batch_ids())  # pylint: disable=protected-access
+            return tf.group([op for op in (write, update) if op is not None])
 
     # Checkpoints save the held rows like any variable's value: they are only the last batch's
     # cache (the tables are what matters), but the standard entry keeps the wrapper loadable

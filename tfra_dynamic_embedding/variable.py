@@ -173,16 +173,6 @@ class Variable(_tf_private.AutoTrackable):
         if not isinstance(bp_v2, bool):
             raise ValueError(f"bp_v2 must be a bool; got {bp_v2!r}")
         self._bp_v2 = bp_v2
-        self._restrict_policy = None
-        if restrict_policy is not None:
-            from tfra_dynamic_embedding import restrict_policies  # pylint: disable=import-outside-toplevel
-            if not (isinstance(restrict_policy, type)
-                    and issubclass(restrict_policy, restrict_policies.RestrictPolicy)):
-                raise TypeError(f"restrict_policy must be a de.RestrictPolicy subclass such as "
-                                f"de.TimestampRestrictPolicy; got {restrict_policy!r}")
-            self._restrict_policy = restrict_policy(self)
-            if checkpoint:   # the status is saved and restored with the variable
-                self._track_trackable(self._restrict_policy.status, name="restrict_status")
         self._eviction_state = None
         if eviction is not None:
             from tfra_dynamic_embedding.online import eviction as eviction_lib  # pylint: disable=import-outside-toplevel
@@ -195,6 +185,17 @@ class Variable(_tf_private.AutoTrackable):
                     self._track_trackable(self._eviction_state.status, name="eviction_status")
                 if self._eviction_state.metadata is not None:
                     self._track_trackable(self._eviction_state.metadata, name="eviction_metadata")
+        self._restrict_policy = None
+        if restrict_policy is not None:
+            from tfra_dynamic_embedding import restrict_policies  # pylint: disable=import-outside-toplevel
+            if not (isinstance(restrict_policy, type)
+                    and issubclass(restrict_policy, restrict_policies.RestrictPolicy)):
+                raise TypeError(f"restrict_policy must be a de.RestrictPolicy subclass such as "
+                                f"de.TimestampRestrictPolicy; got {restrict_policy!r}")
+            self._restrict_policy = restrict_policy(self)
+            # After the eviction: a variable with one keeps the status in a table of its own.
+            if checkpoint:   # the status is saved and restored with the variable
+                self._track_trackable(self._restrict_policy.status, name="restrict_status")
         self._admission_filter = None
         if admission is not None:
             from tfra_dynamic_embedding.online import admission as admission_lib  # pylint: disable=import-outside-toplevel
@@ -642,8 +643,11 @@ class Variable(_tf_private.AutoTrackable):
     def _restore_from_tensors(self, restored_tensors):
         if not self._checkpoint:
             return tf.no_op()
-        return self.import_(restored_tensors[checkpoint_lib.KEYS],
-                            restored_tensors[checkpoint_lib.VALUES])
+        restored = self.import_(restored_tensors[checkpoint_lib.KEYS],
+                                restored_tensors[checkpoint_lib.VALUES])
+        if self._restrict_policy is None:
+            return restored
+        return self._restrict_policy._after_restore(restored)  # pylint: disable=protected-access
 
     def _gather_saveables_for_checkpoint(self):
         # Only `tf.compat.v1.train.Saver(var_list=[w])` asks this (TF2 checkpoints use

@@ -159,12 +159,9 @@ class EvictionState:
             keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
             return keys, status[:, 0], status[:, 1]
         table = self._var._tables[shard]  # pylint: disable=protected-access
-
         restored = self.restored._tables[shard]  # pylint: disable=protected-access
 
-        def body(cursor, keys, stamps, counts):
-            chunk_keys, values, chunk_stamps, chunk_counts, cursor = table.export_chunk(
-                cursor, _CHUNK_ROWS)
+        def restamp(chunk_keys, values, chunk_stamps, chunk_counts):
             later = chunk_stamps > step
             later_keys = tf.boolean_mask(chunk_keys, later)
             # A restored row takes back its saved stamp and count; any other gets now.
@@ -173,27 +170,16 @@ class EvictionState:
             saved, found = tf.reshape(saved, [-1, 2]), tf.reshape(found, [-1])
             new_stamps = tf.where(found, tf.minimum(saved[:, 0], step), step)
             new_counts = tf.where(found, saved[:, 1], tf.boolean_mask(chunk_counts, later))
-            restamp = table.import_with_meta(later_keys, tf.boolean_mask(values, later),
-                                             new_stamps, new_counts, clear=False)
-            with tf.control_dependencies([restamp]):
+            restamp_op = table.import_with_meta(later_keys, tf.boolean_mask(values, later),
+                                                new_stamps, new_counts, clear=False)
+            with tf.control_dependencies([restamp_op]):
                 forget = restored.remove(tf.boolean_mask(later_keys, found))
-            with tf.control_dependencies([forget]):
-                cursor = tf.identity(cursor)
             fixed_stamps = tf.tensor_scatter_nd_update(
                 tf.minimum(chunk_stamps, step), tf.where(later), new_stamps)
             fixed_counts = tf.tensor_scatter_nd_update(chunk_counts, tf.where(later), new_counts)
-            return (cursor, keys.write(keys.size(), chunk_keys),
-                    stamps.write(stamps.size(), fixed_stamps),
-                    counts.write(counts.size(), fixed_counts))
+            return fixed_stamps, fixed_counts, forget
 
-        def array(dtype):
-            return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
-
-        _, keys, stamps, counts = tf.while_loop(
-            lambda cursor, *_: cursor >= 0, body,
-            [tf.constant(0, tf.int64), array(self._var.key_dtype), array(tf.int64),
-             array(tf.int64)])
-        return tuple(tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
+        return row_metadata(table, self._var.key_dtype, restamp)
 
     def _sweep(self, shard, step, incoming, ids, companions):
         ev = self.eviction
@@ -224,6 +210,35 @@ class EvictionState:
         if self.status is not None:
             tables.append(self.status.tables[shard])
         return tf.group([t.remove(gone) for t in tables])
+
+
+def row_metadata(table, key_dtype, fix=None):
+    """(keys, stamps, counts) of a native table's rows, read in chunks that do not keep the
+    rows' values (a scan's memory stays one chunk's rows).
+
+    `fix(keys, values, stamps, counts) -> (stamps, counts, op)` may correct a chunk's metadata;
+    the next chunk is read after `op`.
+
+    Example: keys, stamps, counts = row_metadata(var.tables[0], tf.int64)
+    """
+    def body(cursor, keys, stamps, counts):
+        chunk_keys, values, chunk_stamps, chunk_counts, cursor = table.export_chunk(
+            cursor, _CHUNK_ROWS)
+        if fix is not None:
+            chunk_stamps, chunk_counts, done = fix(chunk_keys, values, chunk_stamps, chunk_counts)
+            with tf.control_dependencies([done]):
+                cursor = tf.identity(cursor)
+        return (cursor, keys.write(keys.size(), chunk_keys),
+                stamps.write(stamps.size(), chunk_stamps),
+                counts.write(counts.size(), chunk_counts))
+
+    def array(dtype):
+        return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+
+    _, keys, stamps, counts = tf.while_loop(
+        lambda cursor, *_: cursor >= 0, body,
+        [tf.constant(0, tf.int64), array(key_dtype), array(tf.int64), array(tf.int64)])
+    return tuple(tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
 
 
 def _member(keys, ids):
