@@ -7,6 +7,7 @@ clock (and the built-in status).
 """
 
 import os
+import time
 
 import keras
 import numpy as np
@@ -150,6 +151,24 @@ def test_checkpoint_keeps_the_clock_and_the_bound(kv_creator, tmp_path):
     assert int(restored.eviction_state.step) == 11
 
 
+def test_ttl_seconds_counts_from_the_saved_updates_after_a_restore(kv_creator, tmp_path):
+    def make():
+        return de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, name="ttl_s_var",
+                           eviction=de.Eviction(ttl_seconds=2))
+
+    var = make()
+    train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))(
+        tf.constant([1, 2], tf.int64))
+    path = tf.train.Checkpoint(var=var).save(os.path.join(tmp_path, "ckpt"))
+    time.sleep(3.1)
+    restored = make()   # its restore writes the rows now; their age is the saved one
+    tf.train.Checkpoint(var=restored).restore(path).assert_existing_objects_matched()
+    assert keys_of(restored) == {1, 2}
+    train_step(restored, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))(
+        tf.constant([9], tf.int64))
+    assert keys_of(restored) == {9}
+
+
 def test_graph_mode_session(kv_creator):
     with tf.Graph().as_default():
         ids = tf.compat.v1.placeholder(tf.int64, [None])
@@ -190,11 +209,32 @@ def test_stringkeys_of(kv_creator):
     assert keys_of(var) == {f"k{i}".encode() for i in range(14, 20)}
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_ttl_seconds_drops_keys_not_updated_for_that_long(kv_creator, shards):
+    # Stamps are whole seconds: a key lives between ttl - 1 and ttl + ttl // 10 + 1 seconds
+    # unused, so the sleeps keep a second of margin on either side.
+    var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, devices=CPUS[:shards],
+                      eviction=de.Eviction(ttl_seconds=2, max_size=100))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step(tf.constant([1, 2, 3], tf.int64))
+    time.sleep(0.3)
+    step(tf.constant([3, 4], tf.int64))
+    assert keys_of(var) == {1, 2, 3, 4}
+    time.sleep(3.1)
+    step(tf.constant([4, 5], tf.int64))      # 1, 2, 3 unused for > 3 s; 4 is in the step
+    assert keys_of(var) == {4, 5}
+    assert int(var.eviction_state.step) == 3
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="max_size must be None or a positive int; got 0"):
         de.Eviction(max_size=0)
-    with pytest.raises(ValueError, match="needs max_size or ttl_steps"):
+    with pytest.raises(ValueError, match="needs max_size, ttl_steps or ttl_seconds"):
         de.Eviction()
+    with pytest.raises(ValueError, match="ttl_steps or ttl_seconds, not both"):
+        de.Eviction(ttl_steps=5, ttl_seconds=5)
+    with pytest.raises(ValueError, match="ttl_seconds must be None or a positive int; got -1"):
+        de.Eviction(ttl_seconds=-1)
     with pytest.raises(ValueError, match="order must be one of .'lru', 'lfu'.; got 'mru'"):
         de.Eviction(max_size=5, order="mru")
     with pytest.raises(ValueError, match="slack must be a number in .0, 1.; got 1.5"):

@@ -6,12 +6,15 @@ new keys would not fit -- the least recently updated first ("lru") or the least 
 ("lfu") -- together with their optimizer slots (and restrict-policy status). Each eviction frees
 `slack` of the bound more than needed, so the scan it takes runs once per `slack x N` new keys,
 not every step. `ttl_steps=T` also drops keys not updated in the last T training steps (checked
-every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused).
+every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused); `ttl_seconds=S` drops
+keys not updated in the last S seconds of wall-clock time (checked every `S // 10` seconds at
+the next step).
 
-The clock is the variable's own count of training steps. Per-key recency and counts come from
-the native table's row metadata (no extra table, no extra probe: every write stamps its row), or
-on the built-in backend from a status table of [last step, updates] per key; checkpoints save
-the clock and the recency and counts of either.
+The clock is the variable's own count of training steps, or with `ttl_seconds` Unix seconds (then
+"lru" orders by the second of the last update). Per-key recency and counts come from the native
+table's row metadata (no extra table, no extra probe: every write stamps its row), or on the
+built-in backend from a status table of [last update, updates] per key; checkpoints save the
+clock and the recency and counts of either.
 
 Example:
     w = de.get_variable("user", dim=8, eviction=de.Eviction(max_size=1_000_000, order="lfu"))
@@ -36,17 +39,23 @@ class Eviction:
       order: "lru" (least recently updated first) or "lfu" (least often updated first, the least
         recent among equals).
       ttl_steps: None or the training steps after which a key not updated is dropped.
+      ttl_seconds: None or the seconds after which a key not updated is dropped (wall clock;
+        not together with ttl_steps).
       slack: the share of the bound an eviction frees beyond what the step needs (amortizes
         the scan); 0 evicts exactly the excess.
     """
 
-    def __init__(self, max_size=None, order="lru", ttl_steps=None, slack=0.05):
-        for arg, value in (("max_size", max_size), ("ttl_steps", ttl_steps)):
+    def __init__(self, max_size=None, order="lru", ttl_steps=None, slack=0.05, ttl_seconds=None):
+        for arg, value in (("max_size", max_size), ("ttl_steps", ttl_steps),
+                           ("ttl_seconds", ttl_seconds)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{arg} must be None or a positive int; got {value!r}")
-        if max_size is None and ttl_steps is None:
-            raise ValueError("Eviction needs max_size or ttl_steps (or both); got neither")
+        if max_size is None and ttl_steps is None and ttl_seconds is None:
+            raise ValueError("Eviction needs max_size, ttl_steps or ttl_seconds; got none")
+        if ttl_steps is not None and ttl_seconds is not None:
+            raise ValueError(f"Eviction takes ttl_steps or ttl_seconds, not both; got "
+                             f"ttl_steps={ttl_steps!r}, ttl_seconds={ttl_seconds!r}")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {list(ORDERS)}; got {order!r}")
         if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 1:
@@ -54,11 +63,19 @@ class Eviction:
         self.max_size = max_size
         self.order = order
         self.ttl_steps = ttl_steps
+        self.ttl_seconds = ttl_seconds
         self.slack = float(slack)
 
+    @property
+    def ttl(self):
+        """The time to live in the clock's units (steps or seconds), or None."""
+        return self.ttl_steps if self.ttl_seconds is None else self.ttl_seconds
+
     def __repr__(self):
-        return (f"de.Eviction(max_size={self.max_size}, order={self.order!r}, "
-                f"ttl_steps={self.ttl_steps}, slack={self.slack})")
+        ttl = (f"ttl_steps={self.ttl_steps}" if self.ttl_seconds is None
+               else f"ttl_seconds={self.ttl_seconds}")
+        return (f"de.Eviction(max_size={self.max_size}, order={self.order!r}, {ttl}, "
+                f"slack={self.slack})")
 
     def attach(self, var):
         """The per-variable state (`EvictionState`) that enforces this on `var`."""
@@ -77,9 +94,15 @@ class EvictionState:
         self.eviction = eviction
         self._var = var
         self.native = _uses_native_metadata(var)
+        # Wall-clock time: the native rows keep their default stamps (Unix seconds).
+        self.seconds = eviction.ttl_seconds is not None
         with tf.init_scope(), tf.device(var.devices[0]):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name=f"{var.name.replace('/', '_')}_eviction_step")
+            # Seconds clock: when the next time-to-live sweep is due (not checkpointed: a
+            # restored run sweeps at its first step).
+            self.ttl_due = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                       name=f"{var.name.replace('/', '_')}_eviction_ttl_due")
         from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
         from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
 
@@ -108,17 +131,28 @@ class EvictionState:
         var = self._var
         step = self.step.assign_add(1)
         ops = []
-        if self.native:
-            ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
+        if self.seconds:
+            now = tf.cast(tf.timestamp(), tf.int64)
+        else:
+            now = step
+            if self.native:
+                ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
         with tf.control_dependencies(ops):
             incoming = self._incoming_per_shard(ids, exists)
+            ttl_sweep = self._ttl_sweep_due(now)
             sweeps = []
             for i in range(var.shard_num):
-                sweeps.append(self._sweep_if_needed(i, step, incoming[i], ids, companions))
+                sweeps.append(self._sweep_if_needed(i, now, incoming[i], ids, companions,
+                                                    ttl_sweep))
+        if self.seconds:
+            every = max(1, self.eviction.ttl_seconds // 10)
+            with tf.control_dependencies(sweeps):
+                sweeps = [tf.cond(ttl_sweep, lambda: self.ttl_due.assign(now + every).op,
+                                  tf.no_op)]
         with tf.control_dependencies(sweeps):
-            if self.status is not None:   # built-in: the step's keys get [step, updates + 1]
+            if self.status is not None:   # built-in: the step's keys get [now, updates + 1]
                 counts = self.status.lookup(ids)[:, 1:]
-                stamps = tf.fill(tf.shape(counts), step)
+                stamps = tf.fill(tf.shape(counts), now)
                 return tf.group(self.status.upsert(ids, tf.concat([stamps, counts + 1], 1)))
             return tf.group(sweeps)
 
@@ -135,16 +169,21 @@ class EvictionState:
         parts, _ = var._partition(new)  # pylint: disable=protected-access
         return [tf.size(p) for p in parts]
 
-    def _sweep_if_needed(self, shard, step, incoming, ids, companions):
+    def _ttl_sweep_due(self, now):
+        """Whether this step sweeps for the time to live: every ttl // 10 steps or seconds."""
         ev = self.eviction
+        if ev.ttl is None:
+            return tf.constant(False)
+        if self.seconds:
+            return now >= self.ttl_due
+        return tf.equal(now % max(1, ev.ttl_steps // 10), 0)
+
+    def _sweep_if_needed(self, shard, step, incoming, ids, companions, ttl_sweep):
         table = self._var.tables[shard]
-        needed = tf.constant(False)
+        needed = ttl_sweep
         if self.caps is not None:
-            needed = tf.cast(table.size(), tf.int64) + tf.cast(incoming, tf.int64) > self.caps[
-                shard]
-        if ev.ttl_steps is not None:
-            every = max(1, ev.ttl_steps // 10)
-            needed = tf.logical_or(needed, tf.equal(step % every, 0))
+            needed = tf.logical_or(needed, tf.cast(table.size(), tf.int64) + tf.cast(
+                incoming, tf.int64) > self.caps[shard])
         def sweep():
             with tf.device(self._var.devices[shard]):
                 return self._sweep(shard, step, incoming, ids, companions)
@@ -162,7 +201,12 @@ class EvictionState:
         restored = self.restored._tables[shard]  # pylint: disable=protected-access
 
         def restamp(chunk_keys, values, chunk_stamps, chunk_counts):
-            later = chunk_stamps > step
+            if self.seconds:   # wall-clock stamps are all true; only restored rows change
+                later = tf.reshape(tf.cond(
+                    restored.size() > 0, lambda: restored.contains(chunk_keys),
+                    lambda: tf.zeros_like(chunk_stamps, tf.bool)), [-1])
+            else:
+                later = chunk_stamps > step
             later_keys = tf.boolean_mask(chunk_keys, later)
             # A restored row takes back its saved stamp and count; any other gets now.
             saved, found = restored.lookup_with_exists(
@@ -185,8 +229,8 @@ class EvictionState:
         ev = self.eviction
         keys, stamps, counts = self._metadata(shard, step)
         expired = tf.zeros_like(stamps, tf.bool)
-        if ev.ttl_steps is not None:
-            expired = stamps <= step - ev.ttl_steps
+        if ev.ttl is not None:
+            expired = stamps <= step - ev.ttl
         drop = tf.constant(0, tf.int64)
         alive = tf.size(keys, out_type=tf.int64) - tf.reduce_sum(tf.cast(expired, tf.int64))
         if self.caps is not None:
