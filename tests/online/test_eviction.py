@@ -211,8 +211,8 @@ def test_stringkeys_of(kv_creator):
 
 @pytest.mark.parametrize("shards", [1, 2])
 def test_ttl_seconds_drops_keys_not_updated_for_that_long(kv_creator, shards):
-    # Stamps are whole seconds: a key lives between ttl - 1 and ttl + ttl // 10 + 1 seconds
-    # unused, so the sleeps keep a second of margin on either side.
+    # Stamps are whole seconds: a key unused for more than ttl + 1 seconds goes at the next
+    # step, one unused for less than ttl seconds stays.
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, devices=CPUS[:shards],
                       eviction=de.Eviction(ttl_seconds=2, max_size=100))
     step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))

@@ -189,14 +189,10 @@ class EvictionState:
                 return self._sweep(shard, step, incoming, ids, companions)
         return tf.cond(needed, sweep, tf.no_op)
 
-    def _metadata(self, shard, step):
-        """(keys, stamps, counts) of a shard. Native rows are read in chunks without
-        keeping their values (the sweep's memory stays a chunk's rows); rows written outside
-        training (a restore, an upsert) carry wall-clock stamps: they count as written now, and
-        are stamped so."""
-        if not self.native:
-            keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
-            return keys, status[:, 0], status[:, 1]
+    def _restamp(self, shard, step):
+        """`fix` for `scan_chunks` over a native shard: rows written outside training (a
+        restore, an upsert) carry wall-clock stamps (on the step clock) -- they count as written
+        now, and are stamped so -- and restored rows take back their saved stamps and counts."""
         table = self._var._tables[shard]  # pylint: disable=protected-access
         restored = self.restored._tables[shard]  # pylint: disable=protected-access
 
@@ -223,78 +219,122 @@ class EvictionState:
             fixed_counts = tf.tensor_scatter_nd_update(chunk_counts, tf.where(later), new_counts)
             return fixed_stamps, fixed_counts, forget
 
-        return row_metadata(table, self._var.key_dtype, restamp)
+        return restamp
 
     def _sweep(self, shard, step, incoming, ids, companions):
+        """Removes from one shard the keys past their time to live and, over the bound, the
+        lowest-scoring others. The scan keeps only the keys it may drop (at most the excess
+        plus the slack), never the shard's whole metadata, so its memory stays a chunk's."""
         ev = self.eviction
-        keys, stamps, counts = self._metadata(shard, step)
-        expired = tf.zeros_like(stamps, tf.bool)
-        if ev.ttl is not None:
-            expired = stamps <= step - ev.ttl
-        drop = tf.constant(0, tf.int64)
-        alive = tf.size(keys, out_type=tf.int64) - tf.reduce_sum(tf.cast(expired, tf.int64))
+        key_dtype = self._var.key_dtype
+        size = tf.cast(self._var._tables[shard].size(), tf.int64)  # pylint: disable=protected-access
+        most = tf.constant(0, tf.int64)   # the most keys the bound can make this sweep drop
         if self.caps is not None:
-            cap = self.caps[shard]
-            excess = alive + tf.cast(incoming, tf.int64) - cap
-            extra = int(ev.slack * cap)
-            drop = tf.where(excess > 0, tf.minimum(excess + extra, alive), 0)
-        if ev.order == "lru":
-            score = stamps
+            cap, extra = self.caps[shard], int(ev.slack * self.caps[shard])
+            most = tf.maximum(size + tf.cast(incoming, tf.int64) - cap + extra, 0)
+        sorted_ids = tf.sort(_sortable(ids))
+
+        def absorb(state, keys, stamps, counts):
+            candidates, scores, expired_keys, n_expired, n_step = state
+            keys, stamps, counts = (tf.reshape(x, [-1]) for x in (keys, stamps, counts))
+            expired = tf.zeros_like(stamps, tf.bool)
+            if ev.ttl_steps is not None:
+                expired = stamps <= step - ev.ttl_steps
+            elif ev.ttl_seconds is not None:   # whole seconds: never before ttl_seconds
+                expired = stamps < step - ev.ttl_seconds
+            # Expired keys go anyway (not picked twice); the step's own keys stay: evicting one
+            # would only see it written again, over the bound.
+            in_step = _member_of_sorted(keys, sorted_ids)
+            pick = tf.logical_not(tf.logical_or(expired, in_step))
+            score = stamps if ev.order == "lru" else counts * (1 << 32) + stamps
+            candidates = tf.concat([candidates, tf.boolean_mask(keys, pick)], 0)
+            scores = tf.concat([scores, tf.boolean_mask(score, pick)], 0)
+            lowest = tf.argsort(scores, stable=True)[:most]
+            return (tf.gather(candidates, lowest), tf.gather(scores, lowest),
+                    expired_keys.write(expired_keys.size(), tf.boolean_mask(keys, expired)),
+                    n_expired + tf.reduce_sum(tf.cast(expired, tf.int64)),
+                    n_step + tf.reduce_sum(tf.cast(in_step & ~expired, tf.int64)))
+
+        state = (tf.zeros([0], key_dtype), tf.zeros([0], tf.int64),
+                 tf.TensorArray(key_dtype, size=0, dynamic_size=True, infer_shape=False),
+                 tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+        if self.native:
+            state = scan_chunks(self._var._tables[shard], key_dtype, absorb, state,  # pylint: disable=protected-access
+                                self._restamp(shard, step))
         else:
-            score = counts * (1 << 32) + stamps
-        # Expired keys go anyway (not picked twice); the step's own keys stay: evicting one
-        # would only see it written again, over the bound.
-        in_step = _member(keys, ids)
-        score = tf.where(tf.logical_or(expired, in_step), tf.int64.max, score)
+            keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
+            state = absorb(state, keys, status[:, 0], status[:, 1])
+        candidates, _, expired_keys, n_expired, n_step = state
+        drop = tf.constant(0, tf.int64)
         if self.caps is not None:
-            drop = tf.minimum(drop, alive - tf.reduce_sum(tf.cast(in_step & ~expired, tf.int64)))
-        lowest = tf.argsort(score, stable=True)[:drop]
-        gone = tf.concat([tf.boolean_mask(keys, expired), tf.gather(keys, lowest)], 0)
+            alive = size - n_expired
+            excess = alive + tf.cast(incoming, tf.int64) - cap
+            drop = tf.where(excess > 0, tf.minimum(excess + extra, alive), 0)
+            drop = tf.minimum(drop, alive - n_step)
+        gone = tf.concat([tf.reshape(expired_keys.concat(), [-1]), candidates[:drop]], 0)
         tables = [self._var.tables[shard]] + [c.tables[shard] for c in companions]
         if self.status is not None:
             tables.append(self.status.tables[shard])
         return tf.group([t.remove(gone) for t in tables])
 
 
-def row_metadata(table, key_dtype, fix=None):
-    """(keys, stamps, counts) of a native table's rows, read in chunks that do not keep the
-    rows' values (a scan's memory stays one chunk's rows).
+def scan_chunks(table, key_dtype, absorb, state, fix=None):
+    """Folds a native table's metadata chunk by chunk: `state = absorb(state, keys, stamps,
+    counts)` for every chunk of rows (the rows' values are never kept); returns the last state.
 
-    `fix(keys, values, stamps, counts) -> (stamps, counts, op)` may correct a chunk's metadata;
-    the next chunk is read after `op`.
-
-    Example: keys, stamps, counts = row_metadata(var.tables[0], tf.int64)
+    `fix(keys, values, stamps, counts) -> (stamps, counts, op)` may correct a chunk's metadata
+    first; the next chunk is read after `op`. `state` is a tuple of tensors and TensorArrays
+    whose tensors may change their first dimension.
     """
-    def body(cursor, keys, stamps, counts):
-        chunk_keys, values, chunk_stamps, chunk_counts, cursor = table.export_chunk(
-            cursor, _CHUNK_ROWS)
+    def body(cursor, *state):
+        keys, values, stamps, counts, cursor = table.export_chunk(cursor, _CHUNK_ROWS)
         if fix is not None:
-            chunk_stamps, chunk_counts, done = fix(chunk_keys, values, chunk_stamps, chunk_counts)
+            stamps, counts, done = fix(keys, values, stamps, counts)
             with tf.control_dependencies([done]):
                 cursor = tf.identity(cursor)
-        return (cursor, keys.write(keys.size(), chunk_keys),
-                stamps.write(stamps.size(), chunk_stamps),
-                counts.write(counts.size(), chunk_counts))
+        return (cursor,) + tuple(absorb(state, keys, stamps, counts))
 
-    def array(dtype):
-        return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+    def invariant(x):
+        if isinstance(x, tf.TensorArray):
+            return tf.TensorShape(None)
+        return tf.TensorShape([None] * x.shape.rank)
 
-    _, keys, stamps, counts = tf.while_loop(
-        lambda cursor, *_: cursor >= 0, body,
-        [tf.constant(0, tf.int64), array(key_dtype), array(tf.int64), array(tf.int64)])
-    return tuple(tf.reshape(a.concat(), [-1]) for a in (keys, stamps, counts))
+    state = tuple(state)
+    out = tf.while_loop(lambda cursor, *_: cursor >= 0, body, (tf.constant(0, tf.int64),) + state,
+                        shape_invariants=(tf.TensorShape([]),) + tuple(invariant(x) for x in state))
+    return out[1:]
 
 
-def _member(keys, ids):
-    """keys[i] in ids, by a binary search of the sorted ids (strings by their fingerprints)."""
-    if keys.dtype == tf.string:
-        keys, ids = (tf.strings.to_hash_bucket_fast(t, tf.int64.max) for t in (keys, ids))
-    ids = tf.sort(ids)
-    if keys.dtype == tf.int32:
-        keys, ids = tf.cast(keys, tf.int64), tf.cast(ids, tf.int64)
-    position = tf.minimum(tf.searchsorted(ids, keys), tf.maximum(tf.size(ids) - 1, 0))
-    return tf.logical_and(tf.size(ids) > 0,
-                          tf.equal(tf.gather(tf.concat([ids, keys[:1]], 0), position), keys))
+def row_metadata(table, key_dtype, fix=None):
+    """(keys, stamps, counts) of a native table's rows, read in chunks that do not keep the
+    rows' values.
+
+    Example: keys, stamps, counts = row_metadata(var.tables[0].kv_table, tf.int64)
+    """
+    def append(arrays, *chunk):
+        return tuple(a.write(a.size(), c) for a, c in zip(arrays, chunk))
+
+    arrays = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+                   for dtype in (key_dtype, tf.int64, tf.int64))
+    arrays = scan_chunks(table, key_dtype, append, arrays, fix)
+    return tuple(tf.reshape(a.concat(), [-1]) for a in arrays)
+
+
+def _sortable(ids):
+    """Ids as sortable numbers (strings by their fingerprints, int32 widened)."""
+    if ids.dtype == tf.string:
+        return tf.strings.to_hash_bucket_fast(ids, tf.int64.max)
+    return tf.cast(ids, tf.int64)
+
+
+def _member_of_sorted(keys, sorted_ids):
+    """keys[i] in the ids `sorted_ids` (`_sortable` and sorted), by a binary search."""
+    keys = _sortable(keys)
+    position = tf.minimum(tf.searchsorted(sorted_ids, keys),
+                          tf.maximum(tf.size(sorted_ids) - 1, 0))
+    return tf.logical_and(
+        tf.size(sorted_ids) > 0,
+        tf.equal(tf.gather(tf.concat([sorted_ids, keys[:1]], 0), position), keys))
 
 
 class _NativeMetadata(_tf_private.AutoTrackable):
