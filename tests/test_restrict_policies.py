@@ -247,6 +247,9 @@ def test_native_status_in_a_v1_saver_checkpoint(tmp_path):
                 tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(loss)
             export = var.restrict_policy.status.export()
             saver = tf.compat.v1.train.Saver()
+            size = var.restrict_policy.status.size()
+            graph.finalize()   # as in a MonitoredTrainingSession: size() is the op built before
+            assert var.restrict_policy.status.size() is size
             with tf.compat.v1.Session() as sess:
                 sess.run(tf.compat.v1.global_variables_initializer())
                 if phase == "save":
@@ -258,4 +261,5 @@ def test_native_status_in_a_v1_saver_checkpoint(tmp_path):
                     sess.run(train, {ids: [6]})
                 keys, values = sess.run(export)
                 statuses = dict(zip(keys.tolist(), values.ravel().tolist()))
+                assert sess.run(size) == 2
         assert statuses == ({5: 2, 6: 1} if phase == "save" else {5: 2, 6: 2})

@@ -26,6 +26,7 @@ Either way `policy.status` exports, sizes and checkpoints alike (TFRA's `keys`/`
 """
 
 import abc
+import weakref
 
 import tensorflow as tf
 
@@ -209,12 +210,25 @@ class RowStatus(_tf_private.AutoTrackable):
     # Removing keys from the status removes waiting ones; rows take their status with them.
     tables = property(lambda self: self.waiting.tables)
 
-    def size(self, name=None):
-        """Keys with a status: the variable's rows and the waiting keys without a row."""
+    def size(self, index=None, name=None):
+        """Keys with a status (of shard `index`, or all): the variable's rows and the waiting
+        keys without a row."""
         del name
-        keys, _ = self.waiting.export()
-        without_row = tf.size(keys) - tf.reduce_sum(tf.cast(self._var.contains(keys), tf.int32))
-        return self._var.size() + tf.cast(without_row, tf.int64)
+        # Built once per graph and index, like Variable.size: usable in a finalized graph.
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        cache = self.__dict__.setdefault("_size_ops", weakref.WeakKeyDictionary())
+        if graph is not None and not graph.building_function and index in cache.get(graph, {}):
+            return cache[graph][index]
+        with tf.control_dependencies(None):
+            if index is None:
+                keys, _ = self.waiting.export()
+            else:
+                keys, _ = self.waiting.tables[index].export()
+            held = tf.reduce_sum(tf.cast(self._var.contains(keys), tf.int32))
+            size = self._var.size(index) + tf.cast(tf.size(keys) - held, tf.int64)
+        if graph is not None and not graph.building_function:
+            cache.setdefault(graph, {})[index] = size
+        return size
 
     def export(self, name=None):
         """(keys, [n, 1] int32 statuses) of every key with a status."""
