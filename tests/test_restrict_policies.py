@@ -248,10 +248,11 @@ def test_native_status_in_a_v1_saver_checkpoint(tmp_path):
             export = var.restrict_policy.status.export()
             saver = tf.compat.v1.train.Saver()
             size = var.restrict_policy.status.size()
+            init = tf.compat.v1.global_variables_initializer()
             graph.finalize()   # as in a MonitoredTrainingSession: size() is the op built before
             assert var.restrict_policy.status.size() is size
             with tf.compat.v1.Session() as sess:
-                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(init)
                 if phase == "save":
                     for batch in ([5, 6], [5]):
                         sess.run(train, {ids: batch})
