@@ -101,9 +101,9 @@ def test_restrict_in_a_graph_and_bad_arguments():
             keys = sess.run(var.export()[0])
             assert sorted(keys.tolist()) == [1, 2, 3]
     var = _variable("plain_emb", de.FrequencyRestrictPolicy)
-    with pytest.raises(TypeError, match="residue"):
+    with pytest.raises(TypeError, match="num_reserved must be an int; got 2.5"):
         var.restrict(2.5)
-    with pytest.raises(ValueError, match="residue"):
+    with pytest.raises(ValueError, match="num_reserved must be >= 0; got -1"):
         var.restrict(-1)
     with pytest.raises(TypeError, match="trigger"):
         var.restrict(2, trigger="3")
@@ -171,7 +171,7 @@ def test_native_rows_keep_the_status_no_status_table():
     # Every native row has a status: a row written by upsert counts one write.
     var.upsert(tf.constant([50], tf.int64), tf.ones([1, DIM]))
     assert _statuses(policy)[50] == 1 and int(policy.status.size()) == 4
-    var.restrict(2)
+    policy.apply_restriction(num_reserved=2, trigger=3)   # TFRA's argument names
     assert _keys(var) == [1, 2] and all(_keys(s) == [1, 2] for s in policy.params_in_slots)
 
 

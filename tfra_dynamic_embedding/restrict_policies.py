@@ -37,8 +37,8 @@ from tfra_dynamic_embedding.online import eviction as eviction_lib
 
 
 class RestrictPolicy(abc.ABC):
-    """Base class: `apply_update(ids)` tracks the status of keys, `apply_restriction(residue,
-    trigger=...)` evicts down to `residue` keys. Subclasses define `_fresh_status(keys)` (the
+    """Base class: `apply_update(ids)` tracks the status of keys, `apply_restriction(
+    num_reserved, trigger=...)` evicts down to `num_reserved` keys. Subclasses define `_fresh_status(keys)` (the
     status table's new values) and `_combine` (how a row's and a waiting status add up)."""
 
     STATUS = "status"
@@ -96,20 +96,20 @@ class RestrictPolicy(abc.ABC):
     def _row_status(stamps, counts):
         """A row's status (int32) from its metadata: last-write seconds and writes."""
 
-    def apply_restriction(self, residue, **kwargs):
-        """Evicts, when the variable holds more than `trigger` (default `residue`) keys, all but
-        `residue // shard_num` keys per shard, lowest status first. Returns the op (None when
-        eager)."""
-        if isinstance(residue, bool) or not isinstance(residue, int):
-            raise TypeError(f"residue (num_reserved) must be an int; got {residue!r}")
-        if residue < 0:
-            raise ValueError(f"residue (num_reserved) must be >= 0; got {residue}")
-        trigger = kwargs.pop("trigger", residue)
+    def apply_restriction(self, num_reserved, **kwargs):
+        """Evicts, when the variable holds more than `trigger` (default `num_reserved`) keys,
+        all but `num_reserved // shard_num` keys per shard, lowest status first. Returns the op
+        (None when eager)."""
+        if isinstance(num_reserved, bool) or not isinstance(num_reserved, int):
+            raise TypeError(f"num_reserved must be an int; got {num_reserved!r}")
+        if num_reserved < 0:
+            raise ValueError(f"num_reserved must be >= 0; got {num_reserved}")
+        trigger = kwargs.pop("trigger", num_reserved)
         if isinstance(trigger, bool) or not isinstance(trigger, int):
             raise TypeError(f"trigger must be an int; got {trigger!r}")
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-        per_shard = residue // self.var.shard_num
+        per_shard = num_reserved // self.var.shard_num
         return tf.cond(self.var.size() > trigger, lambda: self._evict(per_shard), tf.no_op)
 
     def _evict(self, per_shard):
