@@ -264,3 +264,26 @@ def test_native_status_in_a_v1_saver_checkpoint(tmp_path):
                 statuses = dict(zip(keys.tolist(), values.ravel().tolist()))
                 assert sess.run(size) == 2
         assert statuses == ({5: 2, 6: 1} if phase == "save" else {5: 2, 6: 2})
+
+
+def test_native_status_in_a_saved_model(tmp_path):
+    def make(name):
+        return de.Variable(dim=DIM, name=name, kv_creator=de.NativeKVCreator(),
+                           restrict_policy=de.FrequencyRestrictPolicy)
+
+    var = make("sm_rows")
+    _train(var, de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1)), [[1, 2], [1]])
+    module = tf.Module()
+    module.var = var
+    module.lookup = tf.function(lambda k: var.lookup(k),
+                                input_signature=[tf.TensorSpec([None], tf.int64)])
+    path = str(tmp_path / "sm")
+    tf.saved_model.save(module, path)
+    keys = tf.constant([1, 2, 3], tf.int64)
+    np.testing.assert_array_equal(tf.saved_model.load(path).lookup(keys), var.lookup(keys))
+    # The SavedModel's variables are a checkpoint: the statuses come back into fresh rows.
+    fresh = make("sm_rows_restored")
+    tf.train.Checkpoint(var=fresh).restore(
+        str(tmp_path / "sm" / "variables" / "variables")).expect_partial()
+    assert _statuses(fresh.restrict_policy) == {1: 2, 2: 1}
+    assert int(fresh.restrict_policy.status.waiting.size()) == 0

@@ -26,6 +26,7 @@ Either way `policy.status` exports, sizes and checkpoints alike (TFRA's `keys`/`
 """
 
 import abc
+import copy
 import weakref
 
 import tensorflow as tf
@@ -59,9 +60,9 @@ class RestrictPolicy(abc.ABC):
         the same `size`, `export`, `lookup` and checkpoint entry."""
         return self._status
 
-    def apply_update(self, indices):
-        """Updates the status of the keys in `indices` (any shape; repeats count once)."""
-        keys, _ = tf.unique(tf.reshape(tf.convert_to_tensor(indices, self.var.key_dtype), [-1]))
+    def apply_update(self, ids):
+        """Updates the status of the keys in `ids` (any shape; repeats count once)."""
+        keys, _ = tf.unique(tf.reshape(tf.convert_to_tensor(ids, self.var.key_dtype), [-1]))
         if isinstance(self._status, RowStatus):
             return self._status.touch(keys)
         return self._status.upsert(keys, self._fresh_status(self._status, keys))
@@ -197,6 +198,9 @@ class RowStatus(_tf_private.AutoTrackable):
         object.__setattr__(self, "_var", var)
         object.__setattr__(self, "waiting",
                            _status_variable(var, policy.STATUS, checkpoint=False))
+        # Tracked as a status variable tracks its tables: the object graph of a checkpoint is
+        # the same either way, and a SavedModel exports the tables its functions use.
+        self._tables = list(self.waiting._tables)  # pylint: disable=protected-access
         if var.checkpoint and not tf.executing_eagerly():
             checkpoint_lib.register_graph_saveable(self, self.waiting._unique_name)  # pylint: disable=protected-access
 
@@ -259,11 +263,16 @@ class RowStatus(_tf_private.AutoTrackable):
         return tf.reshape(values, tf.concat([tf.shape(keys), [1]], 0))
 
     # -- updates -------------------------------------------------------------------------------
+    def _rows(self):
+        """The tables holding the rows (in a SavedModel's export graph: their copies)."""
+        return self.__dict__.get("_exported_rows") or _row_tables(self._var)
+
     def export_shard(self, shard):
         """(keys, [n, 1] statuses) of shard `shard`: its rows' and its waiting keys'."""
         policy = self._policy
-        keys, stamps, counts = eviction_lib.row_metadata(_row_tables(self._var)[shard],
-                                                         self.key_dtype)
+        keys, stamps, counts = eviction_lib.row_metadata(self._rows()[shard], self.key_dtype)
+        if self.waiting is None:   # an export graph's copy: the rows' statuses only
+            return keys, tf.reshape(policy._row_status(stamps, counts), [-1, 1])  # pylint: disable=protected-access
         waiting_keys, waiting = self.waiting.tables[shard].export()
         all_keys = tf.concat([keys, waiting_keys], 0)
         unique, index = tf.unique(all_keys)
@@ -291,20 +300,39 @@ class RowStatus(_tf_private.AutoTrackable):
         """Moves the waiting statuses of keys that have rows into those rows (after a restore:
         the rows were written with the restore's time and one write)."""
         ops = []
-        for shard, table in enumerate(_row_tables(self._var)):
+        for shard, table in enumerate(self._rows()):
             with tf.device(table.device):
                 keys, status = self.waiting.tables[shard].export()
-                held = table.contains(keys)
-                keys = tf.boolean_mask(keys, held)
-                status = tf.cast(tf.boolean_mask(tf.reshape(status, [-1]), held), tf.int64)
-                rows = table.lookup(keys, tf.zeros([self._var.dim], self._var.value_dtype))
-                if isinstance(self._policy, TimestampRestrictPolicy):
-                    written = table.import_with_meta(keys, rows, stamps=status, clear=False)
-                else:
-                    written = table.import_with_meta(keys, rows, freqs=status, clear=False)
+                written = self._write_rows_status(table, keys, status)
                 with tf.control_dependencies([written]):
                     ops.append(self.waiting.tables[shard].remove(keys))
         return tf.group(ops)
+
+    def _write_rows_status(self, table, keys, status):
+        """Gives the rows of `table` among `keys` the statuses `status` (others are skipped)."""
+        held = table.contains(keys)
+        keys = tf.boolean_mask(keys, held)
+        status = tf.cast(tf.boolean_mask(tf.reshape(status, [-1]), held), tf.int64)
+        rows = table.lookup(keys, tf.zeros([self._var.dim], self._var.value_dtype))
+        if isinstance(self._policy, TimestampRestrictPolicy):
+            return table.import_with_meta(keys, rows, stamps=status, clear=False)
+        return table.import_with_meta(keys, rows, freqs=status, clear=False)
+
+    # -- SavedModel: the export graph holds copies of the row tables; read those ------------------
+    def _deserialization_dependencies(self, children):
+        del children   # the row tables are exported (and loaded) before this status
+        return {f"table_{i}": t for i, t in enumerate(_row_tables(self._var))}
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        del tensor_map, options, kwargs
+        exported = copy.copy(self)
+        object.__setattr__(exported, "_exported_rows",
+                           [object_map[t] for t in _row_tables(self._var)])
+        # Waiting statuses (keys without rows) stay out of SavedModels: serving has no use
+        # for them, and the waiting table is no node of the exported object graph.
+        object.__setattr__(exported, "waiting", None)
+        object_map[self] = exported
+        return []
 
     # -- checkpoints: the entry of TFRA's status variable (keys, values) ------------------------
     def _serialize_to_tensors(self):
@@ -319,6 +347,14 @@ class RowStatus(_tf_private.AutoTrackable):
         """Replaces every status: saved ones wait, then go into the rows that exist (the
         variable's own restore settles the rest)."""
         del name
+        if self.waiting is None:   # an export graph's copy: straight into the rows there are
+            values = tf.reshape(values, [-1])
+            tables = self._rows()
+            if len(tables) == 1:
+                return self._write_rows_status(tables[0], keys, values)
+            parts, positions = self._var._partition(tf.reshape(keys, [-1]))  # pylint: disable=protected-access
+            return tf.group([self._write_rows_status(t, k, tf.gather(values, p))
+                             for t, k, p in zip(tables, parts, positions)])
         cleared = self.waiting.clear()
         with tf.control_dependencies([cleared] if cleared is not None else []):
             written = self.waiting.upsert(keys, tf.reshape(values, [-1, 1]))

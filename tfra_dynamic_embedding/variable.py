@@ -645,7 +645,8 @@ class Variable(_tf_private.AutoTrackable):
             return tf.no_op()
         restored = self.import_(restored_tensors[checkpoint_lib.KEYS],
                                 restored_tensors[checkpoint_lib.VALUES])
-        if self._restrict_policy is None:
+        # A SavedModel's copy (`_exported_from`) leaves the statuses to the status's own copy.
+        if self._restrict_policy is None or "_exported_from" in self.__dict__:
             return restored
         return self._restrict_policy._after_restore(restored)  # pylint: disable=protected-access
 
