@@ -188,3 +188,27 @@ def test_a_direct_read_of_the_wrapper_sees_the_batch_rows():
                 sess.run(train, {ids: [3, 5]})
             got = sess.run(var.lookup(tf.constant([3, 5, 9], tf.int64)))
     np.testing.assert_allclose(got, [[0.8 ** 3] * 2, [0.8 ** 3] * 2, [1.0, 1.0]], rtol=1e-6)
+
+
+def test_documented_argument_names_and_wrapper_methods(kv_creator):
+    """Names TFRA's API documents: accum(old_values=...), table[keys], apply_update(ids=...),
+    TrainableWrapper.size / prefetch_values / read_value(do_prefetch=...)."""
+    var = de.Variable(dim=2, initializer=0.0, kv_creator=kv_creator, name="documented",
+                      restrict_policy=de.FrequencyRestrictPolicy)
+    keys = tf.constant([1, 2], tf.int64)
+    var.upsert(keys, tf.ones([2, 2]))
+    old = var.lookup(keys)
+    var.accum(keys, old_values=old, new_values=old + 2.0, exists=tf.constant([True, False]))
+    np.testing.assert_array_equal(var.lookup(keys).numpy(), [[3, 3], [1, 1]])
+    np.testing.assert_array_equal(var.tables[0][keys].numpy(), [[3, 3], [1, 1]])
+    var.restrict_policy.apply_update(ids=keys)
+    assert int(var.restrict_policy.status.size()) == 2
+
+    rows, wrapper = de.embedding_lookup(var, keys, return_trainable=True)
+    assert int(wrapper.size()) == 2
+    var.upsert(keys, tf.fill([2, 2], 7.0))       # another writer changes the rows
+    np.testing.assert_array_equal(wrapper.read_value().numpy(), rows.numpy())   # held rows
+    np.testing.assert_array_equal(wrapper.prefetch_values().numpy(), [[7, 7], [7, 7]])
+    np.testing.assert_array_equal(wrapper.read_value(do_prefetch=True).numpy(),
+                                  [[7, 7], [7, 7]])
+    np.testing.assert_array_equal(wrapper.read_value().numpy(), [[7, 7], [7, 7]])

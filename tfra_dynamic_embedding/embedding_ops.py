@@ -143,7 +143,7 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids):
         return params.lookup(unique_ids), None, None
     wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name),
                                         ids=ids)
-    loaded, positions = wrapper.load(unique_ids)
+    loaded, positions = wrapper.load_lookup(unique_ids)
     with tf.control_dependencies([loaded] if loaded is not None else []):
         return wrapper.read_value(), positions, wrapper
 

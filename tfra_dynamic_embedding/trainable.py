@@ -184,7 +184,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             self._loaded = loaded
         return loaded
 
-    def load(self, unique_ids):
+    def load_lookup(self, unique_ids):
         """Loads the rows of one lookup's `unique_ids`; returns (op, positions).
 
         The first lookup of a step replaces the rows held (`positions` is None: row i is
@@ -241,9 +241,31 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         with self._after_load():
             return super().value()
 
-    def read_value(self):
+    def read_value(self, do_prefetch=False):
+        """The rows held. `do_prefetch=True` first loads the held ids' rows again from the
+        table (TFRA's default there; here a read already sees this step's rows, so the default
+        spares the extra probe)."""
+        if do_prefetch:
+            rows = self.prefetch_values(update=True)
+            with tf.control_dependencies([rows]):
+                return super().read_value()
         with self._after_load():
             return super().read_value()
+
+    def prefetch_values(self, update=False):
+        """The table's current rows of the ids held; `update=True` also holds them (TFRA's
+        method: the rows a read with `do_prefetch` sees)."""
+        ids = self.batch_ids()
+        rows = self.params.lookup(ids)
+        if not update:
+            return rows
+        loaded = self.hold(ids, rows)
+        with tf.control_dependencies([loaded] if loaded is not None else []):
+            return tf.identity(rows)
+
+    def size(self):
+        """The number of keys of the variable trained through this wrapper (TFRA's method)."""
+        return self.params.size()
 
     def write_back(self, looked_up=None, keep=None):
         """Stores the rows held (e.g. after an optimizer update) into `params`. Given the rows

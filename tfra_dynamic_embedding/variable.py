@@ -443,13 +443,15 @@ class Variable(_tf_private.AutoTrackable):
         return self._write(keys, values, "values", lambda t, k, v: t.insert(k, v),
                            name or self._name + "_upsert")
 
-    def accum(self, keys, deltas, new_values=None, exists=None, name=None):
-        """Add `deltas` (shaped `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0.
-
-        TFRA's form `accum(keys, old_values, new_values, exists)`: keys with `exists` True that
+    def accum(self, keys, old_values, new_values=None, exists=None, name=None):
+        """TFRA's `accum(keys, old_values, new_values, exists)`: keys with `exists` True that
         are still present get `new_values - old_values` added; keys with `exists` False that are
         still absent are set to `new_values`; others (changed by another writer) are left alone.
+
+        `accum(keys, deltas)` (no new_values, no exists) adds `deltas` (shaped
+        `keys.shape + [dim]`) to the rows of `keys`; missing keys start at 0.
         """
+        deltas = old_values
         if new_values is None and exists is None:
             return self._write(keys, deltas, "deltas", lambda t, k, v: t.accum(k, v),
                                name or self._name + "_accum")

@@ -163,6 +163,10 @@ class CuckooHashTable(_tf_private.AutoTrackable):
             exists.set_shape(keys.shape)
             return values, exists
 
+    def __getitem__(self, keys):
+        """`table[keys]` is `table.lookup(keys)` (TFRA's tables are LookupInterfaces)."""
+        return self.lookup(keys)
+
     def insert(self, keys, values, name=None):
         """Sets the values of `keys` (`values`: shape `keys.shape + value_shape`)."""
         with self._scope(name, "insert"):
