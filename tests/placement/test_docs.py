@@ -13,7 +13,7 @@ GUIDE = os.path.join(ROOT, "docs", "placement.md")
 def test_placement_guide_examples_run(tmp_path, monkeypatch, capsys):
     with open(GUIDE, encoding="utf-8") as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
     namespace = {}
     for block in blocks:
@@ -22,3 +22,4 @@ def test_placement_guide_examples_run(tmp_path, monkeypatch, capsys):
     assert printed.startswith("max ") and "x over random, gap" in printed
     assert (tmp_path / "plan.json").exists()
     assert namespace["v"].devices == namespace["plan"].devices_for(namespace["second"])
+    assert namespace["wide"].columns == {"ad_id": [32] * 4}   # the column-wise example

@@ -106,6 +106,10 @@ def _table_of(plan, feature):
     if name is None:
         raise ValueError(f"plan does not place the table {params.name!r} of embedding layer "
                          f"{feature.layer.name!r} (plan tables: {sorted(plan.assignment)[:20]})")
+    if plan.column_blocks(name):   # pieces here are row slices: blocks would pass as slices
+        raise ValueError(f"plan splits table {name!r} by columns ({plan.column_blocks(name)}); "
+                         f"the sharded export serves whole tables and row slices only: export "
+                         f"with a plan that keeps {name!r} whole or cuts it by rows")
     spec = plan.task.table(name)
     if spec.dim != params.dim:
         raise ValueError(f"plan table {name!r} has dim {spec.dim} but layer "

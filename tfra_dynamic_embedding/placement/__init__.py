@@ -1,13 +1,16 @@
 """Where embedding tables live: a planner in stages, each a module with one interface.
 
-  types       TableSpec, DeviceSpec, Task, Shard, Plan (plain dataclasses, JSON in and out)
+  types       TableSpec, DeviceSpec, Task, Shard, Plan (plain dataclasses, JSON in and out);
+              a table is placed whole, cut by rows (row slices) or by columns (column blocks)
   streams     index streams and their reuse statistics; workloads / loaders: tables and tasks
   features    the 21 table features (a pure function of a spec and its stream)
-  pieces      a task's pieces (whole tables, row slices) and their partition under memory
+  pieces      a task's pieces (whole tables, row slices, column blocks) and their partition
+              under memory
   estimators  what the shards on a device cost: analytic | learned (cost_model) | measured
   proposers   strategies that place pieces: heuristics | learned (policy, the RL proposer)
   select      the best plan of all strategies, by one estimator
-  apply       a Plan -> the devices of de.Variables
+  apply       a Plan -> the devices of de.Variables (row slices: the key-mod partitioner)
+  column_split  a table split by columns -> one de.Variable (or Keras Embedding) per block
   evaluate    reports and plots (reads plans; no stage imports it)
 
 Example:

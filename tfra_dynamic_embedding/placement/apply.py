@@ -1,4 +1,5 @@
-"""Applying a Plan: the devices (and row-slice partitioner) of real `de.Variable`s.
+"""Applying a Plan: the devices (and row-slice partitioner) of real `de.Variable`s; tables the
+plan splits by columns are built by `column_split.py` (one variable per block).
 
 Two ways:
     w = de.get_variable("user", dim=16, devices=plan.devices_for("user"),
@@ -14,9 +15,15 @@ A row-sliced table gets one shard per slice, slice i on the plan's i-th device, 
 partitioner keys mod n -- the same rule that defines the slices (string keys: TF's stable
 string hash mod n). Variables the plan does not name keep their own devices (strict=True
 raises instead).
+
+A table split by columns is not one de.Variable: `de.get_variable` of its name inside the scope
+raises ValueError. Build it with `column_split.column_split_variables(plan, name, ...)` or the
+Keras layer `column_split.ColumnSplitEmbedding(plan, name, ...)`; their block variables
+`<name>/col<j>` land on block j's device, also inside the scope.
 """
 
 import contextlib
+import re
 
 from absl import logging
 
@@ -34,6 +41,35 @@ def match_table(plan, full_name):
     return matches[0]
 
 
+def block_name(name, index):
+    """The de.Variable name of column block `index` of table `name`: block_name("ad", 1) ->
+    "ad/col1"."""
+    return f"{name}/col{index}"
+
+
+def match_block(plan, full_name):
+    """(plan table, block index) when `full_name` names a column block ("<table>/col<j>") of a
+    table the plan splits by columns, else None."""
+    found = re.fullmatch(r"(.+)/col([0-9]+)", full_name)
+    if not found:
+        return None
+    name, index = match_table(plan, found.group(1)), int(found.group(2))
+    if name is None or index >= len(plan.column_blocks(name)):
+        return None
+    return name, index
+
+
+def _column_split_error(plan, name, full_name):
+    """The ValueError for `de.get_variable(full_name)` of a table the plan splits by columns."""
+    blocks = plan.column_blocks(name)
+    return ValueError(
+        f"de.Variable {full_name!r}: the placement plan splits table {name!r} by columns into "
+        f"{len(blocks)} blocks (widths {[w for w, _ in blocks]} on "
+        f"{[d for _, d in blocks]}); one de.Variable cannot hold column blocks. Build it with "
+        f"placement.column_split.column_split_variables(plan, {name!r}, ...) or the Keras layer "
+        f"placement.column_split.ColumnSplitEmbedding(plan, {name!r}, ...)")
+
+
 def partitioner_for(plan, name):
     """None for a table placed whole; the key-mod partitioner for a row-sliced table."""
     if plan.num_slices(name) == 1:
@@ -49,6 +85,14 @@ def plan_resolver(plan, strict=False):
 
     def resolve(full_name):
         name = match_table(plan, full_name)
+        if name is not None and plan.column_blocks(name):
+            raise _column_split_error(plan, name, full_name)
+        block = match_block(plan, full_name) if name is None else None
+        if block is not None:   # a variable of column_split.py: its block's device
+            device = plan.column_blocks(block[0])[block[1]][1]
+            logging.info("placing %s (plan table %s, column block %d) on %s", full_name,
+                         block[0], block[1], device)
+            return [device], None
         if name is None:
             if strict:
                 raise KeyError(f"de.Variable {full_name!r} is not in the placement plan "
@@ -67,7 +111,8 @@ def plan_resolver(plan, strict=False):
 
 @contextlib.contextmanager
 def plan_scope(plan, strict=False):
-    """Within the scope `de.get_variable` takes devices and row slices from `plan`.
+    """Within the scope `de.get_variable` takes devices and row slices from `plan` (and raises
+    ValueError for a table the plan splits by columns: see `column_split.py`).
 
     Scopes nest; the innermost with an opinion wins.
     """

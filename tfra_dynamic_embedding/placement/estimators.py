@@ -56,26 +56,37 @@ class AnalyticEstimator(AdditiveEstimator):
 
     Per step a shard moves row_bytes * (3 * lookups + 2 * batch): forward gathers one row per
     lookup and writes one pooled row per sample; backward reads one gradient row per sample and
-    read-modify-writes one row per lookup. lookups = batch * pooling factor * slice fraction.
+    read-modify-writes one row per lookup. lookups = batch * pooling factor * slice fraction;
+    row_bytes = dim * bytes per value, with dim the block's width for a column block.
+
+    A column block also pays `probe_bytes` per lookup: every block of a table split by columns
+    hashes and probes each key in its own hash table (forward find, backward update: by default
+    two 64-byte cache lines), so n blocks probe n times where the whole table probes once -- the
+    price of a column split, which only a wide, hot table recovers. Whole tables and row slices
+    are charged row bytes only, as before (their one probe is folded into the baseline).
 
     Example: AnalyticEstimator(bandwidth=2e11).shard_cost(Shard(table, "/GPU:0"), task)
     """
 
     name = "analytic"
 
-    def __init__(self, bandwidth=1e11, overhead=0.0):
+    def __init__(self, bandwidth=1e11, overhead=0.0, probe_bytes=128.0):
         if not bandwidth > 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s; got {bandwidth!r}")
         if overhead < 0:
             raise ValueError(f"overhead must be >= 0 seconds; got {overhead!r}")
+        if not probe_bytes >= 0:
+            raise ValueError(f"probe_bytes must be >= 0 bytes per lookup; got {probe_bytes!r}")
         self.bandwidth = float(bandwidth)
         self.overhead = float(overhead)
+        self.probe_bytes = float(probe_bytes)
 
     def bytes_moved(self, shard, task):
-        table = shard.table
+        table = shard.table   # a column block's spec has the block's width as dim
         row_bytes = table.dim * table.bytes_per_value
         lookups = task.batch_size * table.pooling_factor * shard.fraction
-        return row_bytes * (3.0 * lookups + 2.0 * task.batch_size)
+        probes = self.probe_bytes * lookups if shard.is_column_block else 0.0
+        return row_bytes * (3.0 * lookups + 2.0 * task.batch_size) + probes
 
     def shard_cost(self, shard, task):
         return self.bytes_moved(shard, task) / self.bandwidth + self.overhead

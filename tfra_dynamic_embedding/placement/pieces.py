@@ -1,15 +1,25 @@
 """Pieces of a task and their partition under memory: the stage every proposer builds on.
 
-A piece is a `types.Shard` not yet on a device: a whole table, or row slice i of n of a table
+A piece is a `types.Shard` not yet on a device: a whole table, row slice i of n of a table
 bigger than the largest device (slice i: keys with key % n == i; the fewest slices that fit,
-`min_slices`). A `Partition` puts pieces on devices, refuses what does not fit and turns the
-result into a `Plan`, or into a `PlacementError` naming the pieces left over and the shortfall.
+`min_slices`), or -- where a proposer asks for it -- a column block of a wide table.
+
+Column splits (TorchRec's column-wise sharding): a table of dim >= MIN_COLUMN_DIM that fits a
+device whole may be cut into n equal blocks of every row, n dividing dim, each block at least
+MIN_COLUMN_BLOCK columns wide and n at most the number of devices (`column_splits`). Blocks lie
+on distinct devices and lookups concatenate them. Each block hashes and probes every key
+itself, so a split pays only for wide, hot tables (estimators.AnalyticEstimator.probe_bytes);
+tables too big for a device are cut by rows instead (never by rows and columns).
+
+A `Partition` puts pieces on devices, refuses what does not fit and turns the result into a
+`Plan`, or into a `PlacementError` naming the pieces left over and the shortfall.
 
 Example:
     state = Partition(task)
     for piece in split_pieces(task):
         state.put(piece, state.candidates(piece)[0])
     plan = state.plan("first-fit", seed=0)
+    column_splits(TableSpec("ad", rows=10**6, dim=128), task)   # [2, 4, 8] on 8 devices
 """
 
 import math
@@ -17,6 +27,11 @@ import math
 from absl import logging
 
 from tfra_dynamic_embedding.placement.types import PlacementError, Plan, Shard, format_bytes
+
+# Column splits: only tables at least this wide, into blocks at least this wide (TorchRec's
+# min column block; a narrower block would mostly probe keys and move little data).
+MIN_COLUMN_DIM = 64
+MIN_COLUMN_BLOCK = 16
 
 
 def largest_memory(task):
@@ -45,12 +60,39 @@ def min_slices(table, task, largest=None):
     return n
 
 
-def split_pieces(task):
+def column_splits(table, task, largest=None):
+    """Numbers of equal column blocks `table` may be cut into on `task` (see the module
+    docstring): n >= 2 dividing dim, dim / n >= MIN_COLUMN_BLOCK, n <= devices; [] for tables
+    narrower than MIN_COLUMN_DIM or that fit no device whole (those are cut by rows).
+
+    Example: dim 128 on 8 devices -> [2, 4, 8]; dim 96 on 4 devices -> [2, 3, 4]
+    """
+    if table.dim < MIN_COLUMN_DIM or min_slices(table, task, largest) > 1:
+        return []
+    return [n for n in range(2, min(task.num_devices, table.dim // MIN_COLUMN_BLOCK) + 1)
+            if table.dim % n == 0]
+
+
+def column_pieces(table, num_blocks):
+    """The `num_blocks` equal column blocks of `table`, unplaced, left to right."""
+    if num_blocks < 2 or table.dim % num_blocks:
+        raise ValueError(f"num_blocks of table {table.name!r} must be >= 2 and divide its dim "
+                         f"{table.dim}; got {num_blocks!r}")
+    width = table.dim // num_blocks
+    return [Shard(table, "", col_offset=j * width, col_width=width) for j in range(num_blocks)]
+
+
+def split_pieces(task, columns=None):
     """All pieces of a task, unplaced (`Shard.device` ""): one per table, or its minimal row
-    slices when it fits no device."""
+    slices when it fits no device, or for the tables in `columns` ({name: number of blocks})
+    their equal column blocks."""
     items = []
+    columns = columns or {}
     largest = largest_memory(task)
     for table in task.tables:
+        if table.name in columns:
+            items.extend(column_pieces(table, columns[table.name]))
+            continue
         n = min_slices(table, task, largest)
         if n > 1:
             logging.info("table %s (%s) is split row-wise into %d slices", table.name,
@@ -63,30 +105,40 @@ class Partition:
     """Pieces put on devices under memory limits, so far: memory used and balance load per device;
     `plan()` is the Plan, or the PlacementError naming the pieces left in `unplaced`."""
 
-    def __init__(self, task, slices=None):
+    def __init__(self, task, slices=None, columns=None):
         """`slices`: {table name: row slices} where a planner cuts a table finer than
-        `min_slices`."""
+        `min_slices`; `columns`: {table name: column widths} of the tables it cuts by columns."""
         self.task = task
         slices = slices or {}
+        self.columns = {name: list(widths) for name, widths in (columns or {}).items()}
         self.capacity = [math.inf if d.memory_bytes is None else d.memory_bytes
                          for d in task.devices]
         self.used = [0] * task.num_devices
         self.load = [0.0] * task.num_devices
         largest = largest_memory(task)
-        self.placed = {t.name: [None] * (slices[t.name] if t.name in slices
+        self.placed = {t.name: [None] * (len(self.columns[t.name]) if t.name in self.columns
+                                         else slices[t.name] if t.name in slices
                                          else min_slices(t, task, largest))
                        for t in task.tables}
         self.unplaced = []
 
     def candidates(self, item):
+        """Devices with room for `item` that hold no other piece of its table."""
         taken = set(self.placed[item.table.name])
         return [d for d in range(self.task.num_devices)
                 if d not in taken and self.used[d] + item.size_bytes <= self.capacity[d]]
 
     def put(self, item, device, load=0.0):
-        self.placed[item.table.name][item.index] = device
+        self.placed[item.table.name][self._position(item)] = device
         self.used[device] += item.size_bytes
         self.load[device] += load
+
+    def _position(self, item):
+        """The piece's place in its table's device list: row slice index, or block number."""
+        if not item.is_column_block:
+            return item.index
+        widths = self.columns[item.table.name]
+        return [sum(widths[:j]) for j in range(len(widths))].index(item.col_offset)
 
     def plan(self, strategy, seed, estimator=None):
         if self.unplaced:
@@ -94,7 +146,8 @@ class Partition:
         names = [d.name for d in self.task.devices]
         assignment = {t: [names[d] for d in devices] for t, devices in self.placed.items()}
         return Plan(self.task, assignment, strategy=strategy,
-                    estimator=getattr(estimator, "name", None), meta={"seed": seed})
+                    estimator=getattr(estimator, "name", None), meta={"seed": seed},
+                    columns=self.columns)
 
 
 def _infeasible(state):
@@ -107,8 +160,10 @@ def _infeasible(state):
                 for d in range(task.num_devices)]
         best_free, where = max(free, key=lambda x: x[0])  # first device on ties
         worst = max(worst, item.size_bytes - best_free)
-        piece = item.table.name if item.num_slices == 1 else (
-            f"{item.table.name}[slice {item.index}/{item.num_slices}]")
+        piece = (f"{item.table.name}[columns {item.col_offset}:"
+                 f"{item.col_offset + item.col_width}]" if item.is_column_block else
+                 item.table.name if item.num_slices == 1 else
+                 f"{item.table.name}[slice {item.index}/{item.num_slices}]")
         parts.append(f"{piece} ({format_bytes(item.size_bytes)}; largest free space "
                      f"{format_bytes(best_free)} on {where})")
     shortfall = max(worst, total - capacity)

@@ -14,25 +14,30 @@ A proposer is `fn(task, seed=0, estimator=None) -> Plan`. The built-in ones are 
   nsbp                 network-specific bin packing: tables grouped by network tag, each group
                        best-fit packed by size onto as few devices as possible
   cost-greedy          by estimated cost, to the device whose estimated cost grows least
+  column-greedy        cost-greedy after cutting tables costlier than the per-device average
+                       into column blocks (`hot_column_splits`), when that lowers the max cost
   learned              the RL policy over the learned cost model (policy.py)
 
 Greedy ties go to the device with less memory used, then the lower index. Every strategy
 respects device memory; a table bigger than the largest device is split row-wise into the
 fewest slices that fit (slice i: keys with key % n == i), slices on distinct devices
-(pieces.py). When a task cannot fit, `PlacementError` names the tables left over and the shortfall.
+(pieces.py). Only column-greedy cuts tables by columns (blocks on distinct devices). When a
+task cannot fit, `PlacementError` names the tables left over and the shortfall.
 
 Example:
     plan = propose(task, "lookup-greedy")
     plan.devices_for("t000")
 """
 
+import dataclasses
 import math
 
 import numpy as np
 
 from tfra_dynamic_embedding.placement import estimators
-from tfra_dynamic_embedding.placement.pieces import Partition, split_pieces
-from tfra_dynamic_embedding.placement.types import Shard
+from tfra_dynamic_embedding.placement.pieces import (Partition, column_pieces, column_splits,
+                                                     largest_memory, split_pieces)
+from tfra_dynamic_embedding.placement.types import PlacementError
 
 
 def register_strategy(name, description=""):
@@ -79,8 +84,9 @@ def propose(task, strategy="lookup-greedy", seed=0, estimator=None):
 
 
 def _order(items, weight):
-    """Heaviest first; ties by bytes, then name, then slice (deterministic)."""
-    return sorted(items, key=lambda it: (-weight(it), -it.size_bytes, it.table.name, it.index))
+    """Heaviest first; ties by bytes, then name, then slice or block (deterministic)."""
+    return sorted(items, key=lambda it: (-weight(it), -it.size_bytes, it.table.name, it.index,
+                                         it.col_offset))
 
 
 def greedy(task, weight, strategy, seed=0, score=None):
@@ -206,19 +212,83 @@ def cost_greedy(task, seed=0, estimator=None):
     `estimator` is an `estimators.CostEstimator` or a registered name (default 'analytic'); a
     non-additive estimator (a learned cost model) is asked for the whole device each time.
     """
+    return _cost_greedy(task, seed, estimators.get_estimator(estimator or "analytic"),
+                        "cost-greedy")
+
+
+def column_greedy(task, seed=0, estimator=None):
+    """Cost-greedy after cutting hot wide tables into column blocks on distinct devices.
+
+    The tables `hot_column_splits` picks (estimated cost above the per-device average) are cut
+    into equal column blocks, then every piece is placed as cost-greedy places it. The plan is
+    kept only if its estimated max device cost is below cost-greedy's; otherwise (and on tasks
+    without such a table) this is cost-greedy's plan.
+
+    Example: one table of dim 128 with most of the lookups, on 8 devices: its 8 blocks of 16
+    columns go to 8 devices, where any table-wise plan leaves that table's cost on one.
+    """
     est = estimators.get_estimator(estimator or "analytic")
-    state = Partition(task)
-    costs = {}
+    plain = _cost_greedy(task, seed, est, "column-greedy")
+    splits = hot_column_splits(task, est)
+    if not splits:
+        return plain
+    try:
+        cut = _cost_greedy(task, seed, est, "column-greedy", splits)
+    except PlacementError:   # blocks need distinct devices with room: then keep tables whole
+        return plain
+    return cut if max(est.plan_costs(cut).values()) < max(est.plan_costs(plain).values()) \
+        else plain
 
-    def shard_of(item, device_name=""):
-        return Shard(item.table, device_name, item.index, item.num_slices)
 
-    items = split_pieces(task)
-    for item in items:
-        costs[(item.table.name, item.index)] = est.device_cost([shard_of(item)], None, task)
+def hot_column_splits(task, estimator=None):
+    """{table name: number of column blocks} for the tables worth cutting by columns.
+
+    A table qualifies when `pieces.column_splits` allows it and its estimated standalone cost
+    exceeds the per-device average (total estimated cost / devices): placed whole, it alone
+    sets the max. It gets the fewest blocks that each cost at most that average, else the
+    number whose block costs least, among the numbers n for which n devices have the memory
+    for a block. Each block probes every key (the estimator's probe term), so more blocks cost
+    more in total.
+
+    Example: hot_column_splits(task, "analytic") -> {"ad_id": 8}
+    """
+    est = estimators.get_estimator(estimator or "analytic")
+    solo = {}
+    for item in split_pieces(task):
+        solo[item.table.name] = solo.get(item.table.name, 0.0) + est.device_cost(
+            [item], None, task)
+    average = sum(solo.values()) / task.num_devices
+    largest = largest_memory(task)
+    out = {}
+    for table in task.tables:
+        options = [n for n in column_splits(table, task, largest) if n <= sum(
+            d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes
+            for d in task.devices)]
+        if not options or solo[table.name] <= average:
+            continue
+        # equal blocks cost the same: cost the first
+        block = {n: est.device_cost(column_pieces(table, n)[:1], None, task) for n in options}
+        within = [n for n in options if block[n] <= average]
+        out[table.name] = within[0] if within else min(options, key=lambda n: (block[n], n))
+    return out
+
+
+def _cost_greedy(task, seed, est, strategy, columns=None):
+    """Cost-greedy over the pieces of `task`, the tables in `columns` ({name: blocks}) cut into
+    that many equal column blocks."""
+    columns = columns or {}
+    widths = {t.name: [t.dim // columns[t.name]] * columns[t.name]
+              for t in task.tables if t.name in columns}
+    state = Partition(task, columns=widths)
+
+    def key(item):
+        return item.table.name, item.index, item.col_offset
+
+    items = split_pieces(task, columns)
+    costs = {key(item): est.device_cost([item], None, task) for item in items}
     on_device = [[] for _ in task.devices]
     current = [0.0] * task.num_devices
-    for item in _order(items, lambda it: costs[(it.table.name, it.index)]):
+    for item in _order(items, lambda it: costs[key(it)]):
         candidates = state.candidates(item)
         if not candidates:
             state.unplaced.append(item)
@@ -226,16 +296,17 @@ def cost_greedy(task, seed=0, estimator=None):
 
         def after(d, item=item):
             if est.additive:
-                return current[d] + costs[(item.table.name, item.index)]
+                return current[d] + costs[key(item)]
             device = task.devices[d]
-            return est.device_cost(on_device[d] + [shard_of(item, device.name)], device, task)
+            return est.device_cost(on_device[d] + [dataclasses.replace(item, device=device.name)],
+                                   device, task)
 
         scored = {d: after(d) for d in candidates}
         device = min(candidates, key=lambda d: (scored[d], state.used[d], d))
         current[device] = scored[device]
-        on_device[device].append(shard_of(item, task.devices[device].name))
+        on_device[device].append(dataclasses.replace(item, device=task.devices[device].name))
         state.put(item, device)
-    return state.plan("cost-greedy", seed, est)
+    return state.plan(strategy, seed, est)
 
 
 # The registry, in the order strategies are listed (and compared): name -> proposer, or
@@ -250,5 +321,6 @@ _STRATEGIES = {
     "load-balanced": load_balanced,
     "nsbp": network_specific_bin_packing,
     "cost-greedy": cost_greedy,
+    "column-greedy": column_greedy,
     "learned": "tfra_dynamic_embedding.placement.policy:learned_plan",
 }

@@ -1,5 +1,8 @@
 """Plain data of the placement planner: tables, devices, tasks and plans, with JSON in and out.
 
+A plan places each table whole, cut by rows (slice i of n: the keys with key % n == i), or cut by
+columns (blocks of columns, each holding every row); the pieces of a table lie on distinct devices.
+
 Every stage of the planner (workloads -> features -> estimator -> proposer -> evaluate -> apply)
 passes these dataclasses, so each stage can be tested alone and a plan can be saved, read and
 edited by a person, then applied again.
@@ -9,6 +12,8 @@ Example:
     task = Task(tables, make_devices(2, memory="1GiB"))
     plan = Plan(task, {"user": ["/job:ps/task:1"]}, strategy="by-hand")
     Plan.from_json(plan.to_json()).devices_for("user")   # ['/job:ps/task:1']
+    wide = Plan(task, {"user": ["/job:ps/task:0", "/job:ps/task:1"]}, columns={"user": [8, 8]})
+    wide.column_blocks("user")     # [(8, '/job:ps/task:0'), (8, '/job:ps/task:1')]
 """
 
 import dataclasses
@@ -25,6 +30,9 @@ REUSE_BIN_LABELS = tuple(
     f"({REUSE_BIN_EDGES[i]}, {REUSE_BIN_EDGES[i + 1]}]" if i < 16 else "(32768, inf)"
     for i in range(NUM_REUSE_BINS))
 PLAN_FORMAT = "tfra-de-plan/1"
+# Written instead of PLAN_FORMAT by plans with column splits, so that a reader that predates them
+# refuses the file rather than taking column blocks for row slices; both are read.
+PLAN_FORMAT_COLUMNS = "tfra-de-plan/2"
 TASK_FORMAT = "tfra-de-task/1"
 
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
@@ -281,18 +289,80 @@ class DeviceCost:
     measured_cost: Optional[float] = None
 
 
+# (id of a whole table, width) -> (the table, its fields then, the block spec): one spec object per
+# block, so that caches keyed by the spec's id (the learned cost model's) keep hitting.
+_BLOCK_SPECS = {}
+
+
+def column_block_spec(table, width):
+    """The spec of a column block of `table`: the same table (name, rows, pooling, reuse) with
+    dim = `width`. Every estimator costs a block through it (`Shard.table`), so the analytic,
+    learned and measured estimators all see the block's width.
+
+    Example: column_block_spec(TableSpec("ad", rows=10, dim=128), 32).dim -> 32
+    """
+    if width == table.dim:
+        return table
+    fields = (table.name, table.rows, table.bytes_per_value, table.pooling_factor,
+              table.reuse_histogram, table.group, table.stream)
+    key = (id(table), width)
+    hit = _BLOCK_SPECS.get(key)
+    if hit is None or hit[0] is not table or hit[1] != fields:
+        if len(_BLOCK_SPECS) > 10_000:
+            _BLOCK_SPECS.clear()
+        hit = (table, fields, dataclasses.replace(table, dim=width))
+        _BLOCK_SPECS[key] = hit
+    return hit[2]
+
+
 @dataclasses.dataclass
 class Shard:
-    """One placed piece: a whole table (num_slices=1) or row-slice `index` of `num_slices`."""
+    """One placed piece of table `source`: the whole table, row slice `index` of `num_slices`
+    (the keys with key % num_slices == index), or a column block -- columns
+    [col_offset, col_offset + col_width) of every row. A piece is cut by rows or by columns,
+    never both.
 
-    table: TableSpec
+    `table` is the spec of what the piece holds, the one every estimator costs: `source` itself,
+    or for a column block `column_block_spec(source, col_width)` (dim = col_width).
+
+    Example:
+        Shard(spec, "/GPU:0", 1, 4)                              # row slice 1 of 4
+        Shard(spec, "/GPU:1", col_offset=64, col_width=64).table.dim   # 64 (of spec.dim 128)
+    """
+
+    source: TableSpec
     device: str
     index: int = 0
     num_slices: int = 1
+    col_offset: int = 0
+    col_width: Optional[int] = None   # None: the whole dim
+
+    def __post_init__(self):
+        dim = self.source.dim
+        if self.col_width is None:
+            self.col_width = dim
+        if not (0 <= self.col_offset < dim and 1 <= self.col_width <= dim - self.col_offset):
+            raise ValueError(f"column block of table {self.source.name!r} (dim {dim}) must lie "
+                             f"within its columns; got col_offset={self.col_offset!r}, "
+                             f"col_width={self.col_width!r}")
+        if self.is_column_block and self.num_slices != 1:
+            raise ValueError(f"a piece of table {self.source.name!r} is cut by rows or by "
+                             f"columns, not both; got {self.num_slices} row slices and "
+                             f"col_width={self.col_width} of dim {dim}")
+
+    @property
+    def table(self):
+        """The spec of this piece's rows: `source`, narrowed to the block for a column block."""
+        return column_block_spec(self.source, self.col_width)
+
+    @property
+    def is_column_block(self):
+        return self.col_width < self.source.dim
 
     @property
     def fraction(self):
-        return self.table.slice_rows(self.index, self.num_slices) / self.table.rows
+        """Share of the table's rows (keys) this piece holds: 1 for a column block."""
+        return self.source.slice_rows(self.index, self.num_slices) / self.source.rows
 
     @property
     def size_bytes(self):
@@ -301,14 +371,20 @@ class Shard:
 
 @dataclasses.dataclass
 class Plan:
-    """Each table -> the devices of its row slices; slice i holds the keys with key % n == i.
+    """Each table -> the devices of its pieces: its row slices, or its column blocks.
 
-    `assignment[name]` lists one device per slice (one entry: the table is not split; slices of a
-    table lie on distinct devices). `per_device` carries memory and predicted / measured costs.
+    `assignment[name]` lists one device per piece, on distinct devices. One entry: the table is
+    whole. Several: its row slices -- slice i holds the keys with key % n == i -- unless
+    `columns[name]` lists column widths (summing to the table's dim): then block j holds
+    columns [sum(widths[:j]), sum(widths[:j + 1])) of every row, on `assignment[name][j]`.
+    A table is cut by rows or by columns, not both. `per_device` carries memory and predicted /
+    measured costs.
 
     Example:
-        plan = Plan(task, {"user": ["/GPU:0"], "item": ["/GPU:0", "/GPU:1"]})
-        plan.devices_for("item")   # ['/GPU:0', '/GPU:1'] -- keys mod 2 pick the slice
+        plan = Plan(task, {"user": ["/GPU:0"], "item": ["/GPU:0", "/GPU:1"],
+                           "ad": ["/GPU:1", "/GPU:0"]}, columns={"ad": [64, 64]})
+        plan.devices_for("item")    # ['/GPU:0', '/GPU:1'] -- keys mod 2 pick the slice
+        plan.column_blocks("ad")    # [(64, '/GPU:1'), (64, '/GPU:0')] -- lookups concatenate
     """
 
     task: Task
@@ -317,10 +393,13 @@ class Plan:
     estimator: Optional[str] = None
     per_device: Dict[str, DeviceCost] = dataclasses.field(default_factory=dict)
     meta: dict = dataclasses.field(default_factory=dict)
+    columns: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.assignment = {k: [v] if isinstance(v, str) else list(v)
                            for k, v in self.assignment.items()}
+        self.columns = {k: list(v) if isinstance(v, (list, tuple)) else v   # validate() names
+                        for k, v in (self.columns or {}).items()}                 # a bad value
         self.validate(check_memory=False)
         memory = self.memory_by_device()
         given = self.per_device
@@ -333,19 +412,36 @@ class Plan:
 
     # -- queries --------------------------------------------------------------------------
     def devices_for(self, name):
-        """Devices of table `name`, one per row slice (the `devices=` of `de.get_variable`)."""
+        """Devices of table `name`, one per row slice (the `devices=` of `de.get_variable`), or
+        for a table split by columns one per column block."""
         if name not in self.assignment:
             raise KeyError(f"table {name!r} is not in the plan (tables: "
                            f"{sorted(self.assignment)[:10]})")
         return list(self.assignment[name])
 
     def num_slices(self, name):
-        return len(self.devices_for(name))
+        """Row slices of table `name` (1 for a whole table and for a table split by columns)."""
+        devices = self.devices_for(name)
+        return 1 if name in self.columns else len(devices)
+
+    def column_blocks(self, name):
+        """[(width, device)] of the column blocks of table `name`, left to right; [] when the
+        plan does not split it by columns."""
+        devices = self.devices_for(name)
+        return list(zip(self.columns[name], devices)) if name in self.columns else []
 
     def shards(self):
-        """All placed pieces, in table order."""
-        return [Shard(t, device, i, len(self.assignment[t.name]))
-                for t in self.task.tables for i, device in enumerate(self.assignment[t.name])]
+        """All placed pieces, in table order (a table's slices or blocks in order)."""
+        out = []
+        for t in self.task.tables:
+            devices = self.assignment[t.name]
+            if t.name in self.columns:
+                offsets = _offsets(self.columns[t.name])
+                out += [Shard(t, device, col_offset=offset, col_width=width) for device, offset,
+                        width in zip(devices, offsets, self.columns[t.name])]
+            else:
+                out += [Shard(t, device, i, len(devices)) for i, device in enumerate(devices)]
+        return out
 
     def shards_by_device(self):
         """{device name: its pieces}, every device of the task (empty list where none)."""
@@ -364,8 +460,11 @@ class Plan:
         return memory
 
     def digest(self):
-        """A short fingerprint of the assignment (costs saved with a plan belong to it)."""
-        text = json.dumps(self.assignment, sort_keys=True)
+        """A short fingerprint of the assignment and column splits (costs saved with a plan
+        belong to it)."""
+        placed = {"assignment": self.assignment, "columns": self.columns} if self.columns \
+            else self.assignment   # plans without column splits keep their fingerprints
+        text = json.dumps(placed, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
     # -- checks -----------------------------------------------------------------------------
@@ -379,6 +478,9 @@ class Plan:
         if unknown or missing:
             raise ValueError(f"plan assignment must list every task table once; unknown tables "
                              f"{unknown}, unplaced tables {missing}")
+        unknown = sorted(set(self.columns) - names)
+        if unknown:
+            raise ValueError(f"plan columns name tables not in the task: {unknown}")
         for name, placed in self.assignment.items():
             if not placed:
                 raise ValueError(f"table {name!r} is assigned to no device")
@@ -386,6 +488,9 @@ class Plan:
             if bad:
                 raise ValueError(f"table {name!r} is assigned to unknown devices {bad}; "
                                  f"devices are {sorted(devices)}")
+            if name in self.columns:
+                self._validate_columns(name, placed)
+                continue
             if len(set(placed)) != len(placed):
                 raise ValueError(f"row slices of table {name!r} must lie on distinct devices; "
                                  f"got {placed}")
@@ -403,6 +508,23 @@ class Plan:
                                      f"{culprits})", culprits, sum(x for _, x in over))
         return self
 
+    def _validate_columns(self, name, placed):
+        widths, dim = self.columns[name], self.task.table(name).dim
+        if not isinstance(widths, list) or len(widths) < 2 or not all(
+                isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
+            raise ValueError(f"column widths of table {name!r} must be a list of at least 2 "
+                             f"positive integers; got {widths!r}")
+        if sum(widths) != dim:
+            raise ValueError(f"column widths of table {name!r} must sum to its dim {dim}; got "
+                             f"{widths} (sum {sum(widths)})")
+        if len(placed) != len(widths):
+            raise ValueError(f"table {name!r} is split into {len(widths)} column blocks "
+                             f"{widths} but assigned {len(placed)} devices {placed}: give one "
+                             f"device per block (a table is cut by rows or by columns, not both)")
+        if len(set(placed)) != len(placed):
+            raise ValueError(f"column blocks of table {name!r} must lie on distinct devices; "
+                             f"got {placed}")
+
     # -- applying (TensorFlow is imported only here) ------------------------------------------
     def partitioner_for(self, name):
         """None for a whole table, else the key-mod partitioner consistent with the slices."""
@@ -416,8 +538,10 @@ class Plan:
 
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self):
-        return {
-            "format": PLAN_FORMAT, "strategy": self.strategy, "estimator": self.estimator,
+        """JSON data; "columns" ({table: widths}) only when some table is split by columns."""
+        out = {
+            "format": PLAN_FORMAT_COLUMNS if self.columns else PLAN_FORMAT,
+            "strategy": self.strategy, "estimator": self.estimator,
             "batch_size": self.task.batch_size, "task_name": self.task.name,
             "devices": [d.to_dict() for d in self.task.devices],
             "assignment": {t.name: self.assignment[t.name] for t in self.task.tables},
@@ -426,19 +550,23 @@ class Plan:
             "meta": self.meta,
             "tables": [t.to_dict() for t in self.task.tables],
         }
+        if self.columns:
+            out["columns"] = {t.name: self.columns[t.name] for t in self.task.tables
+                              if t.name in self.columns}
+        return out
 
     @classmethod
     def from_dict(cls, data):
         """A plan from JSON; costs saved for another assignment (a hand edit) are dropped."""
-        if data.get("format") != PLAN_FORMAT:
-            raise ValueError(f"not a plan file: format must be {PLAN_FORMAT!r}; "
-                             f"got {data.get('format')!r}")
+        if data.get("format") not in (PLAN_FORMAT, PLAN_FORMAT_COLUMNS):
+            raise ValueError(f"not a plan file: format must be {PLAN_FORMAT!r} or "
+                             f"{PLAN_FORMAT_COLUMNS!r}; got {data.get('format')!r}")
         task = Task(tables=data["tables"], devices=data["devices"],
                     batch_size=data.get("batch_size", 65536), name=data.get("task_name", ""))
         per_device = {k: DeviceCost(**v) for k, v in data.get("per_device", {}).items()}
         plan = cls(task, data["assignment"], strategy=data.get("strategy", ""),
                    estimator=data.get("estimator"), per_device=per_device,
-                   meta=dict(data.get("meta", {})))
+                   meta=dict(data.get("meta", {})), columns=data.get("columns") or {})
         if data.get("costs_digest") not in (None, plan.digest()):
             for cost in plan.per_device.values():
                 cost.predicted_cost = cost.measured_cost = None
@@ -458,6 +586,11 @@ class Plan:
     @classmethod
     def load(cls, path):
         return cls.from_dict(_read_json(path))
+
+
+def _offsets(widths):
+    """First column of each block: _offsets([64, 32, 32]) -> [0, 64, 96]."""
+    return [sum(widths[:j]) for j in range(len(widths))]
 
 
 def _write_json(path, data):
