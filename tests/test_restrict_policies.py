@@ -162,6 +162,7 @@ def test_native_rows_keep_the_status_no_status_table():
     policy = var.restrict_policy
     assert isinstance(policy.status, restrict_policies.RowStatus)
     assert policy.status.value_dtype == tf.int32 and policy.status.dim == 1
+    assert policy.freq_var is policy.status              # TFRA's attribute name
     opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
     _train(var, opt, [[1, 2, 3], [1, 2], [1, 1]], use_function=True)
     assert _statuses(policy) == {1: 3, 2: 2, 3: 1}

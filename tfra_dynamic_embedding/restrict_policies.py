@@ -148,6 +148,11 @@ class TimestampRestrictPolicy(RestrictPolicy):
 
     STATUS = "timestamp"
 
+    @property
+    def tstp_var(self):
+        """The status (TFRA's attribute name)."""
+        return self._status
+
     def _fresh_status(self, table, keys):
         now = tf.cast(tf.timestamp(), tf.int32)
         return tf.fill(tf.stack([tf.size(keys), 1]), now)
@@ -165,6 +170,11 @@ class FrequencyRestrictPolicy(RestrictPolicy):
     """Rarest out first: the status counts the updates that trained a key."""
 
     STATUS = "frequency"
+
+    @property
+    def freq_var(self):
+        """The status (TFRA's attribute name)."""
+        return self._status
 
     def _fresh_status(self, table, keys):
         return table.lookup(keys) + 1
@@ -303,20 +313,21 @@ class RowStatus(_tf_private.AutoTrackable):
         for shard, table in enumerate(self._rows()):
             with tf.device(table.device):
                 keys, status = self.waiting.tables[shard].export()
-                written = self._write_rows_status(table, keys, status)
-                with tf.control_dependencies([written]):
-                    ops.append(self.waiting.tables[shard].remove(keys))
+                held, written = self._write_rows_status(table, keys, status)
+                with tf.control_dependencies([written]):   # keys without rows wait on
+                    ops.append(self.waiting.tables[shard].remove(held))
         return tf.group(ops)
 
     def _write_rows_status(self, table, keys, status):
-        """Gives the rows of `table` among `keys` the statuses `status` (others are skipped)."""
+        """Gives the rows of `table` among `keys` the statuses `status`; returns (the keys that
+        have rows there, the op). Keys without a row are skipped."""
         held = table.contains(keys)
         keys = tf.boolean_mask(keys, held)
         status = tf.cast(tf.boolean_mask(tf.reshape(status, [-1]), held), tf.int64)
         rows = table.lookup(keys, tf.zeros([self._var.dim], self._var.value_dtype))
         if isinstance(self._policy, TimestampRestrictPolicy):
-            return table.import_with_meta(keys, rows, stamps=status, clear=False)
-        return table.import_with_meta(keys, rows, freqs=status, clear=False)
+            return keys, table.import_with_meta(keys, rows, stamps=status, clear=False)
+        return keys, table.import_with_meta(keys, rows, freqs=status, clear=False)
 
     # -- SavedModel: the export graph holds copies of the row tables; read those ------------------
     def _deserialization_dependencies(self, children):
@@ -351,9 +362,9 @@ class RowStatus(_tf_private.AutoTrackable):
             values = tf.reshape(values, [-1])
             tables = self._rows()
             if len(tables) == 1:
-                return self._write_rows_status(tables[0], keys, values)
+                return self._write_rows_status(tables[0], keys, values)[1]
             parts, positions = self._var._partition(tf.reshape(keys, [-1]))  # pylint: disable=protected-access
-            return tf.group([self._write_rows_status(t, k, tf.gather(values, p))
+            return tf.group([self._write_rows_status(t, k, tf.gather(values, p))[1]
                              for t, k, p in zip(tables, parts, positions)])
         cleared = self.waiting.clear()
         with tf.control_dependencies([cleared] if cleared is not None else []):

@@ -1,4 +1,5 @@
-"""Keras integration: `de.keras.layers.Embedding`, `SquashedEmbedding`, `FieldWiseEmbedding`.
+"""Keras integration: `de.keras.layers.Embedding`, `SquashedEmbedding`, `FieldWiseEmbedding`,
+`LayerNormalization`.
 
 Each layer is a layer of one Keras, chosen when it is constructed (`binding.resolve`): `keras=`
 ("keras" for Keras 3, "tf_keras"), else the Keras of Keras objects among its arguments (e.g. a

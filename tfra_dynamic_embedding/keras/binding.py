@@ -97,15 +97,15 @@ def resolve(cls, args, kwargs):
     return next(iter(found)) if found else default_package()
 
 
-def bound_class(cls, package):
-    """`cls`'s subclass for one Keras: `(cls, <that Keras>.layers.Layer)`, made once.
+def bound_class(cls, package, base="Layer"):
+    """`cls`'s subclass for one Keras: `(cls, <that Keras>.layers.<base>)`, made once.
 
     It keeps `cls`'s name and module, so configs and summaries read as `cls`, and `isinstance`
     checks against `cls` (and its logic bases) hold for layers of either Keras.
     """
     key = (cls, package)
     if key not in _BOUND:
-        base = keras_module(package).layers.Layer
+        base = getattr(keras_module(package).layers, base)
         _BOUND[key] = type(cls.__name__, (cls, base),
                            {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                             "__doc__": cls.__doc__})

@@ -337,6 +337,52 @@ class FieldWiseEmbedding(Embedding):
         return config
 
 
+class LayerNormalization:
+    """Keras' `LayerNormalization` (of the Keras chosen as for `Embedding`) that also takes
+    inputs whose shape is only known at run time and `tf.RaggedTensor`s, normalized over the
+    values of each row (TFRA's `de.keras.layers.LayerNormalization`). Arguments as Keras'.
+
+    Example:
+        inputs = tf.keras.Input(shape=(None, 10))
+        outputs = de.keras.layers.LayerNormalization()(inputs)    # any sequence length
+    """
+
+    def __new__(cls, *args, **kwargs):
+        package = binding.resolve(cls, args, kwargs)
+        kwargs.pop("keras", None)
+        layer_class = (cls if binding.package_of(cls)
+                       else binding.bound_class(cls, package, base="LayerNormalization"))
+        return super(LayerNormalization, layer_class).__new__(layer_class, *args, **kwargs)
+
+    def __init__(self, *args, keras=None, **kwargs):
+        del keras   # chose the class in __new__
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def from_config(cls, config):
+        if binding.package_of(cls) is None:
+            cls = binding.bound_class(cls, binding.resolve(cls, (), config),
+                                      base="LayerNormalization")
+        return super(LayerNormalization, cls).from_config(config)
+
+    @property
+    def keras(self):
+        """The layer's Keras: "keras" (Keras 3) or "tf_keras"."""
+        return binding.package_of(type(self))
+
+    def get_config(self):
+        # from_config on the logic class makes a layer of the same Keras
+        return dict(super().get_config(), keras=self.keras)
+
+    def call(self, inputs):
+        if not isinstance(inputs, tf.RaggedTensor):
+            return super().call(inputs)
+        # Padding adds whole rows along the normalized (uniform) axes, which the result drops.
+        lengths = inputs.nested_row_lengths()
+        dense = super().call(inputs.to_tensor())
+        return tf.RaggedTensor.from_tensor(dense, lengths=lengths)
+
+
 def _trainable_weight_list(layer):
     """The list Keras builds `trainable_weights` from (Keras 3 / tf_keras name it differently)."""
     if hasattr(layer, "_trainable_variables"):
