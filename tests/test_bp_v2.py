@@ -134,3 +134,29 @@ def test_threads_writing_back_at_once_add_up_exactly(backend):
     assert not errors, errors
     counts = np.bincount(np.concatenate(batches), minlength=8).astype(np.float32)
     np.testing.assert_array_equal(var.lookup(ids).numpy(), start - counts[:, None])
+
+
+def test_native_slots_of_a_bp_v2_variable_are_written_after_its_rows():
+    """In a tf.function the rows' write-back and the slots' (other resources of the same native
+    records) are not ordered by TF itself: a slot written first created a new key's record and
+    the row's write-back then added its change to a blank row. Runs must equal eager's."""
+    def train(use_function):
+        var = de.Variable(dim=2, name="bp_v2_slots", bp_v2=True, kv_creator=de.NativeKVCreator(),
+                          initializer=0.25, devices=["/CPU:0", "/CPU:1"])
+        opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
+
+        def step(ids):
+            with tf.GradientTape() as tape:
+                rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True)
+                loss = tf.reduce_sum(rows * rows)
+            opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+
+        run = tf.function(step) if use_function else step
+        for start in range(0, 60, 6):   # new ids every step, and some seen before
+            run(tf.constant(list(range(start, start + 6)) + [0, 1], tf.int64))
+        keys, values = var.export()
+        return dict(zip(keys.numpy().tolist(), values.numpy().tolist()))
+
+    expected = train(use_function=False)
+    for _ in range(4):
+        assert train(use_function=True) == expected

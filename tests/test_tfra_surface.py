@@ -212,3 +212,12 @@ def test_documented_argument_names_and_wrapper_methods(kv_creator):
     np.testing.assert_array_equal(wrapper.read_value(do_prefetch=True).numpy(),
                                   [[7, 7], [7, 7]])
     np.testing.assert_array_equal(wrapper.read_value().numpy(), [[7, 7], [7, 7]])
+
+
+def test_trainable_wrapper_filter_splits_wrappers_from_other_variables():
+    var = de.Variable(dim=2, name="filtered")
+    _, wrapper = de.embedding_lookup(var, tf.constant([1], tf.int64), return_trainable=True)
+    dense = tf.Variable([1.0])
+    others, wrappers = de.trainable_wrapper_filter([dense, wrapper, 3])
+    assert others == (dense, 3) and wrappers == (wrapper,)
+    assert de.trainable_wrapper_filter([dense, 3], lambda x: x == 3) == ((dense,), (3,))

@@ -39,6 +39,7 @@ _EXPORTS = {
     "enable_inference_mode": "tfra_dynamic_embedding.trainable",
     "enable_train_mode": "tfra_dynamic_embedding.trainable",
     "get_model_mode": "tfra_dynamic_embedding.trainable",
+    "trainable_wrapper_filter": "tfra_dynamic_embedding.trainable",
     "Variable": "tfra_dynamic_embedding.variable",
     "default_partition_fn": "tfra_dynamic_embedding.variable",
     "embedding_lookup": "tfra_dynamic_embedding.embedding_ops",
@@ -52,7 +53,9 @@ _EXPORTS = {
 # public submodule name -> module
 _SUBMODULES = {"data_flow": "tfra_dynamic_embedding.data_flow",
                "keras": "tfra_dynamic_embedding.keras",
-               "math": "tfra_dynamic_embedding.math_ops"}
+               "math": "tfra_dynamic_embedding.math_ops",
+               "shadow_ops": "tfra_dynamic_embedding.shadow_ops",
+               "train": "tfra_dynamic_embedding.train"}
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -12,6 +12,7 @@ Example:
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import shadow_ops
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -27,13 +28,14 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy, validate_indices
-    params = _check_params(params, "params")
+    params, shadow = _check_params(params, "params")
     ids = variable_lib.typed_tensor(ids, params.key_dtype, "ids")
     name = name or "embedding_lookup"
     with tf.name_scope(variable_lib.scope_name(name)):
         flat = tf.reshape(ids, [-1])
         unique_ids, index = tf.unique(flat)
-        rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable, ids)
+        rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable, ids,
+                                                shadow)
         embeddings = tf.gather(rows, index if positions is None else tf.gather(positions, index))
         if max_norm is not None:
             embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])
@@ -59,7 +61,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     With `return_trainable=True` returns `(embeddings, TrainableWrapper or None)`.
     """
     del partition_strategy
-    params = _check_params(params, "params")
+    params, shadow = _check_params(params, "params")
     combiner = _check_combiner(combiner)
     sp_ids = _check_sparse(sp_ids, params.key_dtype, "sp_ids")
     sp_weights = _as_sparse(sp_weights)
@@ -69,7 +71,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
         with tf.control_dependencies(checks):
             # TFRA's name of the inner lookup (and so of its TrainableWrapper)
             rows, position_ids, wrapper = _unique_rows(params, sp_ids, f"{name}/embedding_lookup",
-                                                       return_trainable)
+                                                       return_trainable, shadow=shadow)
         embeddings = tf.nn.embedding_lookup_sparse(rows, position_ids, sp_weights,
                                                    combiner=combiner, max_norm=max_norm)
         return (embeddings, wrapper) if return_trainable else embeddings
@@ -98,7 +100,7 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
     """`safe_embedding_lookup_sparse` whose rows are read by the lookup called `lookup_name`
     (Keras layers name it after themselves, so their one TrainableWrapper serves dense and
     sparse inputs alike)."""
-    params = _check_params(embedding_weights, "embedding_weights")
+    params, shadow = _check_params(embedding_weights, "embedding_weights")
     combiner = _check_combiner(combiner)
     sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
     sparse_weights = _as_sparse(sparse_weights)
@@ -113,7 +115,7 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
                                                  sparse_weights.values > 0)
         if default_id is None:
             rows, position_ids, wrapper = _unique_rows(params, sparse_ids, lookup_name,
-                                                       return_trainable)
+                                                       return_trainable, shadow=shadow)
             # tf.nn fills empty rows with position 0 and then zeroes them: make sure a row 0
             # exists even when the batch has no ids at all.
             rows = tf.concat([rows, tf.zeros([1, params.dim], rows.dtype)], 0)
@@ -122,7 +124,8 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
             default_key = variable_lib.typed_tensor(default_id, params.key_dtype, "default_id")
             # The default key goes first, so unique() gives it position 0.
             rows, position_ids, wrapper = _unique_rows(
-                params, sparse_ids, lookup_name, return_trainable, leading_key=default_key)
+                params, sparse_ids, lookup_name, return_trainable, leading_key=default_key,
+                shadow=shadow)
             default_position = 0
         embeddings = tf.nn.safe_embedding_lookup_sparse(
             rows, position_ids, sparse_weights, combiner=combiner, default_id=default_position,
@@ -130,7 +133,7 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
         return (embeddings, wrapper) if return_trainable else embeddings
 
 
-def _batch_rows(params, unique_ids, name, return_trainable, ids):
+def _batch_rows(params, unique_ids, name, return_trainable, ids, shadow=None):
     """(rows, positions, wrapper): the rows holding `unique_ids` -- `unique_ids[i]`'s row is
     `rows[positions[i]]`, or `rows[i]` when positions is None -- and the lookup's
     TrainableWrapper, or None when no gradient is wanted.
@@ -139,16 +142,20 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids):
     w.r.t. them reach the wrapper (see trainable.needs_wrapper); a new wrapper is placed with
     the caller's `ids`.
     """
-    if not trainable_lib.needs_wrapper(params, return_trainable):
+    if shadow is not None:   # a ShadowVariable reads its rows through itself (train mode)
+        if trainable_lib.get_model_mode() == trainable_lib.ModelMode.INFERENCE:
+            return params.lookup(unique_ids), None, None
+        wrapper = shadow
+    elif not trainable_lib.needs_wrapper(params, return_trainable):
         return params.lookup(unique_ids), None, None
-    wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name),
-                                        ids=ids)
+    else:
+        wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name), ids=ids)
     loaded, positions = wrapper.load_lookup(unique_ids)
     with tf.control_dependencies([loaded] if loaded is not None else []):
         return wrapper.read_value(), positions, wrapper
 
 
-def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
+def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None, shadow=None):
     """Rows of the unique ids of `sp_ids`, `sp_ids` re-mapped to row positions, the wrapper."""
     keys = sp_ids.values
     if leading_key is not None:
@@ -157,7 +164,7 @@ def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None):
     if leading_key is not None:
         index = index[1:]
     rows, positions, wrapper = _batch_rows(params, unique_ids, name, return_trainable,
-                                           sp_ids.values)
+                                           sp_ids.values, shadow)
     if positions is not None:   # this lookup's rows, in unique_ids order (tf.nn indexes them)
         rows = tf.gather(rows, positions)
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
@@ -172,14 +179,18 @@ def _retain(sp_ids, sp_weights, keep):
 
 
 def _check_params(params, arg):
+    """(the de.Variable, the ShadowVariable given instead of it or None)."""
     if isinstance(params, (list, tuple)):   # TFRA accepts a one-element list, as tf.nn does
         if len(params) != 1:
             raise ValueError(f"{arg} must be a de.Variable or a list of one; got a list of "
                              f"{len(params)}")
         params = params[0]
+    if isinstance(params, shadow_ops.ShadowVariable):
+        return params.params, params
     if not isinstance(params, variable_lib.Variable):
-        raise TypeError(f"{arg} must be a de.Variable; got {type(params).__name__}")
-    return params
+        raise TypeError(f"{arg} must be a de.Variable or a de.shadow_ops.ShadowVariable; got "
+                        f"{type(params).__name__}")
+    return params, None
 
 
 def _check_combiner(combiner):

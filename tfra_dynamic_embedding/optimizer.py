@@ -161,8 +161,14 @@ class _DynamicEmbeddingMixin:
                     writes.append(_write_back_in_records(w, buffers, groups[w.ref()],
                                                          keep[w.ref()]))
                 else:
-                    writes.append(w.write_back(looked_up.get(w.ref()), keep[w.ref()]))
-                    writes += [b.write_back(keep=keep[w.ref()]) for b in buffers]
+                    row_write = w.write_back(looked_up.get(w.ref()), keep[w.ref()])
+                    writes.append(row_write)
+                    # Slots in the rows' records (bp_v2 here) are other resources of the same
+                    # records: written first, they would create a new key's record, and the
+                    # row's write-back would then add its change to a blank row.
+                    shared = groups[w.ref()] is not None and row_write is not None
+                    with tf.control_dependencies([row_write] if shared else []):
+                        writes += [b.write_back(keep=keep[w.ref()]) for b in buffers]
             writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers]
         if tf.compat.v1.executing_eagerly_outside_functions():
             return result  # eager runs in order; tf.function orders and runs stateful ops itself

@@ -312,6 +312,20 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         return tf.no_op()
 
 
+def trainable_wrapper_filter(iterable_object_in, test_unaggregated_function=None):
+    """Splits variables (or any items) into (others, TrainableWrappers), both tuples in input
+    order (TFRA's function: e.g. to aggregate dense gradients only across workers).
+    `test_unaggregated_function(item)` decides instead of "is a TrainableWrapper".
+
+    Example: dense, wrappers = de.trainable_wrapper_filter(model.trainable_variables)
+    """
+    test = test_unaggregated_function or (lambda item: isinstance(item, TrainableWrapper))
+    dense, wrappers = [], []
+    for item in iterable_object_in:
+        (wrappers if test(item) else dense).append(item)
+    return tuple(dense), tuple(wrappers)
+
+
 class _EagerStep:
     """The marker of eager steps (a class, so that it can be weakly referenced)."""
 

@@ -1,0 +1,48 @@
+"""`de.train`: TFRA's training utilities; `DECheckpoint`, a `tf.train.Checkpoint` for models with
+dynamic embeddings.
+
+`tf.train.Checkpoint` already saves and restores `de.Variable`s (all rows, re-partitioned over
+the restoring variable's shards, or to files with `de.FileSystemSaver`: see checkpoint.py), so
+`DECheckpoint` adds only TFRA's save-time behaviour: every `de.shadow_ops.ShadowVariable` in the
+checkpointed objects is emptied (its rows are a cache of the tables, reloaded by the next lookup).
+
+Example:
+    ckpt = de.train.DECheckpoint(model, optimizer=opt)
+    path = ckpt.save("/ckpt/model")
+    de.train.DECheckpoint(new_model).read(path)     # the tables, over new_model's shard count
+"""
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding import shadow_ops
+
+__all__ = ["DECheckpoint"]
+
+
+class DECheckpoint(tf.train.Checkpoint):
+    """A `tf.train.Checkpoint` (same arguments and methods) that also empties the
+    `ShadowVariable`s of the objects it saves before each `save` / `write` (TFRA's
+    `de.train.DECheckpoint`). TFRA's Horovod rank coordination is not needed here: one process
+    saves each variable, and `de.FileSystemSaver(proc_size, proc_rank)` splits file saves.
+
+    Example:
+        module.shadow = de.shadow_ops.ShadowVariable(module.params)
+        de.train.DECheckpoint(module).save("/ckpt/model")   # module.shadow now holds [0, dim]
+    """
+
+    def save(self, file_prefix, options=None):
+        self._clear_shadows()
+        return super().save(file_prefix, options=options)
+
+    def write(self, file_prefix, options=None):
+        self._clear_shadows()
+        return super().write(file_prefix, options=options)
+
+    def _clear_shadows(self):
+        # Only eagerly: in a tf.compat.v1 graph the save op runs later, in a session, and the
+        # checkpoint entry of a shadow is empty anyway (ShadowVariable._serialize_to_tensors).
+        if not tf.executing_eagerly():
+            return
+        for trackable in tf.train.TrackableView(self).descendants():
+            if isinstance(trackable, shadow_ops.ShadowVariable):
+                trackable._clear()  # pylint: disable=protected-access
