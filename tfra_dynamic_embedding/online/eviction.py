@@ -245,8 +245,13 @@ class EvictionState:
             # Expired keys go anyway (not picked twice); the step's own keys stay: evicting one
             # would only see it written again, over the bound.
             in_step = _member_of_sorted(keys, sorted_ids)
-            pick = tf.logical_not(tf.logical_or(expired, in_step))
             score = stamps if ev.order == "lru" else counts * (1 << 32) + stamps
+            # Once `most` candidates are held (sorted), only a lower score can displace one: an
+            # equal one comes later in the stable order. Most of a chunk stops here.
+            held = tf.size(scores, out_type=tf.int64)
+            worst = tf.gather(tf.concat([[tf.int64.min], scores], 0), tf.minimum(most, held))
+            limit = tf.where(held >= most, worst, tf.int64.max)
+            pick = tf.logical_not(tf.logical_or(expired, in_step)) & (score < limit)
             candidates = tf.concat([candidates, tf.boolean_mask(keys, pick)], 0)
             scores = tf.concat([scores, tf.boolean_mask(score, pick)], 0)
             lowest = tf.argsort(scores, stable=True)[:most]
