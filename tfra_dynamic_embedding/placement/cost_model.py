@@ -252,6 +252,20 @@ class CostModel:
         return self.embed(np.stack([shard_features(t, 1.0, self.scales, self.batch_size)
                                     for t in tables]))
 
+    def outside(self, x, margin=0.1):
+        """[n] bool: rows of features `x` ([n, 21]) with a feature outside the training range
+        (`meta["x_min"]`, `meta["x_max"]`) widened by `margin` of its width on each side;
+        None for weights without a stored range.
+
+        Example: model.outside(np.stack([shard_features(t) for t in tables]))
+        """
+        if "x_min" not in self.meta:
+            return None
+        lo, hi = np.asarray(self.meta["x_min"]), np.asarray(self.meta["x_max"])
+        pad = margin * (hi - lo)
+        x = np.atleast_2d(np.asarray(x, dtype=float))
+        return ((x < lo - pad - 1e-12) | (x > hi + pad + 1e-12)).any(axis=1)
+
     def batch_factor(self, batch_size):
         return float(batch_size) / self.batch_size
 
@@ -481,10 +495,19 @@ def fit(train_records, val_records=(), epochs=200, batch_size=64, lr=2e-3, seed=
     batch = train_records[0].get("batch_size", 4096)
     meta = {"batch_size": int(batch), "backend": train_records[0].get("backend", "?"),
             "scales": scales.to_dict(), "records": len(train_records)}
+    meta.update(feature_range(flat))
     result = CostModel(export_params(model, x_mean, x_std, y_scale), meta)
     result.meta["train_metrics"] = metrics(result, given)
     result.meta["unseen_metrics"] = metrics(result, list(val_records))
     return result
+
+
+def feature_range(flat):
+    """{"x_min", "x_max"}: each feature's range over training tables ([n, 21] rows), stored
+    with a model so a planner can tell tables inside what it saw (`CostModel.outside`)."""
+    flat = np.asarray(flat, dtype=float)
+    return {"x_min": [float(f"{v:.6g}") for v in flat.min(axis=0)],
+            "x_max": [float(f"{v:.6g}") for v in flat.max(axis=0)]}
 
 
 def _load_into(keras_model, model):

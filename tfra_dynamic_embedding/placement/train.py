@@ -3,7 +3,9 @@
     tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl.gz --out DIR
 
 1. Cost model (`cost_model.fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
-   MSE on forward / backward ms; MAE / MSE reported on train and unseen tables.
+   MSE on forward / backward ms; MAE / MSE reported on train and unseen tables. Records of
+   filled (full-size) shards -- the only ones where a table's size shows -- are a small part
+   of the data and can be repeated in training (`oversample_filled`).
 2. Policy (`train_policy`, numpy): REINFORCE with a greedy self-critical baseline on the
    estimated MDP -- the cost model is the simulator, reward = -(max device cost) / L -- over
    tasks drawn from the first half of the benchmark's MetaSyn-like pool (down-scaled for CPU:
@@ -227,9 +229,21 @@ def plot_curves(cost_history, policy_history, path):
     return path
 
 
+def oversample(records, times):
+    """`records` with each filled record (field "filled") repeated `times` times in all.
+
+    Example: len(oversample([{"filled": True}, {}], 3)) == 4
+    """
+    if int(times) < 1:
+        raise ValueError(f"times must be >= 1; got {times!r}")
+    return list(records) + [r for r in records if r.get("filled")] * (int(times) - 1)
+
+
 def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, seed=0,
-                  measure=True, log=print, refine_rounds=2, plans_per_round=3):
-    """The whole pipeline (see the module docstring); returns the summary dict."""
+                  measure=True, log=print, refine_rounds=2, plans_per_round=3,
+                  oversample_filled=1):
+    """The whole pipeline (see the module docstring); returns the summary dict.
+    `oversample_filled`: times each filled (full-size) training record counts."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import estimators  # pylint: disable=import-outside-toplevel
     os.makedirs(out, exist_ok=True)
@@ -251,7 +265,11 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
         train_recs, unseen = records, []
     t0 = time.time()
     cost_history = []
-    model = cm.fit(train_recs, unseen, epochs=epochs, seed=seed, history=cost_history,
+    fit_recs = oversample(train_recs, oversample_filled)
+    if oversample_filled > 1:
+        log(f"{sum(1 for r in train_recs if r.get('filled'))} filled train records, each "
+            f"counted {oversample_filled} times")
+    model = cm.fit(fit_recs, unseen, epochs=epochs, seed=seed, history=cost_history,
                    verbose=2 if log else 0)
     log(f"cost model trained in {time.time() - t0:.1f}s: train {model.meta['train_metrics']}, "
         f"unseen {model.meta['unseen_metrics']}")
@@ -268,13 +286,13 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     log(f"policy trained in {time.time() - t0:.1f}s")
     measured = None
     if measure and "measured-cpu" in estimators.list_estimators():
-        model, pol, refined = refine_with_measurements(model, pol, train_tasks, train_recs,
+        model, pol, refined = refine_with_measurements(model, pol, train_tasks, fit_recs,
                                                        rounds=refine_rounds,
                                                        plans_per_round=plans_per_round, log=log)
         measured = "measured-cpu"
         # the measured devices of the policy's plans, kept so they can join the data file
         with open(os.path.join(out, "measured_plans.jsonl"), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in refined[len(train_recs):])
+            f.writelines(json.dumps(r) + "\n" for r in refined[len(fit_recs):])
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)
     model.save(os.path.join(out, "cost_model_cpu.npz"))
@@ -282,6 +300,7 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
                      "memory": CPU_MEMORY, "refined_with": measured})
     pol.save(os.path.join(out, "policy_cpu.npz"))
     summary = {"records": len(records), "train_records": len(train_recs),
+               "oversample_filled": int(oversample_filled),
                "unseen_records": len(unseen), "held_out": held_out,
                "final_train_metrics": model.meta["train_metrics"], "refined_with": measured,
                "policy_final_greedy_over_L": mean_greedy_cost(model, pol, train_tasks),
@@ -313,6 +332,8 @@ def add_parser(subparsers):
                         help="rounds of measuring the policy's plans and refitting")
     parser.add_argument("--plans-per-round", type=int, default=3,
                         help="training tasks whose plans are measured per round")
+    parser.add_argument("--oversample-filled", type=int, default=1, metavar="K",
+                        help="count each filled (full-size) training record K times")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the measured refinement even if 'measured-cpu' exists")
     parser.set_defaults(run=_run)
@@ -325,5 +346,6 @@ def _run(args):
         return 2
     train_planner(args.data, args.out, args.epochs, args.iterations, args.tasks, args.samples,
                   args.seed, measure=not args.no_measure, refine_rounds=args.refine_rounds,
-                  plans_per_round=args.plans_per_round)
+                  plans_per_round=args.plans_per_round,
+                  oversample_filled=args.oversample_filled)
     return 0

@@ -181,6 +181,33 @@ def generate_pool(num_tables=856, seed=0, dims=DEFAULT_DIMS, batch_size=65536, r
     return tables
 
 
+def resize_table(spec, rows, batch_size, dim=None):
+    """A copy of a synthetic-stream table with `rows` rows (and `dim`), named after its size.
+
+    The popularity law keeps its exponent and offset, spread over the new id range; the warm set
+    keeps its size (at most half the rows); the reuse histogram is recomputed at `batch_size`.
+    Used to measure full-size tables (tens of millions of rows) drawn from a pool's tables.
+
+    Example: resize_table(pool[3], 20_000_000, 1024, dim=8).rows   # 20000000
+    """
+    rows = int(rows)
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1; got {rows!r}")
+    if spec.stream is None or spec.stream.get("kind") != "synthetic":
+        raise ValueError(f"table {spec.name!r} has no synthetic stream to resize")
+    stream = dict(spec.stream)
+    stream["warm_rows"] = int(min(int(stream.get("warm_rows", 0)), rows // 2))
+    if not stream["warm_rows"]:
+        stream["warm_share"] = 0.0
+    dim = int(dim or spec.dim)
+    out = TableSpec(f"{spec.name}_r{rows}d{dim}", rows, dim, spec.bytes_per_value,
+                    spec.pooling_factor, group=spec.group, stream=stream)
+    hist = streams.expected_histograms([out], batch_size)[0]
+    out.reuse_histogram = [round(float(x), 6) for x in hist / max(hist.sum(), 1e-300)] \
+        if hist.sum() > 0 else [0.0] * NUM_REUSE_BINS
+    return out
+
+
 def pool_statistics(tables, batch_size=None):
     """Summary facts of a pool, for comparison with METASYN_2021 and the published histograms."""
     rows = np.array([t.rows for t in tables], dtype=float)

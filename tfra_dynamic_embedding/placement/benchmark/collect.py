@@ -29,6 +29,15 @@ shard per call, or a whole plan's with `--whole-plans`) and written as one JSON 
 "spec" is the TableSpec JSON without its reuse histogram (that is features[4:21]; see
 `records.record_shards`); "fraction" and "slice" only for row slices. Collection appends and is
 resumable: a record whose shard key is already in the file is skipped.
+
+Full-size tables: `--fill` inserts every row of each table before measuring (a hash table
+otherwise holds only the batch's rows, whatever its size; `tf_cpu.ShardKernels`), and
+`--row-bands 1e5-3e5,4e6-1.2e7` gives each drawn table a row count log-uniform in one of the
+bands (`workloads.resize_table`; a table beyond `--max-shard-gib` filled is given a smaller dim
+or dropped), so that chosen sizes can be kept out of training (`--split test`):
+
+    tfra-de benchmark collect --records 100 --out full.jsonl --sources random --fill \
+        --row-scale 1 --dims 4,8,16,32 --row-bands 1e5-3e5,4e6-1.2e7 --split train
 """
 
 import json
@@ -41,7 +50,7 @@ import numpy as np
 from tfra_dynamic_embedding.placement import cost_model, proposers, workloads
 from tfra_dynamic_embedding.placement.benchmark import tf_cpu
 from tfra_dynamic_embedding.placement.benchmark.records import read_records
-from tfra_dynamic_embedding.placement.types import Shard, Task, make_devices
+from tfra_dynamic_embedding.placement.types import Shard, TableSpec, Task, make_devices
 
 DEFAULT_POOL_TABLES = 256
 DEFAULT_ROW_SCALE = 1 / 64
@@ -57,7 +66,7 @@ HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"
 
 
 def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
-              row_scale=DEFAULT_ROW_SCALE, half="all"):
+              row_scale=DEFAULT_ROW_SCALE, half="all", dims=workloads.DEFAULT_DIMS):
     """The down-scaled pool shards are drawn from (reuse histograms expected at `batch_size`).
 
     `half`: "all", or "train" / "test" for one half of `workloads.split_pool(pool, pool_seed)`
@@ -67,7 +76,7 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
     if half not in HALVES:
         raise ValueError(f"half must be one of {HALVES}; got {half!r}")
     pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
-                                   row_scale=row_scale)
+                                   row_scale=row_scale, dims=dims)
     if half == "all":
         return pool
     train, test = workloads.split_pool(pool, seed=pool_seed)
@@ -135,6 +144,44 @@ def draw_plan(pool, index, pool_seed=0, batch_size=1024):
     return _task_plan(pool, index, rng, batch_size)
 
 
+def parse_bands(text):
+    """'1e5-3e5,4e6-1.2e7' -> [(100000, 300000), (4000000, 12000000)]."""
+    bands = []
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        try:
+            lo, hi = (int(float(x)) for x in part.split("-"))
+        except ValueError as error:
+            raise ValueError(f"row bands look like '1e5-3e5,4e6-1.2e7'; got {text!r}") from error
+        if not 1 <= lo <= hi:
+            raise ValueError(f"a row band needs 1 <= low <= high; got {part!r}")
+        bands.append((lo, hi))
+    if not bands:
+        raise ValueError(f"no row bands in {text!r}")
+    return bands
+
+
+def size_shard(shards, bands, rng, batch_size=1024, max_bytes=4 * 2 ** 30):
+    """Whole-table `Shard`s resized to row counts drawn log-uniformly in a random band of
+    `bands` (`workloads.resize_table`). A table whose filled size (`tf_cpu.filled_bytes`)
+    exceeds `max_bytes` alone gets its dim halved (down to 4); then the largest tables are
+    dropped until the shard fits (at least one stays)."""
+    out = []
+    for shard in shards:
+        table = getattr(shard, "table", shard)
+        lo, hi = bands[int(rng.integers(0, len(bands)))]
+        rows = int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+        dim = table.dim
+        while dim > 4 and tf_cpu.filled_bytes([TableSpec(
+                "x", rows, dim, table.bytes_per_value)]) > max_bytes:
+            dim //= 2
+        out.append(Shard(workloads.resize_table(table, rows, batch_size, dim), ""))
+    while len(out) > 1 and tf_cpu.filled_bytes(out) > max_bytes:
+        out.remove(max(out, key=lambda s: tf_cpu.filled_bytes([s])))
+    return out
+
+
 def make_record(shards, result, batch_size, seed, **extra):
     """One JSONL record of a measured shard (`Shard`s, or TableSpecs for whole tables); a row
     slice's features scale with its share of rows (`cost_model.shard_features`)."""
@@ -154,7 +201,10 @@ def make_record(shards, result, batch_size, seed, **extra):
         "backward_ms": round(float(result["backward_ms"]), 5),
         "total_ms": round(float(result["total_ms"]), 5),
         "seed": int(seed), "threads": int(result["threads"]),
-        "key": tf_cpu.shard_key(shards, batch_size), "lookups": int(result["lookups"])}
+        "key": tf_cpu.shard_key(shards, batch_size, filled=bool(result.get("filled"))),
+        "lookups": int(result["lookups"])}
+    if result.get("filled"):
+        record["filled"] = True   # every row inserted (tf_cpu fill): the tables' real size
     record.update(extra)
     return record
 
@@ -195,14 +245,20 @@ def _progress(done, total, start, skipped, stream=sys.stderr):
 def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, threads=1,
             warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
             time_limit=None, flush=None, progress=True, start_index=0, half="all",
-            sources=SOURCES, whole_plans=False):
+            sources=SOURCES, whole_plans=False, fill=False, dims=workloads.DEFAULT_DIMS,
+            row_bands=None, split=None, max_shard_bytes=4 * 2 ** 30):
     """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
     whose key is already there. Stops early after `time_limit` seconds. Returns
     {"written", "skipped", "seconds"}. `sources`: the shard sources to cycle through.
 
     `whole_plans` (source "task" only): index r is a whole plan (`draw_plan`) whose devices are
     measured together (`tf_cpu.benchmark_devices`), one record per device, so that the records
-    of one plan share the machine's drift as the placement evaluation's plans do."""
+    of one plan share the machine's drift as the placement evaluation's plans do.
+
+    `fill`: measure tables holding all their rows; `row_bands` ([(lo, hi)], e.g. from
+    `parse_bands`): resize each drawn table (`size_shard`, at most `max_shard_bytes` filled);
+    `split`: "train" / "test", written to each record (`cost_model.split_by_tables` reads it);
+    `dims`: the pool's dims."""
     bad = [x for x in sources if x not in SOURCES]
     if not sources or bad:
         raise ValueError(f"sources must be some of {SOURCES}; got {list(sources)}")
@@ -210,7 +266,11 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
         raise ValueError(f"whole_plans measures plans of the 'task' source only; got sources "
                          f"{list(sources)}")
     tf_cpu.set_threads(threads)
-    pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half)
+    if row_bands and whole_plans:
+        raise ValueError("row_bands resize the tables of single shards; not with whole_plans")
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
+    pool = make_pool(pool_seed, batch_size, pool_tables, row_scale, half, tuple(dims))
     # Record indices of a half are offset so its shards differ from the whole pool's.
     offset = {"all": 0, "train": 1 << 20, "test": 2 << 20}[half]
     present = {r.get("key") for r in read_records(out)}
@@ -220,6 +280,15 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
     _end_with_newline(out)
     extra = {"pool_seed": pool_seed, "row_scale": row_scale, "pool_tables": pool_tables,
              "half": half, "warmup": warmup, "repeat": repeat}
+    if split:
+        extra["split"] = split
+    if tuple(dims) != tuple(workloads.DEFAULT_DIMS):
+        extra["dims"] = [int(d) for d in dims]
+    if fill:
+        # A process's first measurement ran ~30% slow in median (collection of filled shards
+        # uses few records per process, to hand their gigabytes back): warm the runtime first.
+        tf_cpu.benchmark_shard([TableSpec("warm-up", 4096, 8, pooling_factor=8.0)], batch_size,
+                               seed=seed, warmup=warmup, repeat=3, flush=flush, fill=True)
     with open(out, "a", encoding="utf-8") as f:
         for r in range(start_index, start_index + records):
             if time_limit and time.time() - start > time_limit:
@@ -229,10 +298,14 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
             else:
                 source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
                                             sources)
+                if row_bands:
+                    rng = np.random.default_rng([int(pool_seed), int(r + offset), 29])
+                    shards = size_shard(shards, row_bands, rng, batch_size, max_shard_bytes)
+                    source = f"{source}:sized"
                 devices = [shards]
             todo = {}
             for shards in devices:
-                key = tf_cpu.shard_key(shards, batch_size)
+                key = tf_cpu.shard_key(shards, batch_size, filled=fill)
                 if key not in present:
                     todo[key] = shards
             if not todo:
@@ -240,7 +313,8 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
             else:
                 began = time.time()
                 results = tf_cpu.benchmark_devices(list(todo.values()), batch_size, seed=seed,
-                                                   warmup=warmup, repeat=repeat, flush=flush)
+                                                   warmup=warmup, repeat=repeat, flush=flush,
+                                                   fill=fill)
                 wall = round(time.time() - began, 3)
                 plan = {"plan_devices": len(devices), "measured_together": len(todo)} \
                     if whole_plans else {}
@@ -290,6 +364,17 @@ def add_parser(subparsers):
     col.add_argument("--whole-plans", action="store_true",
                      help="with --sources task: each record index is a whole plan whose devices "
                      "are measured together, one record per device (drift common to a plan)")
+    col.add_argument("--fill", action="store_true",
+                     help="insert every row of each table before measuring (real table sizes)")
+    col.add_argument("--dims", default=",".join(str(d) for d in workloads.DEFAULT_DIMS),
+                     help="dims of the pool's tables")
+    col.add_argument("--row-bands", default=None, metavar="LO-HI,...",
+                     help="resize each drawn table to rows log-uniform in one of these bands, "
+                     "e.g. 1e5-3e5,4e6-1.2e7 (with --fill: full-size tables)")
+    col.add_argument("--max-shard-gib", type=float, default=4.0,
+                     help="with --row-bands: most GiB a filled shard may take")
+    col.add_argument("--split", choices=("train", "test"), default=None,
+                     help="write this split into the records (cost_model.split_by_tables)")
     col.add_argument("--no-flush", action="store_true", help="skip the cache flush (tests)")
     col.add_argument("--quiet", action="store_true", help="no progress bar")
     col.set_defaults(run=_run_collect)
@@ -325,11 +410,15 @@ def _run_chunks(args, argv):
 def _child_argv(args):
     argv = []
     for action in ("pool_seed", "batch_size", "max_tables_per_shard", "pool_tables", "row_scale",
-                   "threads", "warmup", "repeat", "seed", "half", "sources"):
+                   "threads", "warmup", "repeat", "seed", "half", "sources", "dims",
+                   "max_shard_gib"):
         argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
     argv += ["--out", args.out]
     argv += ["--no-flush"] if args.no_flush else []
     argv += ["--whole-plans"] if args.whole_plans else []
+    argv += ["--fill"] if args.fill else []
+    argv += ["--row-bands", args.row_bands] if args.row_bands else []
+    argv += ["--split", args.split] if args.split else []
     argv += ["--quiet"] if args.quiet else []
     return ["benchmark", "collect"] + argv
 
@@ -353,7 +442,10 @@ def _run_collect(args):
                       time_limit=args.time_limit, flush=False if args.no_flush else None,
                       progress=not args.quiet, start_index=args.start_index, half=args.half,
                       sources=tuple(x.strip() for x in args.sources.split(",") if x.strip()),
-                      whole_plans=args.whole_plans)
+                      whole_plans=args.whole_plans, fill=args.fill,
+                      dims=[int(d) for d in args.dims.split(",") if d.strip()],
+                      row_bands=parse_bands(args.row_bands) if args.row_bands else None,
+                      split=args.split, max_shard_bytes=int(args.max_shard_gib * 2 ** 30))
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
                                          for k, v in summary.items()}}))
     return 0

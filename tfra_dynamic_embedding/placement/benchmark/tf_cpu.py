@@ -11,6 +11,12 @@ the built-in one). Two `tf.function`s (reduce_retracing) are timed by the protoc
 backward = step - forward. Warm-up steps run first, so the tables hold the batch's rows and
 the timed steps measure the steady state (lookups of existing rows, updates in place).
 
+A hash table holds only the rows inserted into it: without `fill` a shard's tables hold just
+the measured batch's rows, whatever their `rows`, so a 10-million-row table costs like a small
+one. `fill=True` first inserts every row of each table (keys 0 .. rows-1, or a row slice's keys
+key % n == index: the id range the index streams draw from), as on a parameter server that has
+seen the whole vocabulary, so the table's real size sets the cache / memory regime.
+
 TensorFlow is imported inside functions only; importing this module stays cheap.
 
 Example:
@@ -84,11 +90,79 @@ def _sparse(indices, offsets):
                            tf.constant(indices, tf.int64), [len(offsets) - 1, width])
 
 
+# Resident bytes per filled row beyond its values (native backend: key, index slot, slab
+# metadata), for the memory check of `fill`; a slight over-estimate of what this backend takes.
+FILL_ROW_OVERHEAD = 64
+FILL_CHUNK = 1 << 20
+
+
+def piece_key(shard):
+    """(name, rows, dim, slice index, slices, column offset): one table piece of a task."""
+    spec = getattr(shard, "table", shard)
+    return (spec.name, spec.rows, spec.dim, getattr(shard, "index", 0),
+            getattr(shard, "num_slices", 1), getattr(shard, "col_offset", 0))
+
+
+def filled_bytes(shards, bytes_per_value=4):
+    """Estimated resident bytes of `shards` with every row inserted (`fill=True`).
+
+    Example: filled_bytes([TableSpec("t", rows=10**6, dim=16)])   # ~128 MB
+    """
+    total = 0
+    for shard in shards:
+        spec = getattr(shard, "table", shard)
+        rows = spec.slice_rows(getattr(shard, "index", 0), getattr(shard, "num_slices", 1))
+        total += rows * (spec.dim * bytes_per_value + FILL_ROW_OVERHEAD)
+    return int(total)
+
+
+def available_bytes(meminfo="/proc/meminfo"):
+    """MemAvailable of this machine in bytes (None where unknown)."""
+    try:
+        with open(meminfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fill_memory(devices, margin=2 * 2 ** 30):
+    """Raises MemoryError when filling `devices` (shard lists) would leave under `margin`
+    bytes of the machine's available memory (a filled shard can take gigabytes)."""
+    pieces = {piece_key(s): s for d in devices for s in d}   # shared pieces count once
+    need = filled_bytes(pieces.values())
+    free = available_bytes()
+    if free is not None and need + margin > free:
+        raise MemoryError(f"filling these shards takes ~{need / 2 ** 30:.1f} GiB; "
+                          f"{free / 2 ** 30:.1f} GiB available (keeping "
+                          f"{margin / 2 ** 30:.1f} free)")
+    return need
+
+
+def fill_variable(var, spec, index=0, num_slices=1, chunk=FILL_CHUNK):
+    """Inserts every row of a table (or of row slice `index` of `num_slices`) into `var`
+    (rows drawn by its initializer), in chunks of `chunk` keys; returns the rows inserted."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    step = int(num_slices) * int(chunk)
+    inserted = 0
+    for lo in range(int(index), spec.rows, step):
+        keys = tf.range(lo, min(spec.rows, lo + step), int(num_slices), dtype=tf.int64)
+        var.find_or_insert(keys)
+        inserted += int(keys.shape[0])
+    return inserted
+
+
 class ShardKernels:
-    """The de.Variables, inputs and the two tf.functions of one shard (build once, call often)."""
+    """The de.Variables, inputs and the two tf.functions of one shard (build once, call often).
+
+    `fill`: insert every row of each table first (see the module docstring); `shared`: a dict
+    of filled variables by piece (`piece_key`) that devices measured together share, so that a
+    table held by several plans' devices is built and filled once."""
 
     def __init__(self, shards, batch_size, seed=0, learning_rate=0.01, kv_creator=None,
-                 device="/CPU:0"):
+                 device="/CPU:0", fill=False, shared=None):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         import tfra_dynamic_embedding as de  # pylint: disable=import-outside-toplevel
         self.shards = list(shards)
@@ -101,13 +175,24 @@ class ShardKernels:
         creator = kv_creator or default_kv_creator()
         self.variables = []
         with tf.device(device):
+            self.filled_rows = 0
             for k, shard in enumerate(self.shards):
                 spec = getattr(shard, "table", shard)
+                piece = piece_key(shard)
+                if fill and shared is not None and piece in shared:
+                    self.variables.append(shared[piece])
+                    continue
                 init = tf.random_normal_initializer(0.0, 0.01, seed=int(seed) * 1009 + k)
                 self.variables.append(de.Variable(
                     key_dtype=tf.int64, value_dtype=tf.float32, dim=spec.dim, devices=[device],
                     name=f"bench{run}_{k}", initializer=init, kv_creator=creator,
                     checkpoint=False))
+                if fill:
+                    self.filled_rows += fill_variable(self.variables[-1], spec,
+                                                      getattr(shard, "index", 0),
+                                                      getattr(shard, "num_slices", 1))
+                    if shared is not None:
+                        shared[piece] = self.variables[-1]
             self.inputs = [_sparse(ix, off) for ix, off in batches]
         self.optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(learning_rate))
         variables, optimizer = self.variables, self.optimizer
@@ -155,19 +240,20 @@ class ShardKernels:
 
 
 def benchmark_shard(shards, batch_size, seed=0, warmup=2, repeat=7, flush=None, threads=None,
-                    kv_creator=None, return_kernels=False):
+                    kv_creator=None, return_kernels=False, fill=False):
     """Measures one shard (list of `Shard` or TableSpec) by the protocol; returns
     {"forward_ms", "backward_ms", "total_ms", "step_ms", "lookups", "threads"}.
 
     `flush`: a callable (default: a `protocol.CacheFlusher` of 2x the LLC), False for none.
     `threads`: pin TF threads (possible only before TF starts running ops).
+    `fill`: insert every row of the tables first (their real size; see the module docstring).
     """
     return benchmark_devices([shards], batch_size, seed, warmup, repeat, flush, threads,
-                             kv_creator, return_kernels)[0]
+                             kv_creator, return_kernels, fill)[0]
 
 
 def benchmark_devices(devices, batch_size, seed=0, warmup=2, repeat=7, flush=None,
-                      threads=None, kv_creator=None, return_kernels=False):
+                      threads=None, kv_creator=None, return_kernels=False, fill=False):
     """Measures several shards at once (a plan's devices: a list of shard lists); returns one
     `benchmark_shard` result per device.
 
@@ -182,8 +268,11 @@ def benchmark_devices(devices, batch_size, seed=0, warmup=2, repeat=7, flush=Non
         set_threads(threads)
     if flush is None:
         flush = _default_flusher()
-    kernels = [ShardKernels(shards, batch_size, seed, kv_creator=kv_creator)
-               for shards in devices]
+    if fill:
+        check_fill_memory(devices)
+    shared = {}   # with fill, a piece on several devices (of different plans) is filled once
+    kernels = [ShardKernels(shards, batch_size, seed, kv_creator=kv_creator, fill=fill,
+                            shared=shared) for shards in devices]
     stages = {}
     for k, kern in enumerate(kernels):
         # The step goes first: warm-up steps insert the batch's rows, so the forward then reads
@@ -197,7 +286,8 @@ def benchmark_devices(devices, batch_size, seed=0, warmup=2, repeat=7, flush=Non
                                                          times[(k, "step")])
         results.append({"forward_ms": forward, "backward_ms": backward, "total_ms": total,
                         "step_ms": times[(k, "step")], "lookups": kern.lookups,
-                        "threads": threads_in_effect()})
+                        "threads": threads_in_effect(), "filled": bool(fill),
+                        "filled_rows": kern.filled_rows})
         if return_kernels:
             results[-1]["kernels"] = kern
     return results
@@ -212,8 +302,9 @@ def _default_flusher():
     return _FLUSHER[0]
 
 
-def shard_key(shards, batch_size, backend=BACKEND):
-    """A stable key of a shard's table set (specs, slices) and batch size."""
+def shard_key(shards, batch_size, backend=BACKEND, filled=False):
+    """A stable key of a shard's table set (specs, slices), batch size and whether its tables
+    were filled (`filled` changes the key; unfilled keys are those of earlier records)."""
     parts = []
     for shard in shards:
         spec = getattr(shard, "table", shard)
@@ -223,8 +314,10 @@ def shard_key(shards, batch_size, backend=BACKEND):
             entry["reuse_histogram"] = [round(float(x), 6) for x in entry["reuse_histogram"]]
         entry["slice"] = [getattr(shard, "index", 0), getattr(shard, "num_slices", 1)]
         parts.append(json.dumps(entry, sort_keys=True))
-    text = json.dumps({"backend": backend, "batch_size": int(batch_size),
-                       "tables": sorted(parts)}, sort_keys=True)
+    head = {"backend": backend, "batch_size": int(batch_size), "tables": sorted(parts)}
+    if filled:
+        head["filled"] = True
+    text = json.dumps(head, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -245,6 +338,10 @@ class MeasuredEstimator(estimators.CostEstimator):
     traced functions): the four plans of an 800-table / 80-device task took a 24 GB machine
     out of memory, so larger sets are measured in groups of whole plans.
 
+    `fill`: measure tables holding all their rows (`benchmark_devices(fill=True)`): full-size
+    tables, where the table's size sets the memory regime. Filled devices take their tables'
+    real memory, so give such tasks a small `max_together` (e.g. one plan's devices).
+
     Example: evaluate_plan(plan, "measured-cpu")
     """
 
@@ -254,8 +351,9 @@ class MeasuredEstimator(estimators.CostEstimator):
 
     def __init__(self, batch_size=None, max_batch_size=4096, seed=0, warmup=2, repeat=5,
                  flush=None, threads=None, cache_size=1024, on_measure=None, isolate=0,
-                 max_together=160):
-        self.worker = MeasuringProcess(isolate, threads, flush) if isolate else None
+                 max_together=160, fill=False):
+        self.fill = bool(fill)
+        self.worker = MeasuringProcess(isolate, threads, flush, self.fill) if isolate else None
         self.batch_size = batch_size
         self.max_batch_size = int(max_batch_size)
         self.seed, self.warmup, self.repeat = int(seed), int(warmup), int(repeat)
@@ -278,7 +376,7 @@ class MeasuredEstimator(estimators.CostEstimator):
         if not shards:
             return 0.0
         batch = self._batch(task)
-        key = shard_key(shards, batch)
+        key = shard_key(shards, batch, filled=self.fill)
         if key not in self.cache:
             self._measure({key: shards}, batch)
         return self.cache[key]
@@ -289,7 +387,7 @@ class MeasuredEstimator(estimators.CostEstimator):
         batch = self._batch(plan.task)
         todo = {}
         for shards in plan.shards_by_device().values():
-            key = shard_key(shards, batch) if shards else None
+            key = shard_key(shards, batch, filled=self.fill) if shards else None
             if key and key not in self.cache:
                 todo[key] = shards
         if todo:
@@ -312,7 +410,7 @@ class MeasuredEstimator(estimators.CostEstimator):
         for devices in groups:
             new = {}
             for shards in devices:
-                key = shard_key(shards, batch) if shards else None
+                key = shard_key(shards, batch, filled=self.fill) if shards else None
                 if key and key not in self.cache and key not in todo and key not in new:
                     new[key] = shards
             if todo and len(todo) + len(new) > self.max_together:
@@ -330,7 +428,7 @@ class MeasuredEstimator(estimators.CostEstimator):
                                                   self.repeat)
         else:
             results = benchmark_devices(devices, batch, self.seed, self.warmup, self.repeat,
-                                        self.flush, self.threads)
+                                        self.flush, self.threads, fill=self.fill)
         for key, shards, result in zip(todo, devices, results):
             self.measurements += 1
             if self.on_measure is not None:
@@ -347,10 +445,10 @@ class MeasuringProcess:
     Example: MeasuringProcess(100, threads=1).measure(shards, 1024, 0, 2, 5)["total_ms"]
     """
 
-    def __init__(self, limit, threads=None, flush=None):
+    def __init__(self, limit, threads=None, flush=None, fill=False):
         if int(limit) < 1:
             raise ValueError(f"limit must be >= 1; got {limit!r}")
-        self.limit, self.threads, self.flush = int(limit), threads, flush
+        self.limit, self.threads, self.flush, self.fill = int(limit), threads, flush, bool(fill)
         self.count, self.process, self.conn, self.started = 0, None, None, 0
 
     def measure(self, shards, batch_size, seed, warmup, repeat):
@@ -364,7 +462,8 @@ class MeasuringProcess:
             import multiprocessing  # pylint: disable=import-outside-toplevel
             context = multiprocessing.get_context("spawn")
             self.conn, child = context.Pipe()
-            self.process = context.Process(target=_serve, args=(child, self.threads, self.flush),
+            self.process = context.Process(target=_serve,
+                                           args=(child, self.threads, self.flush, self.fill),
                                            daemon=True)
             self.process.start()
             child.close()
@@ -389,7 +488,7 @@ class MeasuringProcess:
         self.process = self.conn = None
 
 
-def _serve(conn, threads, flush):
+def _serve(conn, threads, flush, fill=False):
     """The child's loop: measure what the parent sends until it hangs up."""
     if threads:
         set_threads(threads)
@@ -399,7 +498,8 @@ def _serve(conn, threads, flush):
         except EOFError:
             return
         try:
-            result = benchmark_devices(devices, batch_size, seed, warmup, repeat, flush)
+            result = benchmark_devices(devices, batch_size, seed, warmup, repeat, flush,
+                                       fill=fill)
             conn.send((True, result))
         except Exception as error:  # pylint: disable=broad-except  (reported to the parent)
             conn.send((False, f"{type(error).__name__}: {error}"))
