@@ -1,5 +1,6 @@
 """Small builders shared by the placement tests."""
 
+import argparse
 import subprocess
 import sys
 
@@ -35,3 +36,12 @@ def run_python(script, timeout=120):
                             timeout=timeout, check=False)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+def run_cli(argv):
+    """Runs `tfra-de benchmark collect ...` in this process (argv after `tfra-de`); its exit code."""
+    from tfra_dynamic_embedding.placement.benchmark import collect  # pylint: disable=import-outside-toplevel
+    parser = argparse.ArgumentParser(prog="tfra-de")
+    collect.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.run(args)

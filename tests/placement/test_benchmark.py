@@ -15,7 +15,7 @@ from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
 
-from tests.placement.helpers import run_python
+from tests.placement.helpers import run_cli, run_python
 
 DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data",
                     "cpu_shards.jsonl.gz")
@@ -265,19 +265,12 @@ def test_measuring_in_a_child_process_that_is_replaced():
 
 
 # -- collection ------------------------------------------------------------------------------------
-def _cli(argv):
-    parser = argparse.ArgumentParser(prog="tfra-de")
-    collect.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     out = str(tmp_path / "shards.jsonl")
     base = ["benchmark", "collect", "--out", out, "--pool-tables", "40", "--batch-size", "32",
             "--max-tables-per-shard", "2", "--warmup", "1", "--repeat", "3", "--no-flush",
             "--quiet", "--row-scale", "0.0001", "--pool-seed", "2"]
-    assert _cli(base + ["--records", "3"]) == 0
+    assert run_cli(base + ["--records", "3"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 3
     records = records_lib.read_records(out)
     assert len(records) == 3
@@ -292,7 +285,7 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
         assert tf_cpu.shard_key(shards, 32) == record["key"]  # round trip of the specs
     with open(out, "a", encoding="utf-8") as f:
         f.write('{"torn": ')                                  # an interrupted write
-    assert _cli(base + ["--records", "4"]) == 0
+    assert run_cli(base + ["--records", "4"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["written"], summary["skipped"]) == (1, 3)
     again = records_lib.read_records(out)
@@ -302,7 +295,7 @@ def test_collect_cli_end_to_end_and_resume(tmp_path, capsys):
     # --half train: shards only from the pool's first half, the one placement tasks train on
     half_out = str(tmp_path / "half.jsonl")
     half_args = [a if a != out else half_out for a in base] + ["--half", "train", "--records", "3"]
-    assert _cli(half_args) == 0
+    assert run_cli(half_args) == 0
     first = {t.name for t in workloads.split_pool(collect.make_pool(2, 32, 40, 0.0001), seed=2)[0]}
     halves = records_lib.read_records(half_out)
     assert len(halves) == 3 and all(r["half"] == "train" for r in halves)
@@ -317,7 +310,7 @@ def test_sliced_source_records_row_slices(tmp_path, capsys):
             "--max-tables-per-shard", "4", "--warmup", "1", "--repeat", "3", "--no-flush",
             "--quiet", "--row-scale", "0.001", "--pool-seed", "3", "--sources", "sliced",
             "--records", "6"]
-    assert _cli(argv) == 0
+    assert run_cli(argv) == 0
     records = records_lib.read_records(out)
     assert len(records) == 6 and {r["source"] for r in records} == {"sliced"}
     sliced = [(r, t) for r in records for t in r["tables"] if "slice" in t]
@@ -344,7 +337,7 @@ def test_sliced_source_records_row_slices(tmp_path, capsys):
     with pytest.raises(ValueError, match="sources"):
         collect.collect(out, 1, sources=("sliced", "nope"))
     with pytest.raises(ValueError, match="--out must be a plain JSONL"):
-        _cli(argv[:3] + [gz] + argv[4:])
+        run_cli(argv[:3] + [gz] + argv[4:])
     capsys.readouterr()
 
 
@@ -426,7 +419,7 @@ def test_whole_plans_measure_every_device_of_a_plan_together(tmp_path, capsys, m
     real = tf_cpu.benchmark_devices
     monkeypatch.setattr(tf_cpu, "benchmark_devices",
                         lambda devices, *a, **k: calls.append(len(devices)) or real(devices, *a, **k))
-    assert _cli(argv) == 0
+    assert run_cli(argv) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 2
     records = records_lib.read_records(out)
     pool = collect.make_pool(3, 32, 40, 0.0001)
@@ -446,7 +439,7 @@ def test_whole_plans_measure_every_device_of_a_plan_together(tmp_path, capsys, m
     assert source == "task:lookup-greedy"                      # TASK_STRATEGIES[1]
     assert [r["key"] for r in records if r["index"] == 1] == \
         [tf_cpu.shard_key(d, 32) for d in devices]             # device order, same plan
-    assert _cli(argv) == 0                                     # resumable: nothing measured again
+    assert run_cli(argv) == 0                                     # resumable: nothing measured again
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["skipped"] >= 1
     assert len(records_lib.read_records(out)) >= len(records)
     with pytest.raises(ValueError, match="whole_plans"):

@@ -5,7 +5,6 @@ real rows (`fill`) for their size to matter; collection can draw tables of chose
 keep some sizes out of training; the shipped cost model must cover full-size tables.
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -16,6 +15,8 @@ from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement.benchmark import collect, tf_cpu
 from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 from tfra_dynamic_embedding.placement.types import Shard, TableSpec
+
+from tests.placement.helpers import run_cli
 
 DATA = os.path.join(os.path.dirname(benchmark.__file__), os.pardir, "data",
                     "cpu_shards.jsonl.gz")
@@ -83,13 +84,6 @@ def test_resize_table_keeps_the_popularity_law_and_recomputes_reuse():
         workloads.resize_table(TableSpec("x", rows=10, dim=4), 100, 1024)
 
 
-def _cli(argv):
-    parser = argparse.ArgumentParser(prog="tfra-de")
-    collect.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 def test_collect_with_row_bands_and_fill_measures_tables_of_the_asked_sizes(tmp_path, capsys):
     out = str(tmp_path / "full.jsonl")
     bands = [(2000, 3000), (20000, 30000)]
@@ -97,7 +91,7 @@ def test_collect_with_row_bands_and_fill_measures_tables_of_the_asked_sizes(tmp_
             "--max-tables-per-shard", "3", "--warmup", "1", "--repeat", "3", "--no-flush",
             "--quiet", "--sources", "random", "--fill", "--row-scale", "1", "--dims", "4,8",
             "--row-bands", "2e3-3e3,2e4-3e4", "--split", "test", "--records", "4"]
-    assert _cli(argv) == 0
+    assert run_cli(argv) == 0
     capsys.readouterr()
     records = records_lib.read_records(out)
     assert len(records) == 4
@@ -110,7 +104,7 @@ def test_collect_with_row_bands_and_fill_measures_tables_of_the_asked_sizes(tmp_
             assert entry["spec"]["dim"] in (4, 8)
         shards = records_lib.record_shards(record)
         assert tf_cpu.shard_key(shards, 32, filled=True) == record["key"]
-    assert _cli(argv) == 0                       # resumable: every filled shard is there
+    assert run_cli(argv) == 0                       # resumable: every filled shard is there
     assert '"skipped": 4' in capsys.readouterr().out
     assert collect.parse_bands("1e5-3e5, 4e6-1.2e7") == [(100000, 300000), (4000000, 12000000)]
     with pytest.raises(ValueError, match="row bands"):
