@@ -35,6 +35,7 @@
 #include "de_file.h"
 #include "de_keyed.h"
 #include "de_keys.h"
+#include "de_normal.h"
 #include "de_table.h"
 #include "de_util.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -681,7 +682,8 @@ class Table : public TableBase {
       return;
     }
     // Column j uses the (j+1)-th output of this generator (keyed_random.py).
-    RowRng rng(key_hash ^ Mix64(init.seed + kSeedSalt));
+    const uint64_t row_seed = key_hash ^ Mix64(init.seed + kSeedSalt);
+    RowRng rng(row_seed);
     switch (init.kind) {
       case InitSpec::kUniform: {
         const double width = b - a;
@@ -691,8 +693,15 @@ class Table : public TableBase {
       case InitSpec::kNormal:
         if (init.keyed) {
           for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * Ndtri(rng.Uniform()));
-        } else {
+        } else if (dim < kBoxMullerMinDim) {
           rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
+        } else if constexpr (std::is_same<V, float>::value) {
+          NormalRow(row_seed, dim, static_cast<float>(a), static_cast<float>(b), dst);
+        } else {
+          thread_local std::vector<float> z;
+          z.resize(static_cast<size_t>(dim));
+          NormalRow(row_seed, dim, 0.0f, 1.0f, z.data());
+          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * static_cast<double>(z[j]));
         }
         break;
       default:  // truncated normal: within two standard deviations

@@ -3,7 +3,8 @@
 TF, tf.compat.v1, Keras 3 and tf_keras RandomNormal / TruncatedNormal / RandomUniform / Constant /
 Zeros / Ones, numbers and `[dim]` rows draw their rows inside the kernel: no TF random ops in the
 traced lookup or training step. Seeded ones draw by keyed_random.py's recipe (the rows every
-backend gives them, bit for bit); unseeded ones by the kernel's ziggurat. Others (VarianceScaling,
+backend gives them, bit for bit); unseeded ones by the kernel's own fast
+normals (cc/ops/de_normal.h). Others (VarianceScaling,
 custom callables) keep the TF-draw path.
 """
 
@@ -300,6 +301,68 @@ def test_seeded_rows_are_reproducible_across_processes_and_unseeded_follow_the_g
     first, second = _child_rows(global_seed), _child_rows(global_seed)
     np.testing.assert_array_equal(first, second)
     assert not np.array_equal(_child_rows(unseeded), first)
+
+
+# -- wide rows: the vectorized normal draw (cc/ops/de_normal.h) ------------------------------
+
+@pytest.mark.parametrize("dim, value_dtype", [(16, tf.float32), (40, tf.float32), (64, tf.float32),
+                                              (64, tf.float64)])
+def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
+    w = de.Variable(dim=dim, initializer=tf.random_normal_initializer(1.0, 0.5),
+                    kv_creator=de.NativeKVCreator(), value_dtype=value_dtype, name=f"wide_{dim}")
+    keys = tf.constant(np.random.default_rng(5).choice(2**62, 200_000 // dim, replace=False),
+                       tf.int64)
+    rows = w.lookup(keys).numpy().astype(np.float64)
+    z = (rows.ravel() - 1.0) / 0.5                          # >= 200k standard normals
+    assert abs(z.mean()) < 5 / math.sqrt(z.size), z.mean()
+    assert abs(z.std() - 1.0) < 0.01, z.std()
+    assert abs(np.mean(z ** 4) - 3.0) < 0.06                # kurtosis of a normal
+    for k, share in ((1, 0.682689), (2, 0.954500), (3, 0.997300)):
+        assert abs(np.mean(np.abs(z) < k) - share) < 4 * math.sqrt(share * (1 - share) / z.size)
+    assert 4.0 < np.abs(z).max() <= 5.78                     # tails exist; |z| <= sqrt(2 ln 2^24)
+    # Columns are independent draws, also the cosine / sine pair of one word (k, k + 8).
+    corr = np.corrcoef(rows.T)
+    assert np.abs(corr[np.triu_indices(dim, 1)]).max() < 0.1
+    assert np.abs(np.diag(corr, 8)).max() < 0.1
+    assert len({tuple(r) for r in rows}) == len(rows)
+    again = w.lookup(keys[:500]).numpy()
+    np.testing.assert_array_equal(again, rows[:500].astype(again.dtype))
+    stored, exists = w.find_or_insert(keys[:500])
+    assert not exists.numpy().any()
+    np.testing.assert_array_equal(stored.numpy(), again)
+
+
+WIDE_DIMS = (16, 24, 33, 64, 100)
+
+
+def test_wide_normal_rows_are_the_same_on_every_instruction_set():
+    # The kernel picks AVX-512, AVX2 or plain code when it loads (TFRA_DE_NORMAL_ISA lowers the
+    # pick); all three must draw the same floats, or a key's row would depend on the machine.
+    script = textwrap.dedent(f"""
+        import json, tensorflow as tf
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        tf.random.set_seed(11)
+        keys = tf.constant(list(range(1, 300)) + [2**40, -7], tf.int64)
+        out = {{}}
+        for dim in {WIDE_DIMS}:
+            w = de.Variable(dim=dim, initializer=tf.random_normal_initializer(0.0, 1.0),
+                            kv_creator=de.NativeKVCreator(), name=f"isa_{{dim}}")
+            out[dim] = w.lookup(keys).numpy().tolist()
+        print(json.dumps(out))
+    """)
+    rows = {}
+    for isa in ("avx512", "avx2", "scalar"):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, TFRA_DE_NORMAL_ISA=isa)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for dim in WIDE_DIMS:
+        want = np.array(rows["scalar"][str(dim)], np.float32)
+        assert want.shape == (301, dim) and len(np.unique(want)) > 0.99 * want.size
+        for isa in ("avx512", "avx2"):
+            np.testing.assert_array_equal(np.array(rows[isa][str(dim)], np.float32), want,
+                                          err_msg=f"{isa} vs scalar at dim {dim}")
 
 
 # -- bad input --------------------------------------------------------------------------------
