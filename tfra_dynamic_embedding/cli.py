@@ -17,6 +17,7 @@ list it in `SUBCOMMANDS`. Placement commands never import TensorFlow themselves.
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
 
@@ -167,6 +168,21 @@ def add_plan_parser(subparsers):
     return parser
 
 
+def _out_of_range_text(item, weights):
+    """'t07, feature size_gb at 0.9 range widths beyond its training range' of one entry of
+    `select.learned_out_of_range`."""
+    from tfra_dynamic_embedding.placement import features, select  # pylint: disable=import-outside-toplevel
+    name, index, distance = item
+    feature = features.FEATURE_NAMES[index] if index < len(features.FEATURE_NAMES) else index
+    model = select.learned_cost_model(weights)
+    if not model.has_range:   # weights without a stored range: z-scores
+        return f"{name}, feature {feature} at {distance:+.1f} standard deviations"
+    if math.isinf(distance):  # a feature that was constant in training
+        return (f"{name}, feature {feature}, which was {model.meta['x_min'][index]:g} "
+                f"throughout training")
+    return f"{name}, feature {feature} at {distance:.1f} range widths beyond its training range"
+
+
 def _run_plan(args):
     from tfra_dynamic_embedding.placement import evaluate, proposers  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
@@ -178,10 +194,10 @@ def _run_plan(args):
     if args.strategy in ("best", "learned"):
         outside = select.learned_out_of_range(task, args.weights)
         if outside:
-            name, feature, z = outside[0]
             print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
-                  f"learned cost model was trained on (worst: {name}, feature {feature} at "
-                  f"{z:+.1f} standard deviations); its predictions there are extrapolations")
+                  f"learned cost model was trained on (worst: "
+                  f"{_out_of_range_text(outside[0], args.weights)}); its predictions there are "
+                  f"extrapolations")
     if args.strategy == "best":
         choice = select.best_plan(task, args.estimator, seed=args.seed)
         plan = choice.plan

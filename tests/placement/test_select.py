@@ -4,9 +4,15 @@ It must never be worse (by the estimator in use) than any strategy it ran, recor
 failed, and the learned proposer's out-of-range check must flag tables unlike its training data.
 """
 
+import json
+
+import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import estimators, proposers, select, types, workloads
+from tfra_dynamic_embedding import cli
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import (estimators, features, proposers, select, types,
+                                              workloads)
 
 
 def _task(seed, tables=24, devices=4, memory=None, row_scale=1.0):
@@ -43,11 +49,130 @@ def test_failures_are_recorded_and_all_failing_is_an_error():
         select.best_plan(task, strategies=["nope"])
 
 
-def test_learned_out_of_range_flags_full_size_tables():
-    # The shipped cost model was trained on CPU shards with rows / 64: such tables are in range,
-    # the same tables at full size are not.
-    small = select.learned_out_of_range(_task(3, row_scale=1 / 64))
-    big = select.learned_out_of_range(_task(3))
-    assert len(big) > len(small) == 0
-    assert big and abs(big[0][2]) > select.OUT_OF_RANGE_SIGMAS
-    assert all(abs(z) >= abs(big[-1][2]) for _, _, z in big)   # worst first
+def _ranges():
+    model = cm.load_cost_model()
+    lo, hi = np.asarray(model.meta["x_min"]), np.asarray(model.meta["x_max"])
+    return model, lo, hi, hi - lo
+
+
+def _beyond(value, j):
+    """Range widths beyond the widened training range of a feature `j` of `value` (above it)."""
+    _, lo, hi, width = _ranges()
+    return (value - hi[j]) / width[j] - select.OUT_OF_RANGE_MARGIN
+
+
+def _assert_worst_first(flagged):
+    distances = [d for _, _, d in flagged]
+    assert distances == sorted(distances, reverse=True)
+
+
+def test_learned_out_of_range_flags_tables_beyond_the_training_range():
+    # The shipped cost model stores its training range (down-scaled CPU shards and full-size
+    # ones up to ~3 GB): tables inside it are not flagged, full-size or not.
+    model, _, hi, width = _ranges()
+    assert model.has_range
+    one_row = 4 + features.FEATURE_NAMES[4:].index("reuse(4096, 8192]")
+    small_task = _task(3, row_scale=1 / 64)
+    small = select.learned_out_of_range(small_task)
+    # only the pool's 1-row table: all of a batch's lookups hit its one index, a reuse bin
+    # training barely filled (share <= 0.06; the z-score rule missed it, its std floored at 0.25)
+    assert [t.name for t in small_task.tables if t.rows == 1] == ["t02"]
+    assert [(name, j) for name, j, _ in small] == [("t02", one_row)]
+    assert small[0][2] == pytest.approx(_beyond(1.0, one_row))
+    big_task = _task(3)
+    big = select.learned_out_of_range(big_task)
+    # full size: besides that table, only tables above the trained size (3.0 GB + 10%) --
+    # 3 of 24, where 4 standard deviations flagged 6 (any table above ~1 GB)
+    limit = hi[3] + select.OUT_OF_RANGE_MARGIN * width[3]
+    too_big = {t.name: t.size_bytes / 2 ** 30 for t in big_task.tables
+               if t.size_bytes / 2 ** 30 > limit}
+    assert sorted(too_big) == ["t07", "t12"]
+    assert len(big) == 3 and big[0][:2] == ("t02", one_row)
+    assert {name: j for name, j, _ in big[1:]} == {name: 3 for name in too_big}
+    for name, _, distance in big[1:]:
+        assert distance == pytest.approx(_beyond(too_big[name], 3), rel=1e-5)
+    _assert_worst_first(big)
+    assert all(d > 0 for _, _, d in big)
+
+
+def test_learned_out_of_range_names_the_feature_far_outside():
+    tables = list(_task(3, row_scale=1 / 64).tables) + [
+        types.TableSpec("huge", rows=100 * 12_543_670, dim=4),         # 100x the largest rows
+        types.TableSpec("wide", rows=1000, dim=4096),                   # a dim never seen
+        types.TableSpec("hot", rows=100_000, dim=16, pooling_factor=19_300)]   # 100x pooling
+    task = types.Task(tables, types.make_devices(4), batch_size=4096)
+    flagged = select.learned_out_of_range(task)
+    assert [(name, j) for name, j, _ in flagged] == [
+        ("hot", 2), ("wide", 0), ("huge", 1), ("t02", 17)]
+    scales = cm.load_cost_model().scales
+    expected = [_beyond(19_300 / scales.pooling_factor, 2), _beyond(4096 / scales.dim, 0),
+                _beyond(100.0, 1)]
+    assert [d for _, _, d in flagged[:3]] == pytest.approx(expected, rel=1e-6)
+    assert flagged[0][2] > 90        # pooling 100 (scaled) against a range of [0, 1]
+    _assert_worst_first(flagged)
+
+
+def test_range_distance_and_outside_agree():
+    model, lo, hi, width = _ranges()
+    constant = int(np.argmin(width))
+    assert width[constant] == 0      # reuse(32768, inf): never hit in training
+    x = np.tile((lo + hi) / 2, (5, 1))
+    x[1, 2] = hi[2] + 0.1 * width[2]           # on the widened range's edge: inside
+    x[2, 2] = hi[2] + 0.5 * width[2]           # 0.4 widths beyond it
+    x[3, 0] = lo[0] - 0.3 * width[0]           # below: 0.2 widths beyond
+    x[3, 1] = hi[1] + 0.2 * width[1]           # 0.1 widths beyond: not the worst
+    x[4, constant] = 0.01                      # any change of a constant feature
+    worst, dist = model.range_distance(x)
+    assert dist[:2].tolist() == [0.0, 0.0]
+    assert dist[2:4] == pytest.approx([0.4, 0.2]) and worst[2:4].tolist() == [2, 0]
+    assert worst[4] == constant and np.isinf(dist[4])
+    assert model.outside(x).tolist() == [False, False, True, True, True]
+    assert model.outside(x, margin=0.0).tolist() == [False, True, True, True, True]
+    assert model.range_distance(x, margin=0.0)[1][1] == pytest.approx(0.1)
+
+
+def test_weights_without_a_range_fall_back_to_z_scores(tmp_path):
+    model = cm.load_cost_model()
+    meta = {k: v for k, v in model.meta.items() if k not in ("x_min", "x_max")}
+    cm.CostModel(model.params, meta).save(str(tmp_path / "cost_model_cpu.npz"))
+    old = select.learned_cost_model(str(tmp_path))
+    assert not old.has_range and old.range_distance(np.zeros((1, 21))) is None
+    assert old.outside(np.zeros((1, 21))) is None
+    assert select.learned_out_of_range(_task(3, row_scale=1 / 64), str(tmp_path)) == []
+    task = _task(3)
+    big = select.learned_out_of_range(task, str(tmp_path))
+    # 4 standard deviations: every table above ~1 GB, by its size (the std of the size
+    # feature is floored at 0.25 as most training tables are small)
+    x = np.stack([cm.shard_features(t, 1.0, old.scales, task.batch_size) for t in task.tables])
+    z = (x - old.params["x_mean"]) / old.params["x_std"]
+    expected = sorted(((t.name, 3, z[i, 3]) for i, t in enumerate(task.tables)
+                       if np.abs(z[i]).max() > select.OUT_OF_RANGE_SIGMAS), key=lambda e: -e[2])
+    assert len(big) == 6 and [(n, j) for n, j, _ in big] == [(n, j) for n, j, _ in expected]
+    assert [d for _, _, d in big] == pytest.approx([d for _, _, d in expected])
+    assert all(abs(d) > select.OUT_OF_RANGE_SIGMAS for _, _, d in big)
+    _assert_worst_first(big)
+    assert len(select.learned_out_of_range(task, str(tmp_path), sigmas=20.0)) == 1
+    name, _, z = big[0]
+    assert cli._out_of_range_text(big[0], str(tmp_path)) == (   # pylint: disable=protected-access
+        f"{name}, feature size_gb at {z:+.1f} standard deviations")
+
+
+def test_plan_notes_the_worst_table_outside_the_training_range(capsys, tmp_path):
+    tables = list(_task(3, row_scale=1 / 64, tables=8).tables) + [
+        types.TableSpec("wide", rows=1000, dim=4096)]
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps({"tables": [t.to_dict() for t in tables]}))
+    code = cli.main(["plan", "--tables", str(path), "--devices", "2", "--batch-size", "4096",
+                     "--strategy", "learned", "--random", "0", "--out", str(tmp_path / "p.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    flagged = select.learned_out_of_range(types.Task(tables, types.make_devices(2), 4096))
+    assert flagged[0][:2] == ("wide", 0)
+    assert (f"note: {len(flagged)} of 9 tables lie outside what the learned cost model was "
+            f"trained on (worst: wide, feature dim at {flagged[0][2]:.1f} range widths beyond "
+            f"its training range)") in out
+    assert "standard deviations" not in out
+    # a feature that was constant in training (never an index looked up 32,768+ times a batch)
+    text = cli._out_of_range_text(   # pylint: disable=protected-access
+        ("t13", 20, float("inf")), None)
+    assert text == "t13, feature reuse(32768, inf), which was 0 throughout training"

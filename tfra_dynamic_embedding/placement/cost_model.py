@@ -252,19 +252,43 @@ class CostModel:
         return self.embed(np.stack([shard_features(t, 1.0, self.scales, self.batch_size)
                                     for t in tables]))
 
+    @property
+    def has_range(self):
+        """Whether these weights store their training range (`meta["x_min"]`, `["x_max"]`)."""
+        return self.meta.get("x_min") is not None and self.meta.get("x_max") is not None
+
+    def range_distance(self, x, margin=0.1):
+        """(worst [n] int, distance [n] float) of rows of features `x` ([n, 21]): per row, the
+        feature lying farthest outside the training range (`meta["x_min"]`, `meta["x_max"]`)
+        widened by `margin` of its width on each side, and how far beyond that widened range
+        it lies in widths of the (unwidened) range; distance 0 (and worst 0) for a row inside.
+        A feature that was constant in training (width 0) is infinitely far once it differs.
+        None for weights without a stored range.
+
+        Example: worst, dist = model.range_distance(np.stack([shard_features(t) for t in tables]))
+        """
+        if not self.has_range:
+            return None
+        lo, hi = np.asarray(self.meta["x_min"], float), np.asarray(self.meta["x_max"], float)
+        width = hi - lo
+        pad = margin * width
+        x = np.atleast_2d(np.asarray(x, dtype=float))
+        excess = np.maximum(lo - pad - x, x - hi - pad)          # > 0: beyond the widened range
+        beyond = excess > 1e-12
+        in_widths = np.where(width > 0, excess / np.where(width > 0, width, 1.0), np.inf)
+        dist = np.where(beyond, in_widths, 0.0)
+        worst = np.argmax(dist, axis=1)
+        return worst, dist[np.arange(len(x)), worst]
+
     def outside(self, x, margin=0.1):
         """[n] bool: rows of features `x` ([n, 21]) with a feature outside the training range
         (`meta["x_min"]`, `meta["x_max"]`) widened by `margin` of its width on each side;
-        None for weights without a stored range.
+        None for weights without a stored range (see `range_distance`).
 
         Example: model.outside(np.stack([shard_features(t) for t in tables]))
         """
-        if "x_min" not in self.meta:
-            return None
-        lo, hi = np.asarray(self.meta["x_min"]), np.asarray(self.meta["x_max"])
-        pad = margin * (hi - lo)
-        x = np.atleast_2d(np.asarray(x, dtype=float))
-        return ((x < lo - pad - 1e-12) | (x > hi + pad + 1e-12)).any(axis=1)
+        found = self.range_distance(x, margin)
+        return None if found is None else found[1] > 0
 
     def batch_factor(self, batch_size):
         return float(batch_size) / self.batch_size

@@ -2,8 +2,8 @@
 
 A learned policy is only as good as the tasks its weights saw, and each heuristic wins on some
 tasks and loses on others; scoring all of them with the estimator in use and keeping the best
-means the default never loses to any of them (by that estimator). The learned proposer also
-says when a task lies outside what its cost model was trained on.
+means the default never loses to any of them (by that estimator). `learned_out_of_range` says
+when a task's tables lie outside the training range of the learned proposer's cost model.
 
 Example:
     choice = best_plan(task, "analytic")
@@ -23,8 +23,11 @@ from tfra_dynamic_embedding.placement import estimators, proposers
 
 # Proposers skipped by default: random is a baseline, not a proposal.
 SKIPPED = ("random",)
-# A feature this many of the cost model's training standard deviations from its training mean
-# is outside what the weights saw.
+# A feature farther than this share of its training range's width outside that range is
+# outside what the cost model's weights saw (`CostModel.outside`'s margin).
+OUT_OF_RANGE_MARGIN = 0.1
+# Weights without a stored training range: a feature this many training standard deviations
+# from its training mean is outside what they saw.
 OUT_OF_RANGE_SIGMAS = 4.0
 
 
@@ -81,20 +84,40 @@ def best_plan(task, estimator="analytic", seed=0, strategies=None):
     return Choice(plans[scored[0].strategy], scored + failed, est.name)
 
 
-def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS):
-    """Tables of `task` whose cost-model features lie more than `sigmas` training standard
-    deviations from the training mean: [(table name, feature index, z)], worst first. Non-empty
-    means the learned proposer plans outside what its weights saw."""
-    model = cm.load_cost_model(os.path.join(weights_dir, "cost_model_cpu.npz")
-                               if weights_dir else None)
-    mean, std = model.params["x_mean"], model.params["x_std"]
-    out = []
-    for table in task.tables:
-        z = (cm.shard_features(table, 1.0, model.scales, task.batch_size) - mean) / std
-        worst = int(np.argmax(np.abs(z)))
-        if abs(z[worst]) > sigmas:
-            out.append((table.name, worst, float(z[worst])))
+def learned_cost_model(weights_dir=None):
+    """The learned proposer's cost model: DIR/cost_model_cpu.npz, or the shipped one (cached)."""
+    return cm.load_cost_model(os.path.join(weights_dir, "cost_model_cpu.npz")
+                              if weights_dir else None)
+
+
+def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
+                         margin=OUT_OF_RANGE_MARGIN):
+    """Tables of `task` with a cost-model feature outside the training range the weights store
+    (`meta["x_min"]`, `meta["x_max"]`) widened by `margin` of its width on each side, as
+    `CostModel.outside` flags them: [(table name, feature index, distance)], worst first, where
+    distance > 0 is how far beyond the widened range the feature lies, in widths of the range
+    (inf for a feature that was constant in training). Non-empty means the learned proposer
+    plans outside what its weights saw.
+
+    Weights without a stored range fall back to z-scores: features more than `sigmas` training
+    standard deviations from the training mean, with distance the (signed) z-score
+    (`learned_cost_model(weights_dir).has_range` tells which).
+    """
+    model = learned_cost_model(weights_dir)
+    if not task.tables:
+        return []
+    x = np.stack([cm.shard_features(table, 1.0, model.scales, task.batch_size)
+                  for table in task.tables])
+    if model.has_range:
+        worst, dist = model.range_distance(x, margin)
+        out = [(table.name, int(j), float(d))
+               for table, j, d in zip(task.tables, worst, dist) if d > 0]
+    else:
+        z = (x - model.params["x_mean"]) / model.params["x_std"]
+        worst = np.argmax(np.abs(z), axis=1)
+        out = [(table.name, int(j), float(row[j]))
+               for table, j, row in zip(task.tables, worst, z) if abs(row[j]) > sigmas]
     return sorted(out, key=lambda item: -abs(item[2]))
 
 
-__all__ = ["Candidate", "Choice", "best_plan", "learned_out_of_range"]
+__all__ = ["Candidate", "Choice", "best_plan", "learned_cost_model", "learned_out_of_range"]
