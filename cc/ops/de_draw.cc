@@ -1,7 +1,7 @@
-// Box-Muller normal rows (de_normal.h). All three paths evaluate the same float
+// Vectorized normal and uniform rows (de_draw.h). All three paths evaluate the same float
 // operations in the same order (the library is built with -ffp-contract=off, so
 // no fused multiply-add), which is what makes them agree bit for bit.
-#include "de_normal.h"
+#include "de_draw.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -101,6 +101,13 @@ void RowScalar(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
   }
 }
 
+void UniformScalar(uint64_t seed, int64_t n, double a, double width, float* dst) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double u = (static_cast<double>(WordAt(seed, static_cast<uint64_t>(j)) >> 11) + 0.5) * 0x1.0p-53;
+    dst[j] = static_cast<float>(a + width * u);
+  }
+}
+
 #ifdef TFRA_DE_X86_SIMD
 // -------------------------------------------------------------------- AVX2 --
 // One block (8 words, 16 columns) per iteration.
@@ -182,9 +189,39 @@ TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float
   }
 }
 
+TFRA_AVX2 inline __m256d U53ToDoubleAvx2(__m256i x) {  // exact for x < 2^53 (no vcvtuqq2pd)
+  const __m256i magic = _mm256_set1_epi64x(0x4330000000000000LL);  // 2^52 as a double's bits
+  const __m256d two52 = _mm256_set1_pd(0x1.0p52);
+  const __m256d lo = _mm256_sub_pd(
+      _mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi64x(0xFFFFFFFFLL)), magic)), two52);
+  const __m256d hi = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(_mm256_srli_epi64(x, 32), magic)), two52);
+  return _mm256_add_pd(_mm256_mul_pd(hi, _mm256_set1_pd(0x1.0p32)), lo);
+}
+
+TFRA_AVX2 void UniformAvx2(uint64_t seed, int64_t n, double a, double width, float* dst) {
+  const __m256i step = _mm256_set1_epi64x(static_cast<int64_t>(4 * kGamma));
+  __m256i state = _mm256_add_epi64(
+      _mm256_set1_epi64x(static_cast<int64_t>(seed)),
+      _mm256_set_epi64x(static_cast<int64_t>(4 * kGamma), static_cast<int64_t>(3 * kGamma),
+                        static_cast<int64_t>(2 * kGamma), static_cast<int64_t>(kGamma)));
+  const __m256d va = _mm256_set1_pd(a), vw = _mm256_set1_pd(width);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const __m256d u = _mm256_mul_pd(
+        _mm256_add_pd(U53ToDoubleAvx2(_mm256_srli_epi64(MixAvx2(state), 11)), _mm256_set1_pd(0.5)),
+        _mm256_set1_pd(0x1.0p-53));
+    state = _mm256_add_epi64(state, step);
+    _mm_storeu_ps(dst + j, _mm256_cvtpd_ps(_mm256_add_pd(va, _mm256_mul_pd(vw, u))));
+  }
+  for (; j < n; ++j) {
+    const double u = (static_cast<double>(WordAt(seed, static_cast<uint64_t>(j)) >> 11) + 0.5) * 0x1.0p-53;
+    dst[j] = static_cast<float>(a + width * u);
+  }
+}
+
 // ----------------------------------------------------------------- AVX-512 --
 // Two blocks (16 words, 32 columns) per iteration.
-#define TFRA_AVX512 __attribute__((target("avx2,avx512f,avx512dq")))
+#define TFRA_AVX512 __attribute__((target("avx2,avx512f,avx512dq,avx512vl")))
 
 TFRA_AVX512 inline __m512i MixAvx512(__m512i z) {
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(kMul1));
@@ -257,28 +294,49 @@ TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, f
     }
   }
 }
+TFRA_AVX512 void UniformAvx512(uint64_t seed, int64_t n, double a, double width, float* dst) {
+  const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));
+  __m512i state = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
+                                   _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
+                                                      _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
+  const __m512d va = _mm512_set1_pd(a), vw = _mm512_set1_pd(width);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m512d u = _mm512_mul_pd(
+        _mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(MixAvx512(state), 11)), _mm512_set1_pd(0.5)),
+        _mm512_set1_pd(0x1.0p-53));
+    state = _mm512_add_epi64(state, step);
+    const __m256 out = _mm512_cvtpd_ps(_mm512_add_pd(va, _mm512_mul_pd(vw, u)));
+    if (j + 8 <= n) {
+      _mm256_storeu_ps(dst + j, out);
+    } else {
+      _mm256_mask_storeu_ps(dst + j, static_cast<__mmask8>((1u << (n - j)) - 1), out);
+    }
+  }
+}
 #endif  // TFRA_DE_X86_SIMD
 
 using RowFn = void (*)(uint64_t, int64_t, float, float, float*);
+using UniformFn = void (*)(uint64_t, int64_t, double, double, float*);
 
 struct Paths {
   const char* isa;
-  RowFn narrow;  // rows of < 32 columns: an AVX-512 iteration would waste half its lanes
+  RowFn narrow;  // normal rows of < 32 columns: an AVX-512 iteration would waste half its lanes
   RowFn wide;
+  UniformFn uniform;
 };
 
 Paths Pick() {
-  const char* env = std::getenv("TFRA_DE_NORMAL_ISA");
+  const char* env = std::getenv("TFRA_DE_DRAW_ISA");
   const std::string cap = env == nullptr ? "avx512" : env;
 #ifdef TFRA_DE_X86_SIMD
   __builtin_cpu_init();
   const bool avx2 = cap != "scalar" && __builtin_cpu_supports("avx2");
   const bool avx512 = avx2 && cap == "avx512" && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512dq");
-  if (avx512) return {"avx512", RowAvx2, RowAvx512};
-  if (avx2) return {"avx2", RowAvx2, RowAvx2};
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (avx512) return {"avx512", RowAvx2, RowAvx512, UniformAvx512};
+  if (avx2) return {"avx2", RowAvx2, RowAvx2, UniformAvx2};
 #endif
-  return {"scalar", RowScalar, RowScalar};
+  return {"scalar", RowScalar, RowScalar, UniformScalar};
 }
 
 const Paths kPaths = Pick();
@@ -289,6 +347,10 @@ void NormalRow(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
   (n < 32 ? kPaths.narrow : kPaths.wide)(seed, n, mean, stddev, dst);
 }
 
-const char* NormalRowIsa() { return kPaths.isa; }
+void UniformRow(uint64_t seed, int64_t n, double a, double width, float* dst) {
+  kPaths.uniform(seed, n, a, width, dst);
+}
+
+const char* DrawIsa() { return kPaths.isa; }
 
 }  // namespace tfra_de

@@ -36,7 +36,7 @@ struct TableConfig {
 };
 
 // How a fused op fills the rows of missing keys. A random row is a pure
-// function of (seed, key): by default the fastest draw (de_normal.h's vectorized
+// function of (seed, key): by default the fastest draw (de_draw.h's vectorized
 // Box-Muller rows from 16 columns, RowRng's ziggurat below), or, when `keyed`, by the recipe of tables/keyed_random.py
 // (de_keyed.h: inverse-CDF normals, FarmHash string keys), so the kernel's rows
 // equal those TF ops' rows.

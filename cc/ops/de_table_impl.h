@@ -35,7 +35,7 @@
 #include "de_file.h"
 #include "de_keyed.h"
 #include "de_keys.h"
-#include "de_normal.h"
+#include "de_draw.h"
 #include "de_table.h"
 #include "de_util.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -687,7 +687,11 @@ class Table : public TableBase {
     switch (init.kind) {
       case InitSpec::kUniform: {
         const double width = b - a;
-        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + width * rng.Uniform());
+        if constexpr (std::is_same<V, float>::value) {
+          UniformRow(row_seed, dim, a, width, dst);  // the same floats as the loop below
+        } else {
+          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + width * rng.Uniform());
+        }
         break;
       }
       case InitSpec::kNormal:

@@ -1,7 +1,7 @@
 // Small building blocks of the native dynamic-embedding table: key hashing, the
 // 8-slot control-byte group used by the open-addressing index, a counter-based
 // random generator with a ziggurat normal sampler (rows of < 16 columns and
-// truncated normals; wider rows: de_normal.h), and page-backed slab memory.
+// truncated normals; wider rows: de_draw.h), and page-backed slab memory.
 #ifndef TFRA_DE_CC_OPS_DE_UTIL_H_
 #define TFRA_DE_CC_OPS_DE_UTIL_H_
 

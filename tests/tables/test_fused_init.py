@@ -4,7 +4,7 @@ TF, tf.compat.v1, Keras 3 and tf_keras RandomNormal / TruncatedNormal / RandomUn
 Zeros / Ones, numbers and `[dim]` rows draw their rows inside the kernel: no TF random ops in the
 traced lookup or training step. Seeded ones draw by keyed_random.py's recipe (the rows every
 backend gives them, bit for bit); unseeded ones by the kernel's own fast
-normals (cc/ops/de_normal.h). Others (VarianceScaling,
+normals (cc/ops/de_draw.h). Others (VarianceScaling,
 custom callables) keep the TF-draw path.
 """
 
@@ -303,7 +303,7 @@ def test_seeded_rows_are_reproducible_across_processes_and_unseeded_follow_the_g
     assert not np.array_equal(_child_rows(unseeded), first)
 
 
-# -- wide rows: the vectorized normal draw (cc/ops/de_normal.h) ------------------------------
+# -- wide rows: the vectorized normal draw (cc/ops/de_draw.h) ------------------------------
 
 @pytest.mark.parametrize("dim, value_dtype", [(16, tf.float32), (40, tf.float32), (64, tf.float32),
                                               (64, tf.float64)])
@@ -332,11 +332,24 @@ def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
     np.testing.assert_array_equal(stored.numpy(), again)
 
 
+@pytest.mark.parametrize("dim", [8, 37, 64])
+@pytest.mark.parametrize("init", [lambda: tf.random_uniform_initializer(-0.3, 0.2, seed=9),
+                                  lambda: keras.initializers.RandomUniform(seed=2)])
+def test_wide_seeded_uniform_rows_equal_the_builtin_backend(init, dim):
+    keys = tf.constant(np.arange(-200, 200) * 104729, tf.int64)
+    want = de.Variable(dim=dim, initializer=init(), kv_creator=de.BuiltinKVCreator()).lookup(keys)
+    for shards in (1, 2):
+        w = de.Variable(dim=dim, devices=CPUS[:shards], initializer=init(),
+                        kv_creator=de.NativeKVCreator())
+        np.testing.assert_array_equal(w.lookup(keys).numpy(), want.numpy())
+        np.testing.assert_array_equal(w.find_or_insert(keys)[0].numpy(), want.numpy())
+
+
 WIDE_DIMS = (16, 24, 33, 64, 100)
 
 
-def test_wide_normal_rows_are_the_same_on_every_instruction_set():
-    # The kernel picks AVX-512, AVX2 or plain code when it loads (TFRA_DE_NORMAL_ISA lowers the
+def test_wide_rows_are_the_same_on_every_instruction_set():
+    # The kernel picks AVX-512, AVX2 or plain code when it loads (TFRA_DE_DRAW_ISA lowers the
     # pick); all three must draw the same floats, or a key's row would depend on the machine.
     script = textwrap.dedent(f"""
         import json, tensorflow as tf
@@ -348,21 +361,24 @@ def test_wide_normal_rows_are_the_same_on_every_instruction_set():
             w = de.Variable(dim=dim, initializer=tf.random_normal_initializer(0.0, 1.0),
                             kv_creator=de.NativeKVCreator(), name=f"isa_{{dim}}")
             out[dim] = w.lookup(keys).numpy().tolist()
+            u = de.Variable(dim=dim + 3, initializer=tf.random_uniform_initializer(-1.0, 2.0),
+                            kv_creator=de.NativeKVCreator(), name=f"isa_u{{dim}}")
+            out[f"u{{dim}}"] = u.lookup(keys).numpy().tolist()
         print(json.dumps(out))
     """)
     rows = {}
     for isa in ("avx512", "avx2", "scalar"):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, TFRA_DE_NORMAL_ISA=isa)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, TFRA_DE_DRAW_ISA=isa)
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
-    for dim in WIDE_DIMS:
-        want = np.array(rows["scalar"][str(dim)], np.float32)
-        assert want.shape == (301, dim) and len(np.unique(want)) > 0.99 * want.size
+    for name in [str(dim) for dim in WIDE_DIMS] + [f"u{dim}" for dim in WIDE_DIMS]:
+        want = np.array(rows["scalar"][name], np.float32)
+        assert want.shape[0] == 301 and len(np.unique(want)) > 0.99 * want.size
         for isa in ("avx512", "avx2"):
-            np.testing.assert_array_equal(np.array(rows[isa][str(dim)], np.float32), want,
-                                          err_msg=f"{isa} vs scalar at dim {dim}")
+            np.testing.assert_array_equal(np.array(rows[isa][name], np.float32), want,
+                                          err_msg=f"{isa} vs scalar, rows {name}")
 
 
 # -- bad input --------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class NativeInitializer:
     keyed: draw by the recipe of `keyed_random.py` (inverse-CDF normals, FarmHash string keys):
     the kernels' rows then equal `keyed_random.keyed_rows` bit for bit, which is what seeded
     user initializers get on every backend. Otherwise (the default) normals come from a faster
-    generator (vectorized Box-Muller rows from dim 16, a ziggurat below; cc/ops/de_normal.h);
+    generator (vectorized Box-Muller rows from dim 16, a ziggurat below; cc/ops/de_draw.h);
     uniform rows of integer keys are the same either way.
     Called as `make_rows(keys)` (e.g. by another backend) it draws the rows with TF ops
     (`keyed_random.keyed_rows`): equal to the kernels' rows when keyed.
