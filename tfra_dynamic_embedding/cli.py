@@ -160,6 +160,11 @@ def add_plan_parser(subparsers):
                         help="--strategy learned: cost_model_cpu.npz / policy_cpu.npz from "
                         "`tfra-de train-planner --out DIR` (default: the shipped weights)")
     parser.add_argument("--estimator", default="analytic", help="cost estimator for the report")
+    parser.add_argument("--verify-top", type=int, default=0, metavar="K",
+                        help="--strategy best: measure the K cheapest distinct plans together "
+                        "(--verify-estimator) and keep the cheapest measured one (0: off)")
+    parser.add_argument("--verify-estimator", default="measured-cpu",
+                        help="estimator of --verify-top (default measured-cpu: TF benchmarks)")
     parser.add_argument("--random", type=int, default=10, metavar="K",
                         help="random plans for the speedup figure (0: skip)")
     parser.add_argument("--out", required=True, help="plan JSON to write")
@@ -198,18 +203,29 @@ def _run_plan(args):
                   f"learned cost model was trained on (worst: "
                   f"{_out_of_range_text(outside[0], args.weights)}); its predictions there are "
                   f"extrapolations")
+    if args.verify_top < 0:
+        raise CliError(f"--verify-top must be >= 0; got {args.verify_top}")
+    if args.verify_top and args.strategy != "best":
+        raise CliError(f"--verify-top needs --strategy best; got --strategy {args.strategy}")
     if args.strategy == "best":
-        choice = select.best_plan(task, args.estimator, seed=args.seed)
+        choice = select.best_plan(task, args.estimator, seed=args.seed,
+                                  verify=args.verify_estimator if args.verify_top else None,
+                                  verify_top=args.verify_top or 1)
         plan = choice.plan
-        best_cost = choice.candidates[0].max_cost
+        best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)
         for candidate in choice.candidates:
             cost = ("failed: " + candidate.error if candidate.max_cost is None
                     else f"max cost {candidate.max_cost * 1e3:.3f} ms"
                     + (f" (+{candidate.max_cost / best_cost - 1:.1%})" if best_cost else ""))
+            if candidate.verified_cost is not None:
+                cost += f", {choice.verified_by} {candidate.verified_cost * 1e3:.3f} ms"
             print(f"  candidate {candidate.strategy:<20s} {cost}")
         margin = ("" if choice.margin is None else ", tied with the runner-up"
                   if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
-        print(f"best: {plan.strategy} (by the {choice.estimator} estimator{margin})")
+        judge = (f"the {choice.verified_by} estimator of the {args.verify_top} cheapest by the "
+                 f"{choice.estimator} estimator" if choice.verified_by
+                 else f"the {choice.estimator} estimator")
+        print(f"best: {plan.strategy} (by {judge}{margin})")
     else:
         plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
     report = evaluate.evaluate_plan(plan, args.estimator, num_random=args.random, seed=args.seed)

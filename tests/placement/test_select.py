@@ -37,6 +37,89 @@ def test_best_is_no_worse_than_any_candidate(seed):
     assert choice.margin is None or choice.margin >= 0
 
 
+class _FavoursStrategy(estimators.CostEstimator):
+    """A second opinion: the analytic cost, but plans of `favoured` strategy's placement cost
+    half (the proposed plans carry their strategy's name)."""
+
+    name = "favours"
+
+    def __init__(self, favoured):
+        self.favoured = favoured
+        self.analytic = estimators.get_estimator("analytic")
+        self.scored = []
+
+    def device_cost(self, shards, device, task):
+        return self.analytic.device_cost(shards, device, task)
+
+    def plan_costs(self, plan):
+        self.scored.append(plan.strategy)
+        factor = 0.5 if plan.strategy == self.favoured else 1.0
+        return {d: c * factor for d, c in self.analytic.plan_costs(plan).items()}
+
+
+def test_verify_rescores_the_cheapest_distinct_plans_and_the_cheapest_by_it_wins():
+    task = _task(0)
+    plain = select.best_plan(task, "analytic")
+    ranked = [c.strategy for c in plain.candidates if c.max_cost is not None]
+    plans = {name: proposers.propose(task, name) for name in ranked}
+    distinct = []
+    for name in ranked:
+        key = select._placement_key(plans[name])   # pylint: disable=protected-access
+        if key not in {select._placement_key(plans[d]) for d in distinct}:   # pylint: disable=protected-access
+            distinct.append(name)
+    assert len(distinct) >= 3
+    favoured = distinct[2]           # third by the analytic estimate, cheapest by the checker
+    checker = _FavoursStrategy(favoured)
+    choice = select.best_plan(task, "analytic", verify=checker, verify_top=3)
+    assert choice.plan.strategy == favoured and choice.verified_by == "favours"
+    assert sorted(checker.scored) == sorted(distinct[:3])   # each distinct placement once
+    verified = [c for c in choice.candidates if c.verified_cost is not None]
+    assert [c.strategy for c in verified][0] == favoured and len(verified) == 3
+    assert [c.verified_cost for c in verified] == sorted(c.verified_cost for c in verified)
+    by_name = {c.strategy: c for c in plain.candidates}
+    assert verified[0].verified_cost == pytest.approx(0.5 * by_name[favoured].max_cost)
+    assert choice.margin == pytest.approx(verified[1].verified_cost / verified[0].verified_cost - 1)
+    # the rest keep the first estimator's order; all candidates are still there
+    assert sorted(c.strategy for c in choice.candidates) == sorted(c.strategy for c in plain.candidates)
+    # verifying only the first keeps the plain choice
+    assert select.best_plan(task, "analytic", verify=checker, verify_top=1).plan.strategy == \
+        plain.plan.strategy
+    with pytest.raises(ValueError, match="verify_top must be >= 1; got 0"):
+        select.best_plan(task, "analytic", verify=checker, verify_top=0)
+
+
+def test_verify_by_measurement_picks_the_cheapest_measured_plan():
+    from tfra_dynamic_embedding.placement.benchmark import tf_cpu   # pylint: disable=import-outside-toplevel
+    pool = workloads.generate_pool(8, seed=4, batch_size=256, row_scale=1 / 256)
+    task = types.Task(pool, types.make_devices(2), batch_size=256)
+    measured = tf_cpu.MeasuredEstimator(repeat=3, warmup=1)
+    choice = select.best_plan(task, "analytic", verify=measured, verify_top=2)
+    verified = [c for c in choice.candidates if c.verified_cost is not None]
+    assert len(verified) == 2 and choice.verified_by == "measured-cpu"
+    assert choice.plan.strategy == verified[0].strategy
+    assert verified[0].verified_cost <= verified[1].verified_cost
+    # the costs are the measured ones of those plans (cached: re-reading measures nothing new)
+    for c in verified:
+        plan = proposers.propose(task, c.strategy)
+        assert max(measured.plan_costs(plan).values()) == c.verified_cost
+
+
+def test_plan_cli_verify_top_prints_the_verified_costs(capsys, tmp_path):
+    tables = list(workloads.generate_pool(6, seed=2, batch_size=256, row_scale=1 / 256))
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps({"tables": [t.to_dict() for t in tables]}))
+    args = ["plan", "--tables", str(path), "--devices", "2", "--batch-size", "256",
+            "--random", "0", "--out", str(tmp_path / "p.json")]
+    assert cli.main(args + ["--verify-top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(", measured-cpu ") == 2
+    assert "(by the measured-cpu estimator of the 2 cheapest by the analytic estimator" in out
+    assert cli.main(args + ["--verify-top", "-1"]) != 0
+    assert "--verify-top must be >= 0; got -1" in capsys.readouterr().err
+    assert cli.main(args + ["--verify-top", "2", "--strategy", "lookup-greedy"]) != 0
+    assert "--verify-top needs --strategy best" in capsys.readouterr().err
+
+
 def test_failures_are_recorded_and_all_failing_is_an_error():
     task = _task(0)
     choice = select.best_plan(task, strategies=["lookup-greedy", "size-greedy"])

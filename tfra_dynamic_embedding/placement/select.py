@@ -5,11 +5,16 @@ tasks and loses on others; scoring all of them with the estimator in use and kee
 means the default never loses to any of them (by that estimator). `learned_out_of_range` says
 when a task's tables lie outside the training range of the learned proposer's cost model.
 
+An estimate can rank two close plans the wrong way round. `verify=` re-scores the `verify_top`
+cheapest distinct plans with a second estimator, e.g. "measured-cpu" (benchmarks: ground truth,
+at the price of measuring those plans together), and the cheapest by it wins.
+
 Example:
     choice = best_plan(task, "analytic")
     choice.plan.strategy           # e.g. 'lookup-greedy'
     choice.margin                  # the runner-up's max cost / the winner's - 1
     for c in choice.candidates: print(c.strategy, c.max_cost, c.error)
+    best_plan(task, "learned", verify="measured-cpu", verify_top=3)
 """
 
 import dataclasses
@@ -38,6 +43,7 @@ class Candidate:
     strategy: str
     max_cost: Optional[float] = None
     error: Optional[str] = None
+    verified_cost: Optional[float] = None   # max device cost by the `verify` estimator
 
 
 @dataclasses.dataclass
@@ -47,17 +53,30 @@ class Choice:
     plan: object
     candidates: List[Candidate]
     estimator: str
+    verified_by: Optional[str] = None   # the `verify` estimator's name, if one re-scored
 
     @property
     def margin(self):
-        """The runner-up's max cost over the winner's, minus 1 (None with one candidate)."""
-        costs = [c.max_cost for c in self.candidates if c.max_cost is not None]
+        """The runner-up's max cost over the winner's, minus 1 (None with one candidate); by
+        the verified costs when there were several."""
+        costs = [c.verified_cost for c in self.candidates if c.verified_cost is not None]
+        if len(costs) < 2:
+            costs = [c.max_cost for c in self.candidates if c.max_cost is not None]
         return costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0 else None
 
 
-def best_plan(task, estimator="analytic", seed=0, strategies=None):
+def best_plan(task, estimator="analytic", seed=0, strategies=None, verify=None, verify_top=3):
     """Proposes `task` with every registered strategy but random (or `strategies`), scores
-    each plan's max device cost with `estimator`, returns a `Choice` holding the cheapest plan."""
+    each plan's max device cost with `estimator`, returns a `Choice` holding the cheapest plan.
+
+    verify: None, or an estimator (name or instance) that re-scores the `verify_top` cheapest
+    distinct plans (strategies that proposed the same placement count once); the cheapest by it
+    wins and leads `candidates`, the rest follow by `estimator`'s costs. An estimator with
+    `measure_plans` (the measured ones) measures those plans together, so they share the
+    machine's drift.
+    """
+    if verify is not None and int(verify_top) < 1:
+        raise ValueError(f"verify_top must be >= 1; got {verify_top!r}")
     est = estimators.get_estimator(estimator)
     names = list(strategies) if strategies else [
         s for s in proposers.list_strategies() if s not in SKIPPED]
@@ -81,7 +100,28 @@ def best_plan(task, estimator="analytic", seed=0, strategies=None):
         raise ValueError(f"no strategy could place the task: {first.strategy}: {first.error} "
                          f"(and {len(candidates) - 1} other strategies failed too)")
     failed = [c for c in candidates if c.max_cost is None]
-    return Choice(plans[scored[0].strategy], scored + failed, est.name)
+    if verify is None:
+        return Choice(plans[scored[0].strategy], scored + failed, est.name)
+    checker = estimators.get_estimator(verify)
+    top, seen = [], set()
+    for candidate in scored:
+        placement = _placement_key(plans[candidate.strategy])
+        if placement not in seen and len(top) < int(verify_top):
+            seen.add(placement)
+            top.append(candidate)
+    if hasattr(checker, "measure_plans"):
+        checker.measure_plans([plans[c.strategy] for c in top])
+    for candidate in top:
+        candidate.verified_cost = max(checker.plan_costs(plans[candidate.strategy]).values())
+    top.sort(key=lambda c: (c.verified_cost, names.index(c.strategy)))
+    rest = [c for c in scored if c.verified_cost is None]
+    return Choice(plans[top[0].strategy], top + rest + failed, est.name, checker.name)
+
+
+def _placement_key(plan):
+    """Hashable placement of a plan: which device holds which shard, and the column splits."""
+    return (tuple(sorted((table, tuple(devices)) for table, devices in plan.assignment.items())),
+            tuple(sorted((table, tuple(widths)) for table, widths in plan.columns.items())))
 
 
 def learned_cost_model(weights_dir=None):
