@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tfra_dynamic_embedding as de
-from tfra_dynamic_embedding.placement import (apply, column_split, estimators, pieces, proposers,
-                                              select)
+from tfra_dynamic_embedding.placement import (apply, column_split, estimators, evaluate, pieces,
+                                              proposers, select)
 from tfra_dynamic_embedding.placement.cost_model import LearnedEstimator
 from tfra_dynamic_embedding.placement.types import (PLAN_FORMAT, PLAN_FORMAT_COLUMNS, DeviceCost,
                                                     DeviceSpec, Plan, Shard, TableSpec, Task,
@@ -220,6 +220,12 @@ def test_column_greedy_cuts_the_hot_wide_table_and_wins():
     assert choice.margin > 1.0
     again = Plan.from_json(choice.plan.to_json())
     assert max(est.plan_costs(again).values()) == pytest.approx(column_max)
+    # The lower bound counts the hot table by its cheapest column split, so it still bounds the
+    # column plan (whole, the hot table alone would put it above that plan).
+    bound = evaluate.lower_bound(task, est)
+    block = max(est.shard_cost(b, task) for b in pieces.column_pieces(task.tables[0], 8))
+    assert bound == pytest.approx(max(block, average)) and bound <= column_max < hot_cost
+    assert evaluate.evaluate_plan(plan, est, num_random=0, record=False).gap >= 0
 
 
 def test_column_greedy_is_cost_greedy_where_no_split_pays():

@@ -54,9 +54,11 @@ def balance(costs):
 def lower_bound(task, estimator):
     """max(cost of the largest unavoidable piece, total cost / devices), additive estimators only.
 
-    A piece is a whole table, or the largest row slice of a table too big for any device.
-    It bounds plans that split only the tables they must (the "learned" strategy also cuts hot
-    tables and can go below it); None for non-additive estimators.
+    A table's unavoidable piece is the table itself, or its largest row slice when it fits no
+    device whole, or, when it may be cut by columns (`pieces.column_splits`), the largest block
+    of its cheapest split. It bounds plans that split only the tables they must or by columns
+    (the "learned" strategy also cuts hot tables by rows and can go below it); None for
+    non-additive estimators.
     """
     est = get_estimator(estimator)
     if not est.additive:
@@ -65,7 +67,11 @@ def lower_bound(task, estimator):
     for table in task.tables:
         n = pieces.min_slices(table, task, memory)
         total += est.shard_cost(Shard(table, "", 0, 1), task)
-        largest = max(largest, est.shard_cost(Shard(table, "", 0, n), task))
+        piece = est.shard_cost(Shard(table, "", 0, n), task)
+        for blocks in pieces.column_splits(table, task, memory):
+            piece = min(piece, max(est.shard_cost(block, task)
+                                   for block in pieces.column_pieces(table, blocks)))
+        largest = max(largest, piece)
     return max(largest, total / task.num_devices)
 
 
