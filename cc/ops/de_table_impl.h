@@ -87,6 +87,10 @@ class Table : public TableBase {
 
   // Batches at least this large are partitioned by several threads.
   static constexpr int64_t kParallelPartitionKeys = 16384;
+  // Read-only batches at least this large visit their keys in batch order
+  // (ForEachKeyInOrder), in chunks of kInOrderChunk keys.
+  static constexpr int64_t kInOrderMinKeys = 2048;
+  static constexpr int64_t kInOrderChunk = 4096;
 
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
@@ -138,20 +142,24 @@ class Table : public TableBase {
   Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
               Tensor* exists, int group) override {
     TF_RETURN_IF_ERROR(CheckGroup(group));
-    Batch b;
-    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const bool per_key = defaults.dims() == 2;
     const V* dflt = defaults.flat<V>().data();
     V* out = values->flat<V>().data();
     bool* ex = exists->flat<bool>().data();
     const int64_t dim = cfg_.dim;
+    auto visit = [&](const Shard& s, int64_t i, uint64_t, int64_t row) {
+      ex[i] = row >= 0;
+      const V* src = row >= 0 ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
+      std::memcpy(out + i * dim, src, row_bytes_);
+      return absl::OkStatus();
+    };
+    if (keys.NumElements() >= kInOrderMinKeys) return ForEachKeyInOrder(ctx, keys, visit);
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
-      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t, int64_t row) {
-        ex[i] = row >= 0;
-        const V* src = row >= 0 ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
-        std::memcpy(out + i * dim, src, row_bytes_);
-        return absl::OkStatus();
+      return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
+        return visit(s, i, h, row);
       });
     });
   }
@@ -173,11 +181,23 @@ class Table : public TableBase {
 
   Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
                   Tensor* values, Tensor* exists) override {
-    Batch b;
-    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     V* out = values->flat<V>().data();
     bool* ex = exists->flat<bool>().data();
     const int64_t dim = cfg_.dim;
+    const KIn* key_data = keys.flat<KIn>().data();
+    if (!insert && keys.NumElements() >= kInOrderMinKeys) {
+      return ForEachKeyInOrder(ctx, keys, [&](const Shard& s, int64_t i, uint64_t h, int64_t row) {
+        ex[i] = row >= 0;
+        if (row >= 0) {
+          std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+        } else {
+          FillInit(init, InitHash(init, key_data[i], h), out + i * dim);
+        }
+        return absl::OkStatus();
+      });
+    }
+    Batch b;
+    TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, insert ? Lock::kExclusive : Lock::kShared,
                         [&](Shard& s, int64_t lo, int64_t hi) -> Status {
@@ -824,6 +844,95 @@ class Table : public TableBase {
     return first;
   }
 
+  // Prefetches the index group where a key with hash h is looked for first.
+  void PrefetchGroup(const Shard& s, uint64_t h) const {
+    if (s.cap == 0) return;
+    __builtin_prefetch(s.slots + ((h >> 7) & (s.cap / kGroupWidth - 1)) * kGroupWidth);
+  }
+  // The row of the first slot in a key's first index group whose tag matches
+  // (-1: none), with its record prefetched; the caller verifies the key.
+  int64_t Candidate(const Shard& s, uint64_t h) const {
+    if (s.cap == 0) return -1;
+    const uint64_t g = (h >> 7) & (s.cap / kGroupWidth - 1);
+    const uint32_t m = SlotGroup(s.slots + g * kGroupWidth).Match(TagOf(h));
+    if (m == 0) return -1;
+    const uint32_t row = s.slots[g * kGroupWidth + LowestSlot(m)] & kRowMask;
+    const char* rec = s.slab + size_t{row} * rec_bytes_;
+    for (size_t off = 0; off < prefetch_bytes_; off += 64) __builtin_prefetch(rec + off);
+    __builtin_prefetch(rec + rec_bytes_ - 1);
+    return row;
+  }
+
+  // Calls fn(shard, key index, hash, row or -1) for every key of a read-only
+  // op, in batch order. Chunks of kInOrderChunk keys run on the intra-op pool,
+  // each with every shard locked shared (in index order, as LockAll), so keys
+  // need no bucketing by shard and output rows are written in order, which
+  // the hardware streams, instead of scattered across the batch. Writers wait
+  // for at most one chunk.
+  template <class Fn>
+  Status ForEachKeyInOrder(OpKernelContext* ctx, const Tensor& keys, Fn&& fn) const {
+    const KIn* k = keys.flat<KIn>().data();
+    const int64_t n = keys.NumElements();
+    const int64_t chunks = (n + kInOrderChunk - 1) / kInOrderChunk;
+    std::mutex err_mu;
+    Status first;
+    auto work = [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        Status st;
+        {
+          std::vector<std::shared_lock<std::shared_mutex>> locks;
+          locks.reserve(num_shards_);
+          for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
+          st = KeysInOrder(k, c * kInOrderChunk, std::min(n, (c + 1) * kInOrderChunk), fn);
+        }
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> l(err_mu);
+          if (first.ok()) first = st;
+        }
+      }
+    };
+    const auto* w = ctx ? ctx->device()->tensorflow_cpu_worker_threads() : nullptr;
+    if (w == nullptr) {
+      work(0, chunks);
+    } else {
+      const int64_t cost = kInOrderChunk * (60 + static_cast<int64_t>(row_bytes_) / 8);
+      tensorflow::Shard(w->num_threads, w->workers, chunks, cost, work);
+    }
+    return first;
+  }
+
+  // The pipeline of ForEachRow (below) over keys [lo, hi) in batch order, the
+  // shard found per key; the caller holds every shard's lock.
+  template <class Fn>
+  Status KeysInOrder(const KIn* keys, int64_t lo, int64_t hi, Fn&& fn) const {
+    constexpr int64_t kFar = 32, kNear = 12, kRing = 64;  // kRing > kFar, a power of 2
+    uint64_t hash[kRing];
+    int64_t cand[kRing];
+    auto start = [&](int64_t p) {
+      const uint64_t h = KO::Hash(keys[p]);
+      hash[p & (kRing - 1)] = h;
+      PrefetchGroup(shards_[ShardOf(h)], h);
+    };
+    auto near = [&](int64_t p) {
+      const uint64_t h = hash[p & (kRing - 1)];
+      cand[p & (kRing - 1)] = Candidate(shards_[ShardOf(h)], h);
+    };
+    for (int64_t p = lo; p < std::min(hi, lo + kFar); ++p) start(p);
+    for (int64_t p = lo; p < std::min(hi, lo + kNear); ++p) near(p);
+    for (int64_t p = lo; p < hi; ++p) {
+      if (p + kFar < hi) start(p + kFar);
+      if (p + kNear < hi) near(p + kNear);
+      const uint64_t h = hash[p & (kRing - 1)];
+      const Shard& s = shards_[ShardOf(h)];
+      int64_t row = cand[p & (kRing - 1)];
+      if (row < 0 || !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), keys[p])) {
+        row = FindRow(s, keys[p], h);
+      }
+      TF_RETURN_IF_ERROR(fn(s, p, h, row));
+    }
+    return absl::OkStatus();
+  }
+
   // Calls fn(key index, hash, row or -1) for batch positions [lo, hi) of one
   // shard, in order. A lookup is three dependent cache misses (control group,
   // slot, record); this software pipeline prefetches the index group of the
@@ -841,23 +950,8 @@ class Table : public TableBase {
   Status ForEachRow(const Shard& s, const Batch& b, int64_t lo, int64_t hi, Pre&& pre, Fn&& fn) const {
     constexpr int64_t kFar = 32, kNear = 12, kRing = 16;
     int64_t cand[kRing];
-    auto prefetch_index = [&](int64_t p) {
-      if (s.cap == 0) return;
-      const uint64_t g = (b.hash[p] >> 7) & (s.cap / kGroupWidth - 1);
-      __builtin_prefetch(s.slots + g * kGroupWidth);
-    };
-    auto candidate = [&](int64_t p) -> int64_t {
-      if (s.cap == 0) return -1;
-      const uint64_t h = b.hash[p];
-      const uint64_t g = (h >> 7) & (s.cap / kGroupWidth - 1);
-      const uint32_t m = SlotGroup(s.slots + g * kGroupWidth).Match(TagOf(h));
-      if (m == 0) return -1;
-      const uint32_t row = s.slots[g * kGroupWidth + LowestSlot(m)] & kRowMask;
-      const char* rec = s.slab + size_t{row} * rec_bytes_;
-      for (size_t off = 0; off < prefetch_bytes_; off += 64) __builtin_prefetch(rec + off);
-      __builtin_prefetch(rec + rec_bytes_ - 1);
-      return row;
-    };
+    auto prefetch_index = [&](int64_t p) { PrefetchGroup(s, b.hash[p]); };
+    auto candidate = [&](int64_t p) { return Candidate(s, b.hash[p]); };
     for (int64_t p = lo; p < std::min(hi, lo + kFar); ++p) prefetch_index(p);
     for (int64_t p = lo; p < std::min(hi, lo + kNear); ++p) {
       cand[p & (kRing - 1)] = candidate(p);

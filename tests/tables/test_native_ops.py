@@ -117,6 +117,42 @@ def test_large_batches_keep_batch_order(key_dtype):
                                                      else 0.0 for i in probe])
 
 
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES)
+def test_large_read_only_batches_equal_small_ones(key_dtype):
+    # Read-only batches of >= 2048 keys visit the keys in batch order with every shard locked;
+    # smaller ones are bucketed by shard. Both must give the same rows and presence, for finds
+    # with one default row or a row per key and for fused lookup-or-init draws (seeded and not).
+    rng = np.random.default_rng(5)
+    dim = 20
+    t = table(key_dtype, tf.float32, dim)
+    held = rng.integers(0, 50_000, size=6000)
+    t.insert(keys_of(key_dtype, held), tf.constant(rng.standard_normal((6000, dim)), tf.float32))
+    probe = np.concatenate([held[:3000], rng.integers(50_000, 60_000, size=3000), held[:500]])
+    rng.shuffle(probe)
+    keys = keys_of(key_dtype, probe)
+    per_key = tf.constant(rng.standard_normal((len(probe), dim)), tf.float32)
+
+    def in_small_batches(fn):
+        parts = [fn(i, min(i + 1000, len(probe))) for i in range(0, len(probe), 1000)]
+        return [np.concatenate([p[j].numpy() for p in parts]) for j in range(2)]
+
+    cases = {
+        "one default": (lambda lo, hi: t.lookup_with_exists(keys[lo:hi], tf.fill([dim], -3.0))),
+        "per key": (lambda lo, hi: t.lookup_with_exists(keys[lo:hi], per_key[lo:hi])),
+        "seeded": (lambda lo, hi: t.lookup_or_init(
+            keys[lo:hi], native.NativeInitializer("normal", 0.0, 1.0, seed=4))),
+        "uniform": (lambda lo, hi: t.lookup_or_init(
+            keys[lo:hi], native.NativeInitializer("uniform", -1.0, 1.0, seed=4))),
+    }
+    for name, fn in cases.items():
+        whole = [x.numpy() for x in fn(0, len(probe))]
+        small = in_small_batches(fn)
+        np.testing.assert_array_equal(whole[1], small[1], err_msg=name)
+        np.testing.assert_array_equal(whole[0], small[0], err_msg=name)
+        np.testing.assert_array_equal(whole[1], np.isin(probe, held), err_msg=name)
+    assert int(t.size()) == len(np.unique(held))
+
+
 def test_empty_batches():
     t = table(dim=2)
     empty = tf.zeros([0], tf.int64)
