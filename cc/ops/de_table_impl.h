@@ -186,15 +186,19 @@ class Table : public TableBase {
     const int64_t dim = cfg_.dim;
     const KIn* key_data = keys.flat<KIn>().data();
     if (!insert && keys.NumElements() >= kInOrderMinKeys) {
-      return ForEachKeyInOrder(ctx, keys, [&](const Shard& s, int64_t i, uint64_t h, int64_t row) {
+      TF_RETURN_IF_ERROR(ForEachKeyInOrder(ctx, keys, [&](const Shard& s, int64_t i, uint64_t, int64_t row) {
         ex[i] = row >= 0;
-        if (row >= 0) {
-          std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
-        } else {
-          FillInit(init, InitHash(init, key_data[i], h), out + i * dim);
-        }
+        if (row >= 0) std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
         return absl::OkStatus();
+      }));
+      // The missing keys' rows are drawn in a pass of their own: interleaved with
+      // the probes, the draws were slower than probes and draws one after the other.
+      ForEachChunk(ctx, keys.NumElements(), 8 * dim, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (!ex[i]) FillInit(init, InitHash(init, key_data[i], KO::Hash(key_data[i])), out + i * dim);
+        }
       });
+      return absl::OkStatus();
     }
     Batch b;
     TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
@@ -891,14 +895,20 @@ class Table : public TableBase {
         }
       }
     };
+    ForEachChunk(ctx, chunks, kInOrderChunk * (60 + static_cast<int64_t>(row_bytes_) / 8), work);
+    return first;
+  }
+
+  // Runs work(lo, hi) over [0, n) on the intra-op pool (inline without one);
+  // `cost`: ~ns per unit.
+  template <class Work>
+  static void ForEachChunk(OpKernelContext* ctx, int64_t n, int64_t cost, Work&& work) {
     const auto* w = ctx ? ctx->device()->tensorflow_cpu_worker_threads() : nullptr;
     if (w == nullptr) {
-      work(0, chunks);
+      work(0, n);
     } else {
-      const int64_t cost = kInOrderChunk * (60 + static_cast<int64_t>(row_bytes_) / 8);
-      tensorflow::Shard(w->num_threads, w->workers, chunks, cost, work);
+      tensorflow::Shard(w->num_threads, w->workers, n, cost, work);
     }
-    return first;
   }
 
   // The pipeline of ForEachRow (below) over keys [lo, hi) in batch order, the
