@@ -855,11 +855,15 @@ class Table : public TableBase {
   }
   // The row of the first slot in a key's first index group whose tag matches
   // (-1: none), with its record prefetched; the caller verifies the key.
+  // kAbsent: no tag matches and the group has an empty slot, so the key is not
+  // in the shard (as long as nobody inserts before the caller looks).
+  static constexpr int64_t kAbsent = -2;
   int64_t Candidate(const Shard& s, uint64_t h) const {
-    if (s.cap == 0) return -1;
+    if (s.cap == 0) return kAbsent;
     const uint64_t g = (h >> 7) & (s.cap / kGroupWidth - 1);
-    const uint32_t m = SlotGroup(s.slots + g * kGroupWidth).Match(TagOf(h));
-    if (m == 0) return -1;
+    const SlotGroup grp(s.slots + g * kGroupWidth);
+    const uint32_t m = grp.Match(TagOf(h));
+    if (m == 0) return grp.MaskEmpty() != 0 ? kAbsent : -1;
     const uint32_t row = s.slots[g * kGroupWidth + LowestSlot(m)] & kRowMask;
     const char* rec = s.slab + size_t{row} * rec_bytes_;
     for (size_t off = 0; off < prefetch_bytes_; off += 64) __builtin_prefetch(rec + off);
@@ -935,7 +939,9 @@ class Table : public TableBase {
       const uint64_t h = hash[p & (kRing - 1)];
       const Shard& s = shards_[ShardOf(h)];
       int64_t row = cand[p & (kRing - 1)];
-      if (row < 0 || !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), keys[p])) {
+      if (row == kAbsent) {  // final: no writer runs while the caller holds the locks
+        row = -1;
+      } else if (row < 0 || !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), keys[p])) {
         row = FindRow(s, keys[p], h);
       }
       TF_RETURN_IF_ERROR(fn(s, p, h, row));
