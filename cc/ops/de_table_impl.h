@@ -88,9 +88,8 @@ class Table : public TableBase {
   // Batches at least this large are partitioned by several threads.
   static constexpr int64_t kParallelPartitionKeys = 16384;
   // Read-only batches at least this large visit their keys in batch order
-  // (ForEachKeyInOrder), in chunks of kInOrderChunk keys.
-  static constexpr int64_t kInOrderMinKeys = 2048;
-  static constexpr int64_t kInOrderChunk = 4096;
+  // (ForEachKeyInOrder), in chunks of 512 to 4096 keys.
+  static constexpr int64_t kInOrderMinKeys = 16384;
 
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
@@ -872,7 +871,7 @@ class Table : public TableBase {
   }
 
   // Calls fn(shard, key index, hash, row or -1) for every key of a read-only
-  // op, in batch order. Chunks of kInOrderChunk keys run on the intra-op pool,
+  // op, in batch order. Chunks of keys run on the intra-op pool,
   // each with every shard locked shared (in index order, as LockAll), so keys
   // need no bucketing by shard and output rows are written in order, which
   // the hardware streams, instead of scattered across the batch. Writers wait
@@ -881,7 +880,12 @@ class Table : public TableBase {
   Status ForEachKeyInOrder(OpKernelContext* ctx, const Tensor& keys, Fn&& fn) const {
     const KIn* k = keys.flat<KIn>().data();
     const int64_t n = keys.NumElements();
-    const int64_t chunks = (n + kInOrderChunk - 1) / kInOrderChunk;
+    // Chunks small enough for every thread to get a few, large enough that
+    // taking all shard locks (~1-2 us) stays below a nanosecond per key.
+    const auto* w = ctx ? ctx->device()->tensorflow_cpu_worker_threads() : nullptr;
+    const int64_t threads = w ? std::max(1, w->num_threads) : 1;
+    const int64_t chunk = std::clamp<int64_t>(n / (4 * threads), 512, 4096);
+    const int64_t chunks = (n + chunk - 1) / chunk;
     std::mutex err_mu;
     Status first;
     auto work = [&](int64_t c0, int64_t c1) {
@@ -891,7 +895,7 @@ class Table : public TableBase {
           std::vector<std::shared_lock<std::shared_mutex>> locks;
           locks.reserve(num_shards_);
           for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
-          st = KeysInOrder(k, c * kInOrderChunk, std::min(n, (c + 1) * kInOrderChunk), fn);
+          st = KeysInOrder(k, c * chunk, std::min(n, (c + 1) * chunk), fn);
         }
         if (!st.ok()) {
           std::lock_guard<std::mutex> l(err_mu);
@@ -899,7 +903,7 @@ class Table : public TableBase {
         }
       }
     };
-    ForEachChunk(ctx, chunks, kInOrderChunk * (60 + static_cast<int64_t>(row_bytes_) / 8), work);
+    ForEachChunk(ctx, chunks, chunk * (60 + static_cast<int64_t>(row_bytes_) / 8), work);
     return first;
   }
 

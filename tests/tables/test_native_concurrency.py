@@ -111,9 +111,9 @@ def test_shared_keys_lose_no_key_and_no_update():
                 churn = 10_000 + rng.integers(0, 5000, size=int(rng.integers(1, 300)))
                 t.insert(tf.constant(churn), np.repeat(churn[:, None], DIM, 1).astype(np.float32))
                 t.remove(tf.constant(10_000 + rng.integers(0, 5000, size=100)))
-                # >= 2048 keys: the read takes every shard's lock (in-order path) while the
+                # >= 16384 keys: the read takes every shard's lock (in-order path) while the
                 # other threads write.
-                rows, _ = t.lookup_with_exists(tf.constant(np.tile(shared, 8)), tf.zeros([DIM]))
+                rows, _ = t.lookup_with_exists(tf.constant(np.tile(shared, 56)), tf.zeros([DIM]))
                 rows = rows.numpy()
                 assert (rows >= 0).all() and (rows == rows[:, :1]).all()
                 rows, exists = t.lookup_with_exists(tf.constant(churn), tf.zeros([DIM]))

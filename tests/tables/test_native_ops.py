@@ -119,7 +119,7 @@ def test_large_batches_keep_batch_order(key_dtype):
 
 @pytest.mark.parametrize("key_dtype", KEY_DTYPES)
 def test_large_read_only_batches_equal_small_ones(key_dtype):
-    # Read-only batches of >= 2048 keys visit the keys in batch order with every shard locked;
+    # Read-only batches of >= 16384 keys visit the keys in batch order with every shard locked;
     # smaller ones are bucketed by shard. Both must give the same rows and presence, for finds
     # with one default row or a row per key and for fused lookup-or-init draws (seeded and not).
     rng = np.random.default_rng(5)
@@ -127,13 +127,13 @@ def test_large_read_only_batches_equal_small_ones(key_dtype):
     t = table(key_dtype, tf.float32, dim)
     held = rng.integers(0, 50_000, size=6000)
     t.insert(keys_of(key_dtype, held), tf.constant(rng.standard_normal((6000, dim)), tf.float32))
-    probe = np.concatenate([held[:3000], rng.integers(50_000, 60_000, size=3000), held[:500]])
+    probe = np.concatenate([held, held[:3000], rng.integers(50_000, 60_000, size=9000), held[:500]])
     rng.shuffle(probe)
     keys = keys_of(key_dtype, probe)
     per_key = tf.constant(rng.standard_normal((len(probe), dim)), tf.float32)
 
     def in_small_batches(fn):
-        parts = [fn(i, min(i + 1000, len(probe))) for i in range(0, len(probe), 1000)]
+        parts = [fn(i, min(i + 2000, len(probe))) for i in range(0, len(probe), 2000)]
         return [np.concatenate([p[j].numpy() for p in parts]) for j in range(2)]
 
     cases = {
