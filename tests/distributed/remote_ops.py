@@ -58,4 +58,28 @@ r.restrict(6, trigger=6)   # keeps the 3 most frequent keys of each shard
 results["restrict"] = [table(r)["keys"], table(r.restrict_policy.status)]
 place["r"] = placement(r)
 place["r_status"] = placement(r.restrict_policy.status)
+# Delta export: each shard's rows hashed on its PS, only the changed rows fetched.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from tfra_dynamic_embedding.online import delta  # noqa: E402
+
+d = de.Variable(dim=DIM, devices=devices, name="d", initializer=0.0)
+d.upsert(tf.range(20, dtype=tf.int64), tf.reshape(tf.range(20 * DIM, dtype=tf.float32), [20, DIM]))
+workdir = tempfile.mkdtemp()
+exporter = delta.DeltaExporter([d], workdir)
+first = exporter.export()
+d.upsert(K(3, 8, 25), tf.fill([3, DIM], -1.0))
+d.remove(K(4, 11))
+info = exporter.export()
+keys, values, removed, full = delta.read_export(info.path)["d"]
+order = np.argsort(keys)
+results["delta"] = [first.upserts, info.upserts, info.removals, keys[order].tolist(),
+                    values[order].tolist(), sorted(removed.tolist()), bool(full)]
+place["d_hashing"] = [sorted({op.device for op in exporter._fingerprints[  # pylint: disable=protected-access
+    f"d.shard{i}"].get_concrete_function().graph.get_operations()
+    if op.type not in ("Identity", "NoOp")}) for i in range(2)]
+shutil.rmtree(workdir)
 done({"mode": mode, "results": results, "placement": place})

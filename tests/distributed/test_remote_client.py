@@ -50,6 +50,12 @@ def test_every_variable_op_on_remote_tables_equals_one_process(make_cluster):
     assert results["restrict"][0] == [0, 1, 2, 3, 4, 5]
     for name in ("w", "e", "r", "r_status"):
         _assert_on_owner(remote["placement"][name], 2)
+    # Delta export: 20 rows in full, then 3 upserts (one new key) and 2 removals; each shard's
+    # rows were hashed on its own PS.
+    assert results["delta"][:3] == [20, 3, 2] and results["delta"][3] == [3, 8, 25]
+    assert results["delta"][5:] == [[4, 11], False]
+    for i, devices in enumerate(remote["placement"]["d_hashing"]):
+        assert devices and all(d.startswith(f"/job:ps/replica:0/task:{i}") for d in devices), devices
 
 
 def _assert_tables_equal(got, want):

@@ -90,6 +90,70 @@ def test_nothing_changed_gives_an_empty_delta_and_exporters_resume(tmp_path):
         delta.DeltaExporter([var, target], str(tmp_path))
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (7, 3)])
+def test_row_hashes_in_tensorflow_equal_the_numpy_ones(dtype, shape):
+    # The table's device hashes with TF ops, the fingerprint files hold numpy's: one function.
+    values = tf.cast(tf.random.stateless_normal(shape, seed=[1, 2]), dtype)
+    want = delta._row_hashes(values.numpy())  # pylint: disable=protected-access
+    got = delta._row_hashes_tf(values).numpy()  # pylint: disable=protected-access
+    assert got.dtype == np.uint64
+    np.testing.assert_array_equal(got, want)
+    if shape[0] > 1:
+        assert len(np.unique(got)) == shape[0]
+
+
+def test_rows_are_hashed_where_the_table_lives_and_only_changes_fetched(tmp_path):
+    var = de.Variable(dim=4, initializer=0.0, name="v", devices=["/CPU:0", "/CPU:2"])
+    var.upsert(tf.range(100, dtype=tf.int64), tf.ones([100, 4]))
+    exporter = delta.DeltaExporter([var], str(tmp_path))
+    exporter.export()
+    var.upsert(tf.constant([5, 6, 200], tf.int64), tf.fill([3, 4], 2.0))
+    var.remove(tf.constant([7], tf.int64))
+    fetched = []
+    for t in var._tables:  # pylint: disable=protected-access
+        t.lookup_with_exists = (lambda keys, rows, f=t.lookup_with_exists:
+                                fetched.append(int(tf.size(keys))) or f(keys, rows))
+    info = exporter.export()
+    assert (info.upserts, info.removals) == (3, 1)
+    assert sum(fetched) == 3                                  # only the changed rows came over
+    graph = exporter._fingerprints["v.shard1"].get_concrete_function().graph  # pylint: disable=protected-access
+    devices = {op.device for op in graph.get_operations() if op.type not in ("Identity", "NoOp")}
+    assert devices and all(d.endswith("CPU:2") for d in devices), devices
+    # A shard with no rows exports too.
+    lone = de.Variable(dim=3, initializer=0.0, name="lone", devices=["/CPU:0", "/CPU:1"])
+    lone.upsert(tf.constant([4], tf.int64), tf.ones([1, 3]))
+    lone_exporter = delta.DeltaExporter([lone], str(tmp_path / "lone"))
+    assert [lone_exporter.export().upserts for _ in range(2)] == [1, 0]
+
+
+def test_a_key_removed_while_its_shard_is_exported_is_a_removal(tmp_path):
+    var = de.Variable(dim=2, initializer=0.0, name="v")
+    var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    exporter = delta.DeltaExporter([var], str(tmp_path))
+    exporter.export()
+    var.upsert(tf.constant([2, 3, 4], tf.int64), tf.fill([3, 2], 5.0))
+    table = var._tables[0]  # pylint: disable=protected-access
+    lookup = table.lookup_with_exists
+
+    def remove_then_lookup(keys, rows):   # a writer gets in between hashing and fetching
+        var.remove(tf.constant([2, 4], tf.int64))
+        var.upsert(tf.constant([3], tf.int64), tf.fill([1, 2], 9.0))
+        return lookup(keys, rows)
+
+    table.lookup_with_exists = remove_then_lookup
+    info = exporter.export()
+    del table.lookup_with_exists
+    keys, values, removed, _ = delta.read_export(info.path)["v"]
+    assert keys.tolist() == [3] and values.tolist() == [[9.0, 9.0]]
+    assert removed.tolist() == [2]          # 4 was never exported: nothing to remove
+    again = exporter.export()               # the fingerprint holds what was exported
+    assert (again.upserts, again.removals) == (0, 0)
+    target = de.Variable(dim=2, name="v")
+    delta.replay(str(tmp_path), [target])
+    _assert_same(target, var)
+
+
 def test_serving_savedmodel_takes_deltas_in_place(tmp_path):
     trained = de.Variable(dim=2, initializer=0.0, name="emb")
     step = train_step(trained, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.3)))

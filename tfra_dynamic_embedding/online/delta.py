@@ -5,7 +5,9 @@ full export), each later one the keys inserted or updated since the previous exp
 rows) and the keys removed (evicted, restricted, removed by hand). Changes are found by
 comparing each shard with a fingerprint of the previous export (its keys and a 64-bit hash of
 each row, 16 bytes per key, kept in the directory): any backend, any writer, nothing to enable
-beforehand. Replaying the full export and every delta in order gives the last export exactly.
+beforehand. Rows are hashed where the table lives (its parameter server), so a delta moves
+each shard's keys and hashes and only the changed rows, not the whole table. Replaying the full
+export and every delta in order gives the last export exactly.
 
 Files (stock TensorFlow reads them: `tf.data.TFRecordDataset` + `tf.io.parse_tensor`):
     directory/<seq:06d>/<table>.shard<i>.tfrecord   records: a JSON header, then per chunk
@@ -49,16 +51,44 @@ class ExportInfo:
     bytes: int
 
 
+FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+
+
 def _row_hashes(values):
-    """A 64-bit hash of every row's bytes (FNV-1a over its 32-bit words)."""
-    words = np.ascontiguousarray(values).reshape(len(values), -1)
+    """A 64-bit hash of every row's bytes (FNV-1a over its 32-bit words, or its bytes for
+    2- and 8-byte values)."""
+    values = np.ascontiguousarray(values)
+    words = values.reshape(len(values), int(np.prod(values.shape[1:])))   # also with no rows
     words = words.view(np.uint32) if words.dtype.itemsize == 4 else words.view(np.uint8)
-    h = np.full(len(words), 0xCBF29CE484222325, np.uint64)
-    prime = np.uint64(0x100000001B3)
+    h = np.full(len(words), FNV_OFFSET, np.uint64)
+    prime = np.uint64(FNV_PRIME)
     with np.errstate(over="ignore"):
         for column in words.T:
             h = (h ^ column.astype(np.uint64)) * prime
     return h
+
+
+def _row_hashes_tf(values):
+    """`_row_hashes` in TensorFlow ops (the same numbers), to run on the table's device."""
+    n = tf.shape(values)[0]
+    if values.dtype.size == 4:
+        words = tf.bitcast(values, tf.uint32)
+    else:
+        words = tf.reshape(tf.bitcast(values, tf.uint8), [n, -1])
+    prime = tf.constant(FNV_PRIME, tf.uint64)
+    return tf.foldl(lambda h, column: tf.bitwise.bitwise_xor(h, tf.cast(column, tf.uint64)) * prime,
+                    tf.transpose(words), initializer=tf.fill([n], tf.constant(FNV_OFFSET, tf.uint64)))
+
+
+def _fingerprint_fn(table):
+    """A function returning (keys, row hashes) of a table shard, run where the shard lives: its
+    rows never leave that device."""
+    @tf.function
+    def fingerprint():
+        with tf.device(table.device):
+            keys, values = table.export()
+            return keys, _row_hashes_tf(values)
+    return fingerprint
 
 
 def _file_name(table, shard):
@@ -84,6 +114,7 @@ class DeltaExporter:
         self.directory = os.fspath(directory)
         self._key_dtypes = {_file_name(v.name, i): v.key_dtype for v in self.variables
                             for i in range(v.shard_num)}
+        self._fingerprints = {}   # table shard name -> its fingerprint function
         os.makedirs(os.path.join(self.directory, FINGERPRINTS), exist_ok=True)
         done = complete_exports(self.directory)
         self.next_sequence = done[-1] + 1 if done else 0
@@ -98,23 +129,15 @@ class DeltaExporter:
         for var in self.variables:
             for shard, table in enumerate(var._tables):  # pylint: disable=protected-access
                 name = _file_name(var.name, shard)
-                keys, values = (t.numpy() for t in table.export())
-                hashes = _row_hashes(values)
-                old_keys, old_hashes = self._fingerprint(name) if sequence else (None, None)
-                if old_keys is None:
-                    changed = np.ones(len(keys), bool)
-                    removed = keys[:0]
+                old = self._fingerprint(name) if sequence else None
+                if old is None:   # a full export: every row comes over
+                    keys, values = (t.numpy() for t in table.export())
+                    hashes, new_keys, new_values, removed = _row_hashes(values), keys, values, keys[:0]
                 else:
-                    order = np.argsort(old_keys, kind="stable")
-                    position = np.searchsorted(old_keys[order], keys)
-                    position = np.minimum(position, max(len(old_keys) - 1, 0))
-                    found = (len(old_keys) > 0) & (old_keys[order][position] == keys)
-                    same = found & (old_hashes[order][position] == hashes)
-                    changed = ~same
-                    removed = old_keys[~np.isin(old_keys, keys)]
+                    keys, hashes, new_keys, new_values, removed = self._changes(name, table, *old)
                 _write_shard(os.path.join(path, name + ".tfrecord"), var, shard,
-                             keys[changed], values[changed], removed, full=sequence == 0)
-                upserts += int(changed.sum())
+                             new_keys, new_values, removed, full=sequence == 0)
+                upserts += len(new_keys)
                 removals += len(removed)
                 fingerprints.append((name, keys, hashes))
         with open(os.path.join(path, DONE), "w", encoding="utf-8") as f:
@@ -132,12 +155,41 @@ class DeltaExporter:
         return ExportInfo(path, sequence, sequence == 0, upserts, removals, size)
 
     def _fingerprint(self, name):
+        """(keys, hashes) of a shard's previous export, or None."""
         path = os.path.join(self.directory, FINGERPRINTS, name)
         if not os.path.exists(path + ".keys"):
-            return None, None
+            return None
         keys = tf.io.parse_tensor(tf.io.read_file(path + ".keys"),
                                   self._key_dtypes[name]).numpy()
         return keys, np.load(path + ".hashes.npy", allow_pickle=False)
+
+    def _changes(self, name, table, old_keys, old_hashes):
+        """A shard's delta against its previous export: (keys, hashes) of the shard now (the
+        next fingerprint), the upserted keys and their rows, the removed keys. The rows are
+        hashed on the table's device; only the changed ones are fetched."""
+        if name not in self._fingerprints:
+            self._fingerprints[name] = _fingerprint_fn(table)
+        keys, hashes = (t.numpy() for t in self._fingerprints[name]())
+        order = np.argsort(old_keys, kind="stable")
+        position = np.minimum(np.searchsorted(old_keys[order], keys), max(len(old_keys) - 1, 0))
+        found = (len(old_keys) > 0) & (old_keys[order][position] == keys)
+        changed = ~(found & (old_hashes[order][position] == hashes))
+        removed = old_keys[~np.isin(old_keys, keys)]
+        if not changed.any():
+            no_rows = np.zeros([0, table.dim], table.value_dtype.as_numpy_dtype)
+            return keys, hashes, keys[:0], no_rows, removed
+        rows, exists = table.lookup_with_exists(tf.constant(keys[changed], table.key_dtype),
+                                                tf.zeros([changed.sum(), table.dim],
+                                                         table.value_dtype))
+        rows, exists = rows.numpy(), exists.numpy()
+        # Training goes on meanwhile: a row fetched is the one exported and fingerprinted; a key
+        # gone since the hashing is not upserted, and is a removal if the last export had it.
+        hashes[np.flatnonzero(changed)[exists]] = _row_hashes(rows[exists])
+        gone = keys[changed][~exists]
+        removed = np.concatenate([removed, gone[np.isin(gone, old_keys)]])
+        kept = np.ones(len(keys), bool)
+        kept[np.flatnonzero(changed)[~exists]] = False
+        return keys[kept], hashes[kept], keys[changed][exists], rows[exists], removed
 
 
 def _write_shard(path, var, shard, keys, values, removed, full):
