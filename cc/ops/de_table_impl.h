@@ -892,10 +892,12 @@ class Table : public TableBase {
       for (int64_t c = c0; c < c1; ++c) {
         Status st;
         {
-          std::vector<std::shared_lock<std::shared_mutex>> locks;
-          locks.reserve(num_shards_);
-          for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
-          st = KeysInOrder(k, c * chunk, std::min(n, (c + 1) * chunk), fn);
+          SharedLocks all(*this);
+          try {
+            st = KeysInOrder(k, c * chunk, std::min(n, (c + 1) * chunk), fn);
+          } catch (const std::exception& e) {
+            st = absl::InternalError(absl::StrCat("native table read: ", e.what()));
+          }
         }
         if (!st.ok()) {
           std::lock_guard<std::mutex> l(err_mu);
@@ -906,6 +908,17 @@ class Table : public TableBase {
     ForEachChunk(ctx, chunks, chunk * (60 + static_cast<int64_t>(row_bytes_) / 8), work);
     return first;
   }
+
+  // Every shard's lock held shared for a scope, taken in index order (as LockAll).
+  struct SharedLocks {
+    const Table& t;
+    explicit SharedLocks(const Table& table) : t(table) {
+      for (int i = 0; i < t.num_shards_; ++i) t.shards_[i].mu.lock_shared();
+    }
+    ~SharedLocks() {
+      for (int i = t.num_shards_ - 1; i >= 0; --i) t.shards_[i].mu.unlock_shared();
+    }
+  };
 
   // Runs work(lo, hi) over [0, n) on the intra-op pool (inline without one);
   // `cost`: ~ns per unit.
