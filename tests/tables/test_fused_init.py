@@ -199,7 +199,8 @@ def test_fused_draws_have_the_distribution_over_100k_draws(name, seed):
     assert abs(x.mean() - mean) < 5 * std / math.sqrt(x.size), (x.mean(), mean)
     assert abs(x.std() - std) < 0.01 * std, (x.std(), std)
     if bounds is None:   # normal: the share within one stddev, and tails beyond 4 stddev exist
-        assert abs(np.mean(np.abs(x - mean) < std) - 0.6827) < 0.005
+        share = 0.682689   # within one stddev; 5 standard errors (unseeded draws vary per run)
+        assert abs(np.mean(np.abs(x - mean) < std) - share) < 5 * math.sqrt(share * (1 - share) / x.size)
         assert np.abs(x - mean).max() > 4 * std
     else:
         lo, hi = bounds
@@ -316,7 +317,9 @@ def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
     z = (rows.ravel() - 1.0) / 0.5                          # >= 200k standard normals
     assert abs(z.mean()) < 5 / math.sqrt(z.size), z.mean()
     assert abs(z.std() - 1.0) < 0.01, z.std()
-    assert abs(np.mean(z ** 4) - 3.0) < 0.06                # kurtosis of a normal
+    # Kurtosis of a normal: E z^4 = 3, Var z^4 = 105 - 9 (5 standard errors: unseeded draws
+    # differ per run, so a tighter bound fails now and then on a right sampler).
+    assert abs(np.mean(z ** 4) - 3.0) < 5 * math.sqrt(96 / z.size), np.mean(z ** 4)
     for k, share in ((1, 0.682689), (2, 0.954500), (3, 0.997300)):
         assert abs(np.mean(np.abs(z) < k) - share) < 4 * math.sqrt(share * (1 - share) / z.size)
     assert 4.0 < np.abs(z).max() <= 5.78                     # tails exist; |z| <= sqrt(2 ln 2^24)
