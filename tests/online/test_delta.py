@@ -125,6 +125,8 @@ def test_rows_are_hashed_where_the_table_lives_and_only_changes_fetched(tmp_path
     lone.upsert(tf.constant([4], tf.int64), tf.ones([1, 3]))
     lone_exporter = delta.DeltaExporter([lone], str(tmp_path / "lone"))
     assert [lone_exporter.export().upserts for _ in range(2)] == [1, 0]
+    lone.upsert(tf.constant([5], tf.int64), tf.ones([1, 3]))   # into the shard that was empty
+    assert lone_exporter.export().upserts == 1
 
 
 def test_a_key_removed_while_its_shard_is_exported_is_a_removal(tmp_path):

@@ -170,10 +170,12 @@ class DeltaExporter:
         if name not in self._fingerprints:
             self._fingerprints[name] = _fingerprint_fn(table)
         keys, hashes = (t.numpy() for t in self._fingerprints[name]())
-        order = np.argsort(old_keys, kind="stable")
-        position = np.minimum(np.searchsorted(old_keys[order], keys), max(len(old_keys) - 1, 0))
-        found = (len(old_keys) > 0) & (old_keys[order][position] == keys)
-        changed = ~(found & (old_hashes[order][position] == hashes))
+        changed = np.ones(len(keys), bool)
+        if len(old_keys):
+            order = np.argsort(old_keys, kind="stable")
+            position = np.minimum(np.searchsorted(old_keys[order], keys), len(old_keys) - 1)
+            found = old_keys[order][position] == keys
+            changed = ~(found & (old_hashes[order][position] == hashes))
         removed = old_keys[~np.isin(old_keys, keys)]
         if not changed.any():
             no_rows = np.zeros([0, table.dim], table.value_dtype.as_numpy_dtype)
