@@ -1,6 +1,10 @@
 """Every de.Variable op on a two-shard variable: remote tables (MODE remote) or one process
 (MODE local). Prints {"results": {...}, "placement": {...}}; see remote_common.py."""
 
+import shutil
+import tempfile
+
+import numpy as np
 from remote_common import DIM, arr, done, placement, setup, table
 
 tf, de, mode, spec, devices, _ = setup()
@@ -59,12 +63,7 @@ results["restrict"] = [table(r)["keys"], table(r.restrict_policy.status)]
 place["r"] = placement(r)
 place["r_status"] = placement(r.restrict_policy.status)
 # Delta export: each shard's rows hashed on its PS, only the changed rows fetched.
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from tfra_dynamic_embedding.online import delta  # noqa: E402
+from tfra_dynamic_embedding.online import delta  # noqa: E402  (after setup: TF's settings)
 
 d = de.Variable(dim=DIM, devices=devices, name="d", initializer=0.0)
 d.upsert(tf.range(20, dtype=tf.int64), tf.reshape(tf.range(20 * DIM, dtype=tf.float32), [20, DIM]))

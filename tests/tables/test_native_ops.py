@@ -121,7 +121,8 @@ def test_large_batches_keep_batch_order(key_dtype):
 def test_large_read_only_batches_equal_small_ones(key_dtype):
     # Read-only batches of >= 16384 keys visit the keys in batch order with every shard locked;
     # smaller ones are bucketed by shard. Both must give the same rows and presence, for finds
-    # with one default row or a row per key and for fused lookup-or-init draws (seeded and not).
+    # with one default row or a row per key and for fused lookup-or-init draws (seeded normal
+    # and uniform: the same rows in any batch).
     rng = np.random.default_rng(5)
     dim = 20
     t = table(key_dtype, tf.float32, dim)

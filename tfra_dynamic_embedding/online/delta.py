@@ -180,18 +180,18 @@ class DeltaExporter:
         if not changed.any():
             no_rows = np.zeros([0, table.dim], table.value_dtype.as_numpy_dtype)
             return keys, hashes, keys[:0], no_rows, removed
-        rows, exists = table.lookup_with_exists(tf.constant(keys[changed], table.key_dtype),
-                                                tf.zeros([changed.sum(), table.dim],
-                                                         table.value_dtype))
+        at = np.flatnonzero(changed)
+        rows, exists = table.lookup_with_exists(tf.constant(keys[at], table.key_dtype),
+                                                tf.zeros([len(at), table.dim], table.value_dtype))
         rows, exists = rows.numpy(), exists.numpy()
         # Training goes on meanwhile: a row fetched is the one exported and fingerprinted; a key
         # gone since the hashing is not upserted, and is a removal if the last export had it.
-        hashes[np.flatnonzero(changed)[exists]] = _row_hashes(rows[exists])
-        gone = keys[changed][~exists]
+        hashes[at[exists]] = _row_hashes(rows[exists])
+        gone = keys[at[~exists]]
         removed = np.concatenate([removed, gone[np.isin(gone, old_keys)]])
         kept = np.ones(len(keys), bool)
-        kept[np.flatnonzero(changed)[~exists]] = False
-        return keys[kept], hashes[kept], keys[changed][exists], rows[exists], removed
+        kept[at[~exists]] = False
+        return keys[kept], hashes[kept], keys[at[exists]], rows[exists], removed
 
 
 def _write_shard(path, var, shard, keys, values, removed, full):
