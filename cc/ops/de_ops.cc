@@ -196,19 +196,23 @@ REGISTER_OP("TfraDeExport")
     .Output("next_cursor: int64")
     .TFRA_DE_TYPE_ATTRS
     .Attr("dim: int >= 1")
+    .Attr("with_values: bool = true")
     .SetShapeFn([](InferenceContext* c) {
       int64_t dim;
+      bool with_values;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      TF_RETURN_IF_ERROR(c->GetAttr("with_values", &with_values));
       DimensionHandle n = c->UnknownDim();
       c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(1, c->Matrix(n, with_values ? dim : 0));
       c->set_output(2, c->Vector(n));
       c->set_output(3, c->Vector(n));
       c->set_output(4, c->Scalar());
       return absl::OkStatus();
     })
     .Doc("Rows from `cursor` (0 = start), at most `limit` (< 0: all rows as one consistent "
-         "snapshot), with their metadata; next_cursor is -1 when the table is exhausted.");
+         "snapshot), with their metadata; next_cursor is -1 when the table is exhausted. "
+         "with_values=false: values is [n, 0] (keys and metadata only, no row copied).");
 
 REGISTER_OP("TfraDeImport")
     .Input("table: resource")
@@ -672,15 +676,19 @@ class SizeOp : public TableOp {
 
 class ExportOp : public TableOp {
  public:
-  using TableOp::TableOp;
+  explicit ExportOp(OpKernelConstruction* c) : TableOp(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("with_values", &with_values_));
+  }
 
   class Sink : public ExportSink {
    public:
-    Sink(OpKernelContext* ctx, int64_t dim) : ctx_(ctx), dim_(dim) {}
+    Sink(OpKernelContext* ctx, int64_t dim, bool with_values)
+        : ctx_(ctx), dim_(dim), with_values_(with_values) {}
+    bool WantsValues() const override { return with_values_; }
     Status Allocate(int64_t n, Tensor** keys, Tensor** values, Tensor** stamps, Tensor** freqs) override {
       TF_RETURN_IF_ERROR(ctx_->allocate_output(0, TensorShape({n}), keys));
       TensorShape rows;
-      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape({n, dim_}, &rows));
+      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape({n, with_values_ ? dim_ : 0}, &rows));
       TF_RETURN_IF_ERROR(ctx_->allocate_output(1, rows, values));
       TF_RETURN_IF_ERROR(ctx_->allocate_output(2, TensorShape({n}), stamps));
       return ctx_->allocate_output(3, TensorShape({n}), freqs);
@@ -689,6 +697,7 @@ class ExportOp : public TableOp {
    private:
     OpKernelContext* ctx_;
     int64_t dim_;
+    bool with_values_;
   };
 
   void Run(OpKernelContext* ctx, TableBase* t) override {
@@ -696,11 +705,14 @@ class ExportOp : public TableOp {
     OP_REQUIRES_OK(ctx, CheckScalar("limit", ctx->input(2)));
     const int64_t cursor = ctx->input(1).scalar<int64_t>()();
     const int64_t limit = ctx->input(2).scalar<int64_t>()();
-    Sink sink(ctx, t->dim());
+    Sink sink(ctx, t->dim(), with_values_);
     int64_t next = -1;
     OP_REQUIRES_OK(ctx, t->Export(cursor, limit, &sink, &next, 0));
     OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 4, next));
   }
+
+ private:
+  bool with_values_ = true;
 };
 
 class ImportOp : public TableOp {

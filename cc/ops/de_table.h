@@ -57,6 +57,8 @@ class ExportSink {
   // Allocates outputs for n rows and returns pointers into them.
   virtual Status Allocate(int64_t n, Tensor** keys, Tensor** values, Tensor** stamps,
                           Tensor** freqs) = 0;
+  // false: the sink's values tensor has no columns and the rows are not copied.
+  virtual bool WantsValues() const { return true; }
 };
 
 // A record holds its key's row (column group 0) and, once an optimizer's slots

@@ -324,6 +324,13 @@ class Table : public TableBase {
     std::vector<V> vals;
     std::vector<int64_t> stamps, freqs;
     const int64_t want = std::min<int64_t>(limit, 1 << 26);
+    const bool with_values = sink->WantsValues();
+    // Reserved once: growing by doubling would hold up to three chunks' bytes at a time.
+    const size_t expect = static_cast<size_t>(std::min<int64_t>(want, Size()));
+    keys.reserve(expect);
+    if (with_values) vals.reserve(expect * cfg_.dim);
+    stamps.reserve(expect);
+    freqs.reserve(expect);
     *next = -1;
     uint32_t row = static_cast<uint32_t>(cursor & 0xffffffff);
     for (int64_t si = shard0; si < num_shards_ && *next < 0; ++si, row = 0) {
@@ -338,8 +345,10 @@ class Table : public TableBase {
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         keys.push_back(KO::ToOwned(*reinterpret_cast<const KS*>(rec)));
-        const V* v = reinterpret_cast<const V*>(rec + GroupOff(group));
-        vals.insert(vals.end(), v, v + cfg_.dim);
+        if (with_values) {
+          const V* v = reinterpret_cast<const V*>(rec + GroupOff(group));
+          vals.insert(vals.end(), v, v + cfg_.dim);
+        }
         stamps.push_back(Stamp(rec));
         freqs.push_back(f);
       }
@@ -350,7 +359,7 @@ class Table : public TableBase {
     auto ok = tk->flat<KIn>();
     for (int64_t i = 0; i < n; ++i) KO::ExportOwned(keys[i], &ok(i));
     if (n > 0) {
-      std::memcpy(tv->flat<V>().data(), vals.data(), vals.size() * sizeof(V));
+      if (with_values) std::memcpy(tv->flat<V>().data(), vals.data(), vals.size() * sizeof(V));
       std::memcpy(ts->flat<int64_t>().data(), stamps.data(), n * 8);
       std::memcpy(tf->flat<int64_t>().data(), freqs.data(), n * 8);
     }
@@ -1282,7 +1291,7 @@ class Table : public TableBase {
     Tensor *tk, *tv, *ts, *tf;
     TF_RETURN_IF_ERROR(sink->Allocate(n, &tk, &tv, &ts, &tf));
     auto ok = tk->flat<KIn>();
-    V* ov = tv->flat<V>().data();
+    V* ov = sink->WantsValues() ? tv->flat<V>().data() : nullptr;
     int64_t* os = ts->flat<int64_t>().data();
     int64_t* of = tf->flat<int64_t>().data();
     int64_t i = 0;
@@ -1293,7 +1302,7 @@ class Table : public TableBase {
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         KO::Export(*reinterpret_cast<const KS*>(rec), &ok(i));
-        std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), row_bytes_);
+        if (ov != nullptr) std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), row_bytes_);
         os[i] = Stamp(rec);
         of[i] = f;
         ++i;

@@ -149,6 +149,11 @@ def test_checkpoint_keeps_the_clock_and_the_bound(kv_creator, tmp_path):
     # The restored recency decides: the 4 oldest keys (18-21, from steps 7 and 8) went.
     assert keys_of(restored) == set(range(22, 30)) | {100, 101, 102, 103}
     assert int(restored.eviction_state.step) == 11
+    # The sweep gave the restored rows back their stamps without touching their trained values.
+    kept = tf.constant(np.arange(22, 30), tf.int64)
+    trained = var.lookup(kept).numpy()
+    assert np.all(trained != 0.0)
+    np.testing.assert_array_equal(restored.lookup(kept).numpy(), trained)
 
 
 def test_ttl_seconds_counts_from_the_saved_updates_after_a_restore(kv_creator, tmp_path):

@@ -404,6 +404,25 @@ def test_export_chunks_cover_table_once():
         t.export_chunk(tf.constant(99 << 32, tf.int64), 10)
 
 
+def test_export_chunk_without_values_gives_the_same_keys_and_metadata():
+    t = table(tf.int64, tf.float32, 4, num_shards=4)
+    ids = np.arange(500, dtype=np.int64)
+    t.insert(tf.constant(ids), tf.ones([500, 4]))
+    t.insert(tf.constant(ids[:100]), tf.ones([100, 4]))   # counts 2 for the first 100
+    cursor, cursor_meta = 0, 0
+    while cursor >= 0:
+        keys, values, stamps, freqs, cursor = t.export_chunk(cursor, 64)
+        keys2, no_values, stamps2, freqs2, cursor_meta = t.export_chunk(cursor_meta, 64,
+                                                                        with_values=False)
+        assert values.shape == (keys.shape[0], 4) and no_values.shape == (keys.shape[0], 0)
+        for a, b in ((keys, keys2), (stamps, stamps2), (freqs, freqs2), (cursor, cursor_meta)):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(freqs.numpy(), np.where(keys.numpy() < 100, 2, 1))
+        cursor = int(cursor)
+    whole = t.export_chunk(0, -1, with_values=False)
+    assert whole[1].shape == (500, 0) and sorted(whole[0].numpy()) == ids.tolist()
+
+
 def test_bad_input_is_an_error_not_a_crash():
     t = table(dim=3)
     gen = native._ops()  # pylint: disable=protected-access

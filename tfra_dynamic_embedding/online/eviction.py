@@ -196,7 +196,7 @@ class EvictionState:
         table = self._var._tables[shard]  # pylint: disable=protected-access
         restored = self.restored._tables[shard]  # pylint: disable=protected-access
 
-        def restamp(chunk_keys, values, chunk_stamps, chunk_counts):
+        def restamp(chunk_keys, chunk_stamps, chunk_counts):
             if self.seconds:   # wall-clock stamps are all true; only restored rows change
                 later = tf.reshape(tf.cond(
                     restored.size() > 0, lambda: restored.contains(chunk_keys),
@@ -210,8 +210,15 @@ class EvictionState:
             saved, found = tf.reshape(saved, [-1, 2]), tf.reshape(found, [-1])
             new_stamps = tf.where(found, tf.minimum(saved[:, 0], step), step)
             new_counts = tf.where(found, saved[:, 1], tf.boolean_mask(chunk_counts, later))
-            restamp_op = table.import_with_meta(later_keys, tf.boolean_mask(values, later),
-                                                new_stamps, new_counts, clear=False)
+            # The chunk carries no rows (few are restamped): they are read now, and a key
+            # removed since the chunk was read is not written back.
+            rows, present = table.lookup_with_exists(
+                later_keys, tf.zeros(tf.stack([tf.size(later_keys), table.dim]), table.value_dtype))
+            present = tf.reshape(present, [-1])
+            restamp_op = table.import_with_meta(
+                tf.boolean_mask(later_keys, present), tf.boolean_mask(rows, present),
+                tf.boolean_mask(new_stamps, present), tf.boolean_mask(new_counts, present),
+                clear=False)
             with tf.control_dependencies([restamp_op]):
                 forget = restored.remove(tf.boolean_mask(later_keys, found))
             fixed_stamps = tf.tensor_scatter_nd_update(
@@ -285,16 +292,18 @@ class EvictionState:
 
 def scan_chunks(table, key_dtype, absorb, state, fix=None):
     """Folds a native table's metadata chunk by chunk: `state = absorb(state, keys, stamps,
-    counts)` for every chunk of rows (the rows' values are never kept); returns the last state.
+    counts)` for every chunk of rows (no row values are read); returns the last state.
 
-    `fix(keys, values, stamps, counts) -> (stamps, counts, op)` may correct a chunk's metadata
-    first; the next chunk is read after `op`. `state` is a tuple of tensors and TensorArrays
-    whose tensors may change their first dimension.
+    `fix(keys, stamps, counts) -> (stamps, counts, op)` may correct a chunk's metadata first;
+    the next chunk is read after `op`. `state` is a tuple of tensors and TensorArrays whose
+    tensors may change their first dimension. One chunk at a time is in flight
+    (`parallel_iterations=1`), so the scan's memory is one chunk's keys and metadata.
     """
     def body(cursor, *state):
-        keys, values, stamps, counts, cursor = table.export_chunk(cursor, _CHUNK_ROWS)
+        keys, _, stamps, counts, cursor = table.export_chunk(cursor, _CHUNK_ROWS,
+                                                             with_values=False)
         if fix is not None:
-            stamps, counts, done = fix(keys, values, stamps, counts)
+            stamps, counts, done = fix(keys, stamps, counts)
             with tf.control_dependencies([done]):
                 cursor = tf.identity(cursor)
         return (cursor,) + tuple(absorb(state, keys, stamps, counts))
@@ -306,7 +315,8 @@ def scan_chunks(table, key_dtype, absorb, state, fix=None):
 
     state = tuple(state)
     out = tf.while_loop(lambda cursor, *_: cursor >= 0, body, (tf.constant(0, tf.int64),) + state,
-                        shape_invariants=(tf.TensorShape([]),) + tuple(invariant(x) for x in state))
+                        shape_invariants=(tf.TensorShape([]),) + tuple(invariant(x) for x in state),
+                        parallel_iterations=1)
     return out[1:]
 
 

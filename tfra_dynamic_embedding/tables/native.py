@@ -450,16 +450,17 @@ class NativeKVTable(base.KVTable):
                                            **self._typed())
             return out.keys, out.values, out.stamps, out.freqs
 
-    def export_chunk(self, cursor, limit):
+    def export_chunk(self, cursor, limit, with_values=True):
         """(keys, values, stamps, freqs, next_cursor): up to `limit` rows from `cursor`.
 
         Start at cursor 0; next_cursor is -1 once the table is exhausted. Unlike
         `export_with_meta` the chunks are not one snapshot under concurrent writes.
+        `with_values=False`: values is [n, 0] (a scan of the metadata copies no rows).
         """
         with tf.device(self.device):
             return tuple(self._gen.tfra_de_export(
                 self.resource_handle, tf.cast(cursor, tf.int64), tf.cast(limit, tf.int64),
-                dim=self.dim, **self._typed()))
+                dim=self.dim, with_values=bool(with_values), **self._typed()))
 
     def export_chunks(self, chunk_size=65536):
         """Eager generator of (keys, values, stamps, freqs) chunks of at most `chunk_size` rows."""
