@@ -1,6 +1,8 @@
 // Vectorized normal and uniform rows (de_draw.h). All three paths evaluate the same float
-// operations in the same order (the library is built with -ffp-contract=off, so
-// no fused multiply-add), which is what makes them agree bit for bit.
+// operations in the same order, which is what makes them agree bit for bit. The
+// library is built with -ffp-contract=off, so the compiler fuses nothing; the
+// normal rows' fused multiply-adds are written out (std::fma in the scalar path),
+// and the vector paths need FMA3 (every AVX2 machine but a few early ones has it).
 #include "de_draw.h"
 
 #include <cmath>
@@ -18,12 +20,14 @@ namespace {
 
 constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;  // splitmix64's increment
 constexpr uint64_t kMul1 = 0xbf58476d1ce4e5b9ULL, kMul2 = 0x94d049bb133111ebULL;
-constexpr float kLn2Hi = 0.693145751953125f;        // ln 2 = hi + lo, hi exact in float
-constexpr float kLn2Lo = 1.42860682030941723212e-6f;
+// -2 ln 2 = hi + lo, hi exact in float (ln 2's split, doubled: exact).
+constexpr float kM2Ln2Hi = -2.0f * 0.693145751953125f;
+constexpr float kM2Ln2Lo = -2.0f * 1.42860682030941723212e-6f;
 constexpr float kSqrt2 = 1.41421356f;
 constexpr float kQuarterTurn = 0x1.0p-24f * 1.57079632679489661923f;  // angle per 2^-24 quarter turn
-// ln f = 2 atanh(t), t = (f - 1) / (f + 1): t * (L0 + t^2 (L1 + t^2 (L2 + ...)))
-constexpr float kL[5] = {2.0f, 0.666666667f, 0.4f, 0.285714286f, 0.222222222f};
+constexpr float kHalfStep = 0.5f * kQuarterTurn;                      // angle of the step's middle
+// -2 ln f = -4 atanh(t), t = (f - 1) / (f + 1): t * (L0 + t^2 (L1 + t^2 (L2 + ...)))
+constexpr float kL[5] = {-4.0f, -4.0f / 3, -4.0f / 5, -4.0f / 7, -4.0f / 9};
 // Taylor coefficients of sin(x) / x and cos(x) in x^2, on [0, pi/2].
 constexpr float kS[6] = {1.0f, -1.66666667e-1f, 8.33333333e-3f, -1.98412698e-4f, 2.75573192e-6f,
                          -2.50521084e-8f};
@@ -51,6 +55,13 @@ inline uint32_t BitsOf(float f) {
 
 // ------------------------------------------------------------------ scalar --
 
+// Horner's rule with fused steps: k[0] + x (k[1] + x (...)), as the vector paths.
+inline float PolyScalar(float x, const float* k, int len) {
+  float p = k[len - 1];
+  for (int i = len - 2; i >= 0; --i) p = std::fma(x, p, k[i]);
+  return p;
+}
+
 // The reference: block `b` of the row (columns 16b..16b+15) into out[0..15],
 // written as lane loops so that compilers may vectorize it for the machine.
 void BlockScalar(uint64_t seed, int64_t b, float mean, float stddev, float* out) {
@@ -61,31 +72,32 @@ void BlockScalar(uint64_t seed, int64_t b, float mean, float stddev, float* out)
     hi[k] = static_cast<uint32_t>(w >> 32);
   }
   float r[8];
-  for (int k = 0; k < 8; ++k) {  // r: u1 = (m + 1) 2^-24 = 2^e f with f in [sqrt(1/2), sqrt(2)]
-    const uint32_t bits = BitsOf(static_cast<float>(static_cast<int32_t>((lo[k] >> 8) + 1)) * 0x1.0p-24f);
-    int32_t e = static_cast<int32_t>(bits >> 23) - 127;
+  for (int k = 0; k < 8; ++k) {
+    // u1 = (m + 1) 2^-24 = 2^e f with f in [sqrt(1/2), sqrt(2)]: f from the bits of the
+    // float m + 1 (exact), e from its exponent less 24.
+    const uint32_t bits = BitsOf(static_cast<float>(static_cast<int32_t>((lo[k] >> 8) + 1)));
+    int32_t e = static_cast<int32_t>(bits >> 23) - (127 + 24);
     float f = FloatOf((bits & 0x7FFFFF) | 0x3F800000);
     const bool big = f > kSqrt2;
     f = big ? f * 0.5f : f;
     e = big ? e + 1 : e;
     const float t = (f - 1.0f) / (f + 1.0f);
-    const float t2 = t * t;
-    const float lnf = t * (kL[0] + t2 * (kL[1] + t2 * (kL[2] + t2 * (kL[3] + t2 * kL[4]))));
+    const float m2lnf = t * PolyScalar(t * t, kL, 5);
     const float ef = static_cast<float>(e);
-    r[k] = std::sqrt(-2.0f * (ef * kLn2Hi + (ef * kLn2Lo + lnf)));
+    r[k] = std::sqrt(std::fma(ef, kM2Ln2Hi, std::fma(ef, kM2Ln2Lo, m2lnf))) * stddev;
   }
   for (int k = 0; k < 8; ++k) {  // theta: quadrant q from the top two bits, the angle from the next 24
     const uint32_t q = hi[k] >> 30;
-    const float x = (static_cast<float>(static_cast<int32_t>((hi[k] >> 6) & 0xFFFFFF)) + 0.5f) * kQuarterTurn;
+    const float x = std::fma(static_cast<float>(static_cast<int32_t>((hi[k] >> 6) & 0xFFFFFF)),
+                             kQuarterTurn, kHalfStep);
     const float x2 = x * x;
-    const float sn = x * (kS[0] + x2 * (kS[1] + x2 * (kS[2] + x2 * (kS[3] + x2 * (kS[4] + x2 * kS[5])))));
-    const float cs =
-        kC[0] + x2 * (kC[1] + x2 * (kC[2] + x2 * (kC[3] + x2 * (kC[4] + x2 * (kC[5] + x2 * kC[6])))));
+    const float sn = x * PolyScalar(x2, kS, 6);
+    const float cs = PolyScalar(x2, kC, 7);
     // Rotate (cs, sn) by q quarter turns: swap when q is odd, then flip signs.
     const float cq = FloatOf(BitsOf((q & 1) ? sn : cs) ^ (((q ^ (q >> 1)) & 1) << 31));
     const float sq = FloatOf(BitsOf((q & 1) ? cs : sn) ^ ((q >> 1) << 31));
-    out[k] = mean + stddev * (r[k] * cq);
-    out[k + 8] = mean + stddev * (r[k] * sq);
+    out[k] = std::fma(r[k], cq, mean);
+    out[k + 8] = std::fma(r[k], sq, mean);
   }
 }
 
@@ -111,7 +123,7 @@ void UniformScalar(uint64_t seed, int64_t n, double a, double width, float* dst)
 #ifdef TFRA_DE_X86_SIMD
 // -------------------------------------------------------------------- AVX2 --
 // One block (8 words, 16 columns) per iteration.
-#define TFRA_AVX2 __attribute__((target("avx2")))
+#define TFRA_AVX2 __attribute__((target("avx2,fma")))
 
 TFRA_AVX2 inline __m256i Mul64Avx2(__m256i x, __m256i c) {  // low 64 bits of x * c (no vpmullq)
   const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), c),
@@ -125,9 +137,9 @@ TFRA_AVX2 inline __m256i MixAvx2(__m256i z) {
   return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
 }
 
-TFRA_AVX2 inline __m256 PolyAvx2(__m256 x2, const float* k, int len) {  // Horner, as in Pair
+TFRA_AVX2 inline __m256 PolyAvx2(__m256 x, const float* k, int len) {  // as PolyScalar
   __m256 p = _mm256_set1_ps(k[len - 1]);
-  for (int i = len - 2; i >= 0; --i) p = _mm256_add_ps(_mm256_set1_ps(k[i]), _mm256_mul_ps(x2, p));
+  for (int i = len - 2; i >= 0; --i) p = _mm256_fmadd_ps(x, p, _mm256_set1_ps(k[i]));
   return p;
 }
 
@@ -147,26 +159,23 @@ TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float
     const __m256i p0 = _mm256_permutevar8x32_epi32(w0, split), p1 = _mm256_permutevar8x32_epi32(w1, split);
     const __m256i lo = _mm256_permute2x128_si256(p0, p1, 0x20);  // words' low halves, in order
     const __m256i hi = _mm256_permute2x128_si256(p0, p1, 0x31);
-    const __m256 u1 = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(lo, 8), _mm256_set1_epi32(1))),
-        _mm256_set1_ps(0x1.0p-24f));
-    const __m256i bits = _mm256_castps_si256(u1);
-    __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127));
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(lo, 8), _mm256_set1_epi32(1)));
+    const __m256i bits = _mm256_castps_si256(v);
+    __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127 + 24));
     __m256 f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFF)),
                                                    _mm256_set1_epi32(0x3F800000)));
     const __m256 big = _mm256_cmp_ps(f, _mm256_set1_ps(kSqrt2), _CMP_GT_OQ);
     f = _mm256_blendv_ps(f, _mm256_mul_ps(f, _mm256_set1_ps(0.5f)), big);
     e = _mm256_sub_epi32(e, _mm256_castps_si256(big));  // big lanes are all ones: -1
     const __m256 t = _mm256_div_ps(_mm256_sub_ps(f, one), _mm256_add_ps(f, one));
-    const __m256 lnf = _mm256_mul_ps(t, PolyAvx2(_mm256_mul_ps(t, t), kL, 5));
+    const __m256 m2lnf = _mm256_mul_ps(t, PolyAvx2(_mm256_mul_ps(t, t), kL, 5));
     const __m256 ef = _mm256_cvtepi32_ps(e);
-    const __m256 ln = _mm256_add_ps(_mm256_mul_ps(ef, _mm256_set1_ps(kLn2Hi)),
-                                    _mm256_add_ps(_mm256_mul_ps(ef, _mm256_set1_ps(kLn2Lo)), lnf));
-    const __m256 r = _mm256_sqrt_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f), ln));
-    const __m256 x = _mm256_mul_ps(
-        _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(hi, 6), _mm256_set1_epi32(0xFFFFFF))),
-                      _mm256_set1_ps(0.5f)),
-        _mm256_set1_ps(kQuarterTurn));
+    const __m256 m2ln = _mm256_fmadd_ps(ef, _mm256_set1_ps(kM2Ln2Hi),
+                                        _mm256_fmadd_ps(ef, _mm256_set1_ps(kM2Ln2Lo), m2lnf));
+    const __m256 r = _mm256_mul_ps(_mm256_sqrt_ps(m2ln), vstd);
+    const __m256 x = _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(hi, 6), _mm256_set1_epi32(0xFFFFFF))),
+        _mm256_set1_ps(kQuarterTurn), _mm256_set1_ps(kHalfStep));
     const __m256 x2 = _mm256_mul_ps(x, x);
     const __m256 sn = _mm256_mul_ps(x, PolyAvx2(x2, kS, 6));
     const __m256 cs = PolyAvx2(x2, kC, 7);
@@ -175,8 +184,8 @@ TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float
     __m256 cq = _mm256_blendv_ps(cs, sn, odd), sq = _mm256_blendv_ps(sn, cs, odd);
     cq = _mm256_xor_ps(cq, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_xor_si256(q, _mm256_srli_epi32(q, 1)), 31)));
     sq = _mm256_xor_ps(sq, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(q, 1), 31)));
-    const __m256 oc = _mm256_add_ps(vmean, _mm256_mul_ps(vstd, _mm256_mul_ps(r, cq)));
-    const __m256 os = _mm256_add_ps(vmean, _mm256_mul_ps(vstd, _mm256_mul_ps(r, sq)));
+    const __m256 oc = _mm256_fmadd_ps(r, cq, vmean);
+    const __m256 os = _mm256_fmadd_ps(r, sq, vmean);
     if (j0 + 16 <= n) {
       _mm256_storeu_ps(dst + j0, oc);
       _mm256_storeu_ps(dst + j0 + 8, os);
@@ -221,7 +230,7 @@ TFRA_AVX2 void UniformAvx2(uint64_t seed, int64_t n, double a, double width, flo
 
 // ----------------------------------------------------------------- AVX-512 --
 // Two blocks (16 words, 32 columns) per iteration.
-#define TFRA_AVX512 __attribute__((target("avx2,avx512f,avx512dq,avx512vl")))
+#define TFRA_AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
 
 TFRA_AVX512 inline __m512i MixAvx512(__m512i z) {
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(kMul1));
@@ -229,9 +238,9 @@ TFRA_AVX512 inline __m512i MixAvx512(__m512i z) {
   return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
-TFRA_AVX512 inline __m512 PolyAvx512(__m512 x2, const float* k, int len) {
+TFRA_AVX512 inline __m512 PolyAvx512(__m512 x, const float* k, int len) {  // as PolyScalar
   __m512 p = _mm512_set1_ps(k[len - 1]);
-  for (int i = len - 2; i >= 0; --i) p = _mm512_add_ps(_mm512_set1_ps(k[i]), _mm512_mul_ps(x2, p));
+  for (int i = len - 2; i >= 0; --i) p = _mm512_fmadd_ps(x, p, _mm512_set1_ps(k[i]));
   return p;
 }
 
@@ -250,26 +259,23 @@ TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, f
     state = _mm512_add_epi64(state, step);
     const __m512i lo = _mm512_permutex2var_epi32(w0, even, w1);  // 16 words' low halves, in order
     const __m512i hi = _mm512_permutex2var_epi32(w0, odd, w1);
-    const __m512 u1 = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(lo, 8), _mm512_set1_epi32(1))),
-        _mm512_set1_ps(0x1.0p-24f));
-    const __m512i bits = _mm512_castps_si512(u1);
-    __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(lo, 8), _mm512_set1_epi32(1)));
+    const __m512i bits = _mm512_castps_si512(v);
+    __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + 24));
     __m512 f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF)),
                                                    _mm512_set1_epi32(0x3F800000)));
     const __mmask16 big = _mm512_cmp_ps_mask(f, _mm512_set1_ps(kSqrt2), _CMP_GT_OQ);
     f = _mm512_mask_mul_ps(f, big, f, _mm512_set1_ps(0.5f));
     e = _mm512_mask_add_epi32(e, big, e, _mm512_set1_epi32(1));
     const __m512 t = _mm512_div_ps(_mm512_sub_ps(f, one), _mm512_add_ps(f, one));
-    const __m512 lnf = _mm512_mul_ps(t, PolyAvx512(_mm512_mul_ps(t, t), kL, 5));
+    const __m512 m2lnf = _mm512_mul_ps(t, PolyAvx512(_mm512_mul_ps(t, t), kL, 5));
     const __m512 ef = _mm512_cvtepi32_ps(e);
-    const __m512 ln = _mm512_add_ps(_mm512_mul_ps(ef, _mm512_set1_ps(kLn2Hi)),
-                                    _mm512_add_ps(_mm512_mul_ps(ef, _mm512_set1_ps(kLn2Lo)), lnf));
-    const __m512 r = _mm512_sqrt_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ln));
-    const __m512 x = _mm512_mul_ps(
-        _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(hi, 6), _mm512_set1_epi32(0xFFFFFF))),
-                      _mm512_set1_ps(0.5f)),
-        _mm512_set1_ps(kQuarterTurn));
+    const __m512 m2ln = _mm512_fmadd_ps(ef, _mm512_set1_ps(kM2Ln2Hi),
+                                        _mm512_fmadd_ps(ef, _mm512_set1_ps(kM2Ln2Lo), m2lnf));
+    const __m512 r = _mm512_mul_ps(_mm512_sqrt_ps(m2ln), vstd);
+    const __m512 x = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(hi, 6), _mm512_set1_epi32(0xFFFFFF))),
+        _mm512_set1_ps(kQuarterTurn), _mm512_set1_ps(kHalfStep));
     const __m512 x2 = _mm512_mul_ps(x, x);
     const __m512 sn = _mm512_mul_ps(x, PolyAvx512(x2, kS, 6));
     const __m512 cs = PolyAvx512(x2, kC, 7);
@@ -280,8 +286,8 @@ TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, f
         _mm512_castps_si512(cq), _mm512_slli_epi32(_mm512_xor_si512(q, _mm512_srli_epi32(q, 1)), 31)));
     sq = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sq),
                                               _mm512_slli_epi32(_mm512_srli_epi32(q, 1), 31)));
-    const __m512 oc = _mm512_add_ps(vmean, _mm512_mul_ps(vstd, _mm512_mul_ps(r, cq)));
-    const __m512 os = _mm512_add_ps(vmean, _mm512_mul_ps(vstd, _mm512_mul_ps(r, sq)));
+    const __m512 oc = _mm512_fmadd_ps(r, cq, vmean);
+    const __m512 os = _mm512_fmadd_ps(r, sq, vmean);
     // Block 2b: cos of words 0-7, sin of words 0-7; block 2b+1: the same of words 8-15.
     const __m512 first = _mm512_shuffle_f32x4(oc, os, 0x44), second = _mm512_shuffle_f32x4(oc, os, 0xEE);
     const int64_t left = n - j0;
@@ -330,7 +336,7 @@ Paths Pick() {
   const std::string cap = env == nullptr ? "avx512" : env;
 #ifdef TFRA_DE_X86_SIMD
   __builtin_cpu_init();
-  const bool avx2 = cap != "scalar" && __builtin_cpu_supports("avx2");
+  const bool avx2 = cap != "scalar" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && cap == "avx512" && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   if (avx512) return {"avx512", RowAvx2, RowAvx512, UniformAvx512};

@@ -9,7 +9,8 @@
 // is r * cos(theta) of word 8b + k for k < 8 and r * sin(theta) of word
 // 8b + k - 8 for k >= 8, where a word's low 32 bits give r = sqrt(-2 ln u1),
 // u1 in [2^-24, 1] (so |z| <= 5.77), and its high 32 bits the angle theta.
-// Logarithm, sine and cosine are float polynomials (relative error ~1e-7).
+// Logarithm, sine and cosine are float polynomials (relative error ~1e-7),
+// evaluated with fused multiply-adds (std::fma in the scalar path).
 //
 // Uniform rows are RowRng's: column j = float(a + width * u_j) in double, u_j =
 // ((word j >> 11) + 0.5) 2^-53, the recipe keyed_random.py's TF ops follow.
