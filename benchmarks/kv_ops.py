@@ -16,7 +16,7 @@ Rows of the table below, per dim (the internal table API):
   find_or_insert  rows, inserting missing keys with random-normal rows (built-in: find with
                   random defaults, then insert the batch)
 Memory (`--memory`): resident and peak bytes/key after inserting 1M and 4M keys of dim 64, each
-in a fresh process. Also the bandwidth of a first touch of fresh memory (what new rows cost
+in a fresh process, and (native) the bytes the table itself holds (`memory_bytes()`). Also the bandwidth of a first touch of fresh memory (what new rows cost
 before their bytes are written). Prints a table, then one JSON line. Timings are medians of
 `--repeats`.
 
@@ -245,7 +245,8 @@ for i in range(0, n, 65536):
 stop.set(); th.join()
 end = rss()
 print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
-                  "peak": (max(peak[0], end) - base) / n}))
+                  "peak": (max(peak[0], end) - base) / n,
+                  "table": int(t.memory_bytes()) / n if backend == "native" else None}))
 '''
 
 
@@ -338,12 +339,14 @@ def main():
                   + f"{ratio:>16}")
     if args.memory:
         print("\nmemory, dim 64 (raw key + row = 264 B/key)")
-        print(f"{'backend':<10}{'keys':>10}{'resident B/key':>16}{'peak B/key':>12}")
+        print(f"{'backend':<10}{'keys':>10}{'resident B/key':>16}{'peak B/key':>12}"
+              f"{'table B/key':>13}")
         for backend in [b for b in args.backends if b in ("native", "builtin")]:
             for n in (1_000_000, 4_000_000):
                 m = run_memory(n, backend)
                 report["memory"].setdefault(backend, {})[n] = m
-                print(f"{backend:<10}{n:>10}{m['resident']:>16.1f}{m['peak']:>12.1f}")
+                table = f"{m['table']:>13.1f}" if m["table"] is not None else f"{'-':>13}"
+                print(f"{backend:<10}{n:>10}{m['resident']:>16.1f}{m['peak']:>12.1f}{table}")
     print(json.dumps(report))
 
 

@@ -27,6 +27,7 @@ struct KeyOps {  // int32 / int64
   static bool EqStored(const Stored& a, const Stored& b) { return a == b; }
   static void Construct(void* p, K k) { std::memcpy(p, &k, sizeof(K)); }
   static void Destroy(void*) {}
+  static size_t HeapBytes(const Stored&) { return 0; }  // bytes a stored key holds off the record
   static Owned ToOwned(const Stored& s) { return s; }
   static void Export(const Stored& s, K* out) { *out = s; }
   static void ExportOwned(const Owned& s, K* out) { *out = s; }
@@ -86,6 +87,7 @@ struct KeyOps<tensorflow::tstring> {
     if (s->size > StrKey::kInline) delete[] s->data();
     s->size = 0;
   }
+  static size_t HeapBytes(const Stored& s) { return s.size > StrKey::kInline ? s.size : 0; }
   static Owned ToOwned(const Stored& s) { return std::string(s.data(), s.size); }
   static void Export(const Stored& s, In* out) { out->assign(s.data(), s.size); }
   static void ExportOwned(const Owned& s, In* out) { out->assign(s.data(), s.size()); }

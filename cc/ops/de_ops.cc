@@ -184,6 +184,14 @@ REGISTER_OP("TfraDeSize")
     .Output("size: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("TfraDeMemory")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Output("bytes: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Bytes the table holds (records, index, free lists, long string keys); 0 for a "
+         "column-group view, whose columns are counted in its table.");
+
 REGISTER_OP("TfraDeExport")
     .Input("table: resource")
     .SetIsStateful()
@@ -674,6 +682,14 @@ class SizeOp : public TableOp {
   }
 };
 
+class MemoryOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, t->MemoryBytes()));
+  }
+};
+
 class ExportOp : public TableOp {
  public:
   explicit ExportOp(OpKernelConstruction* c) : TableOp(c) {
@@ -925,6 +941,7 @@ TFRA_DE_KERNEL("TfraDeAccum", AccumOp);
 TFRA_DE_KERNEL("TfraDeRemove", RemoveOp);
 TFRA_DE_KERNEL("TfraDeClear", ClearOp);
 TFRA_DE_KERNEL("TfraDeSize", SizeOp);
+TFRA_DE_KERNEL("TfraDeMemory", MemoryOp);
 TFRA_DE_KERNEL("TfraDeExport", ExportOp);
 TFRA_DE_KERNEL("TfraDeImport", ImportOp);
 TFRA_DE_KERNEL("TfraDeSetStep", SetStepOp);

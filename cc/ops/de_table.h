@@ -121,6 +121,9 @@ class TableBase : public tensorflow::ResourceBase {
   // Group 0: removes every key. Group g >= 1: resets the group to its fill.
   virtual void Clear(int group) = 0;
   virtual int64_t Size() const = 0;
+  // Bytes the table holds: record slabs as far as rows were handed out or
+  // prefaulted, hash indexes, free lists and long string keys.
+  virtual int64_t MemoryBytes() const = 0;
   // Rows from `cursor` on, at most `limit` (<0: all, as one consistent
   // snapshot). *next is -1 once the table is exhausted.
   virtual Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
@@ -179,6 +182,8 @@ class GroupView : public TableBase {
     TF_RETURN_IF_ERROR(Top(group));
     return table_->Find(ctx, keys, defaults, values, exists, group_);
   }
+  // A group's columns live in its table's records: counted there, not here.
+  int64_t MemoryBytes() const override { return 0; }
   Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override {
     return table_->Contains(ctx, keys, exists);
   }

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tests.conftest import CPUS
 from tfra_dynamic_embedding.tables import native
+from tfra_dynamic_embedding.tables import native_slots
 
 pytestmark = pytest.mark.skipif(not native.is_available(),
                                 reason=f"native op library not built: {native.load_error()}")
@@ -421,6 +422,33 @@ def test_export_chunk_without_values_gives_the_same_keys_and_metadata():
         cursor = int(cursor)
     whole = t.export_chunk(0, -1, with_values=False)
     assert whole[1].shape == (500, 0) and sorted(whole[0].numpy()) == ids.tolist()
+
+
+def test_memory_bytes_counts_records_index_free_rows_and_long_string_keys():
+    n, dim = 5000, 16
+    t = table(tf.int64, tf.float32, dim, num_shards=1)
+    assert int(t.memory_bytes()) == 0
+    t.insert(keys_of(tf.int64, np.arange(n)), tf.zeros([n, dim]))
+    record = 8 + 8 + 4 * dim      # key, stamp and count, row
+    slots = 1 << int(np.ceil(np.log2(n / 0.875)))   # the index's power-of-2 size at <= 7/8 load
+    full = int(t.memory_bytes())
+    assert n * record + 4 * slots <= full <= 1.05 * n * record + 4 * slots
+    t.remove(keys_of(tf.int64, np.arange(n // 2)))   # rows stay allocated, on the free list
+    assert int(t.memory_bytes()) >= full + 4 * (n // 2)
+    t.clear()
+    assert int(t.memory_bytes()) < full // 10
+    # Keys longer than the record's inline bytes are held on the heap, and counted.
+    short, long_ = (table(tf.string, tf.float32, 2, num_shards=1) for _ in range(2))
+    short.insert(tf.constant([f"{i:05d}" for i in range(300)]), tf.zeros([300, 2]))
+    long_.insert(tf.constant([f"{i:05d}" + "x" * 95 for i in range(300)]), tf.zeros([300, 2]))
+    assert int(long_.memory_bytes()) - int(short.memory_bytes()) == 300 * 100
+    # A slot's columns widen the table's records and are counted there, not in the slot view.
+    base = table(tf.int64, tf.float32, dim, num_shards=1)
+    base.insert(keys_of(tf.int64, np.arange(n)), tf.zeros([n, dim]))
+    slot = native_slots.NativeSlotView(base, fill=0.0, name="t/slot")
+    slot.insert(keys_of(tf.int64, np.arange(n)), tf.ones([n, dim]))
+    assert int(slot.memory_bytes()) == 0
+    assert int(base.memory_bytes()) >= n * (record + 4 * dim)
 
 
 def test_bad_input_is_an_error_not_a_crash():

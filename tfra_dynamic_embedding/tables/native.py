@@ -432,6 +432,15 @@ class NativeKVTable(base.KVTable):
         with tf.device(self.device):
             return self._gen.tfra_de_size(self.resource_handle)
 
+    def memory_bytes(self):
+        """Bytes the table holds: its records (rows, optimizer slots kept with them, metadata)
+        as far as rows were handed out, its hash index, free lists and long string keys.
+
+        Example: int(var.tables[0].kv_table.memory_bytes()) / int(var.size())  # bytes per key
+        """
+        with tf.device(self.device):
+            return self._gen.tfra_de_memory(self.resource_handle)
+
     # -- export / import ------------------------------------------------------------------
 
     def export(self):
