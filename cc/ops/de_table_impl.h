@@ -746,7 +746,7 @@ class Table : public TableBase {
       }
       case InitSpec::kNormal:
         if (init.keyed) {
-          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * Ndtri(rng.Uniform()));
+          KeyedNormal(row_seed, a, b, /*truncated=*/false, dst);
         } else if (dim < kBoxMullerMinDim) {
           rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
         } else if constexpr (std::is_same<V, float>::value) {
@@ -760,9 +760,7 @@ class Table : public TableBase {
         break;
       default:  // truncated normal: within two standard deviations
         if (init.keyed) {
-          for (int64_t j = 0; j < dim; ++j) {
-            dst[j] = FromDouble<V>(a + b * Ndtri(kPhiLo + kPhiWidth * rng.Uniform()));
-          }
+          KeyedNormal(row_seed, a, b, /*truncated=*/true, dst);
         } else {  // redraw beyond two standard deviations
           for (int64_t j = 0; j < dim; ++j) {
             double z;
@@ -770,6 +768,19 @@ class Table : public TableBase {
             dst[j] = FromDouble<V>(a + b * z);
           }
         }
+    }
+  }
+
+  // The keyed recipe's (truncated) normal row (de_keyed.h), computed in double.
+  void KeyedNormal(uint64_t row_seed, double a, double b, bool truncated, V* dst) const {
+    const int64_t dim = cfg_.dim;
+    if constexpr (std::is_same<V, double>::value) {
+      KeyedNormalRow(row_seed, dim, a, b, truncated, dst);
+    } else {
+      thread_local std::vector<double> row;
+      row.resize(static_cast<size_t>(dim));
+      KeyedNormalRow(row_seed, dim, a, b, truncated, row.data());
+      for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(row[j]);
     }
   }
 

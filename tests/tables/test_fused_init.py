@@ -337,8 +337,11 @@ def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
 
 @pytest.mark.parametrize("dim", [8, 37, 64])
 @pytest.mark.parametrize("init", [lambda: tf.random_uniform_initializer(-0.3, 0.2, seed=9),
-                                  lambda: keras.initializers.RandomUniform(seed=2)])
-def test_wide_seeded_uniform_rows_equal_the_builtin_backend(init, dim):
+                                  lambda: keras.initializers.RandomUniform(seed=2),
+                                  lambda: tf.random_normal_initializer(0.1, 0.02, seed=3),
+                                  lambda: tf_keras.initializers.TruncatedNormal(0.0, 0.5, seed=8)])
+def test_wide_seeded_rows_equal_the_builtin_backend(init, dim):
+    # Vectorized draws (8 columns an iteration; normal tails lane by lane) against TF's ops.
     keys = tf.constant(np.arange(-200, 200) * 104729, tf.int64)
     want = de.Variable(dim=dim, initializer=init(), kv_creator=de.BuiltinKVCreator()).lookup(keys)
     for shards in (1, 2):
@@ -367,6 +370,9 @@ def test_wide_rows_are_the_same_on_every_instruction_set():
             u = de.Variable(dim=dim + 3, initializer=tf.random_uniform_initializer(-1.0, 2.0),
                             kv_creator=de.NativeKVCreator(), name=f"isa_u{{dim}}")
             out[f"u{{dim}}"] = u.lookup(keys).numpy().tolist()
+            s = de.Variable(dim=dim, initializer=tf.random_normal_initializer(0.0, 1.0, seed=5),
+                            kv_creator=de.NativeKVCreator(), name=f"isa_s{{dim}}")
+            out[f"s{{dim}}"] = s.lookup(keys).numpy().tolist()
         print(json.dumps(out))
     """)
     rows = {}
@@ -376,7 +382,7 @@ def test_wide_rows_are_the_same_on_every_instruction_set():
                               env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in [str(dim) for dim in WIDE_DIMS] + [f"u{dim}" for dim in WIDE_DIMS]:
+    for name in [f"{kind}{dim}" for kind in ("", "u", "s") for dim in WIDE_DIMS]:
         want = np.array(rows["scalar"][name], np.float32)
         assert want.shape[0] == 301 and len(np.unique(want)) > 0.99 * want.size
         for isa in ("avx512", "avx2"):
