@@ -11,16 +11,15 @@ admission filters on the demo's data, and delta exports.
    (VmRSS after a warm-up step) is set against the bound's bytes: capacity x (8-byte key + row +
    Adagrad slot row), and so are the bytes the table itself holds then (`memory_bytes()`).
 2. Delta exports. Over the last `--export-share` of the stream, every `--interval` steps an
-   `online.delta.DeltaExporter` writes an export (the first full); each delta's bytes are set against a full export of the table as it
-   is then. At the
-   end all exports are replayed into a fresh built-in variable, which must equal the trained
-   table exactly (`delta_roundtrip_exact`).
+   `online.delta.DeltaExporter` writes an export (the first full); each delta's bytes are set
+   against a full export of the table as it is then. At the end all exports are replayed into a
+   fresh built-in variable, which must equal the trained table exactly (`delta_roundtrip_exact`).
 3. Admission. The demo's DLRM on its synthetic Criteo data (`--rows`), trained one epoch with no
    admission, `de.CountAdmission(2)` and `de.CountAdmission(3)`: table sizes and held-out AUC.
 
 The last line printed is one JSON object with at least `capacity_keys`, `peak_keys` and
-`delta_roundtrip_exact`. `--quick` streams 2M unique ids into a 200k bound and uses 40k demo
-rows (under 3 minutes on 2 cores).
+`delta_roundtrip_exact`. `--quick` streams 4M unique ids (batches of 16,384) into a 400k bound
+and uses 40k demo rows (about a minute on 2 cores).
 """
 
 import argparse

@@ -316,7 +316,7 @@ class Table : public TableBase {
       std::shared_lock<std::shared_mutex> l(s.mu);
       const size_t rows = std::max<size_t>(s.faulted_rows, s.high_water);
       size_t bytes = rows * rec_bytes_ + s.cap * 4 + s.free_rows.capacity() * 4;
-      if (std::is_same<K, tensorflow::tstring>::value) {  // long string keys live on the heap
+      if constexpr (std::is_same<K, tensorflow::tstring>::value) {  // long keys live on the heap
         for (uint32_t row = 0; row < s.high_water; ++row) {
           const char* rec = s.slab + size_t{row} * rec_bytes_;
           if (Freq(rec) != 0) bytes += KO::HeapBytes(*reinterpret_cast<const KS*>(rec));
