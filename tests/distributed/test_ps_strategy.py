@@ -65,10 +65,18 @@ def test_concurrent_bp_v2_updates_add_up_exactly(run, backend):
 def test_keras_model_trains_with_a_custom_loop(run):
     _, report, _ = run
     assert report["keras_steps_done"] == 40
+    warm_up = report["keras_warm_up_steps"]
+    assert 2 <= warm_up < 40
+    steps = report["keras_worker_steps"]    # both workers trained
+    assert len(steps) == 2 and min(steps) > 0 and sum(steps) == 40 + warm_up, steps
     # Keras 3 counts steps with `iterations.assign(iterations + 1)`, which concurrent workers
     # may interleave (a Keras matter: the tables' updates do not depend on it).
-    assert 20 <= report["keras_iterations"] <= 40
-    assert report["keras_last_loss"] < 0.1 * report["keras_first_loss"]
+    assert (40 + warm_up) // 2 <= report["keras_iterations"] <= 40 + warm_up
+    # The loss on all 64 rows, before and after: a worker's step writes back the rows it read
+    # when it started, undoing the other's steps meanwhile, so the drop varies from run to run
+    # (to 0.4-0.7% of the first loss in runs here, also beside another multi-process test).
+    assert report["keras_last_loss"] < 0.1 * report["keras_first_loss"], (
+        report["keras_first_loss"], report["keras_last_loss"])
     # Rows exist for exactly the ids trained: 16 users (i % 16), 11 items ((7 i) % 11).
     assert report["keras_sizes"] == {"user": 16, "item": 11}
 
