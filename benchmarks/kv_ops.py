@@ -17,8 +17,8 @@ Rows of the table below, per dim (the internal table API):
                   random defaults, then insert the batch)
 Memory (`--memory`): resident and peak bytes/key after inserting 1M and 4M keys of dim 64, each
 in a fresh process, and (native) the bytes the table itself holds (`memory_bytes()`). Also the
-bandwidth of a first touch of fresh memory (what new rows cost before their bytes are written). Prints a table, then one JSON line. Timings are medians of
-`--repeats`.
+bandwidth of a first touch of fresh memory (what new rows cost before their bytes are written).
+Prints a table, then one JSON line. Timings are medians of `--repeats`.
 
     python benchmarks/kv_ops.py [--keys 1000000] [--batch 65536] [--dims 8 64] [--memory]
 """
