@@ -82,6 +82,7 @@ class _DynamicEmbeddingMixin:
                 devices=params.devices, partitioner=params.partition_fn, name=name,
                 initializer=fill, trainable=False, checkpoint=params.checkpoint,
                 kv_creator=params.slot_creator(fill))
+            table._slot_of = params  # pylint: disable=protected-access
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")

@@ -166,6 +166,8 @@ class Variable(_tf_private.AutoTrackable):
                         init_size=init_size // shard_num)
                     for i, device in enumerate(self._devices)
                 ]
+                for table in self._tables:
+                    table.set_owner(self)
             if checkpoint and not tf.executing_eagerly():
                 checkpoint_lib.register_graph_saveable(self, self._unique_name)
             # Not added to graph collections (as TFRA since 0.6): a Variable owns no tensor,
@@ -173,6 +175,8 @@ class Variable(_tf_private.AutoTrackable):
         if not isinstance(bp_v2, bool):
             raise ValueError(f"bp_v2 must be a bool; got {bp_v2!r}")
         self._bp_v2 = bp_v2
+        # The primary variable when this one holds an optimizer slot (set by the optimizer).
+        self._slot_of = None
         self._eviction_state = None
         if eviction is not None:
             from tfra_dynamic_embedding.online import eviction as eviction_lib  # pylint: disable=import-outside-toplevel

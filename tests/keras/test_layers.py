@@ -158,6 +158,31 @@ def test_checkpoint_with_optimizer_and_stock_tf_serving(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "served.npy"), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["native", "builtin"])
+def test_keras_export_serves_the_trained_rows(tmp_path, backend):
+    """Keras 3's `model.export()` keeps only the resources it finds under the model; the tables
+    bring their variable along, so the SavedModel serves the trained rows (not fresh ones)."""
+    ids, labels = _ctr_data()
+    creator = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
+    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator)
+    model = _model(layer)
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+                  loss="binary_crossentropy")
+    model.fit(ids, labels, batch_size=128, epochs=1, verbose=0)
+    want = model.predict(ids[:16], verbose=0)
+
+    export_dir = str(tmp_path / "export")
+    model.export(export_dir, verbose=False)
+    served = tf.saved_model.load(export_dir).signatures["serving_default"]
+    got = list(served(tf.constant(ids[:16], tf.int64)).values())[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # The rows are saved once, and the optimizer's slots (Adam's m and v) not at all.
+    saved = dict(tf.train.list_variables(os.path.join(export_dir, "variables", "variables")))
+    keys = [name for name in saved if name.endswith("/keys")]
+    assert len(keys) == 1, sorted(saved)
+    assert saved[keys[0]] == [len(np.unique(ids))]
+
+
 def test_tf_keras_variant_trains_and_saves(tmp_path):
     """Under TF_USE_LEGACY_KERAS=1 the layer is a tf_keras layer and fits with tf_keras."""
     script = textwrap.dedent(f"""

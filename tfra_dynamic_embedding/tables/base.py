@@ -13,6 +13,7 @@ Example (any backend):
 
 import abc
 import itertools
+import weakref
 
 import tensorflow as tf
 
@@ -45,6 +46,23 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         if self._owns_resource:
             shared_name = f"{op_name(name)}_{next(_table_ids)}"
         self._shared_name = shared_name
+        self._owner = None   # weakref.ref to the de.Variable this table is a shard of
+
+    def set_owner(self, variable):
+        """Records `variable` (a de.Variable) as the one this table is a shard of."""
+        self._owner = weakref.ref(variable)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        owner = self._owner() if self._owner is not None else None
+        if save_type == "savedmodel" and owner is not None and owner._slot_of is None:  # pylint: disable=protected-access
+            # The variable saves this table's rows (see the class docstring). Keras 3's
+            # `model.export()` keeps only the TrackableResources it finds under the model, so
+            # without this edge its SavedModel would hold empty tables. Optimizer slots are left
+            # out: serving needs none (a SavedModel of the model itself has them through its
+            # optimizer).
+            children = dict(children, de_variable=owner)
+        return children
 
     def _destroy_resource(self):
         # Runs eagerly when this object dies. When traced (a SavedModel's destroyer function) it
