@@ -14,7 +14,7 @@ def test_guide_examples_print_what_the_guide_says(capsys):
     with open(GUIDE, encoding="utf-8") as f:
         text = f.read()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 11
+    assert len(blocks) == 12
     namespace = {}
     for block in blocks:
         exec(compile(block, "docs/guide.md", "exec"), namespace)  # pylint: disable=exec-used

@@ -677,7 +677,9 @@ class Variable(_tf_private.AutoTrackable):
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         del tensor_map, options, kwargs
         exported = copy.copy(self)
-        exported._tables = [object_map[t] for t in self._tables]  # pylint: disable=protected-access
+        # object.__setattr__: the shallow copy shares this variable's list of tracked children,
+        # which a tracked assignment would rewrite (a second export then missed the tables).
+        object.__setattr__(exported, "_tables", [object_map[t] for t in self._tables])
         # TF hands a registered saver (de.FileSystemSaver, checkpoint.py) this copy but maps the
         # captures of its functions from the live tables: it must trace the live variable.
         object.__setattr__(exported, "_exported_from", self)

@@ -1,5 +1,5 @@
 """Keras integration: `de.keras.layers.Embedding`, `SquashedEmbedding`, `FieldWiseEmbedding`,
-`LayerNormalization`.
+`LayerNormalization`; `de.keras.models.save_model` (a SavedModel of either Keras's model).
 
 Each layer is a layer of one Keras, chosen when it is constructed (`binding.resolve`): `keras=`
 ("keras" for Keras 3, "tf_keras"), else the Keras of Keras objects among its arguments (e.g. a
@@ -12,5 +12,6 @@ Example:
 """
 
 from tfra_dynamic_embedding.keras import layers
+from tfra_dynamic_embedding.keras import models
 
-__all__ = ["layers"]
+__all__ = ["layers", "models"]

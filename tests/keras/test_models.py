@@ -1,0 +1,137 @@
+"""de.keras.models.save_model (TFRA's API): SavedModels of Keras 3 and tf_keras models."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_recommenders_addons.dynamic_embedding as de
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _trained_model(backend="native"):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 60, size=(512, 3))
+    labels = (ids[:, :1] % 2).astype(np.float32)
+    creator = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
+    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator)
+    inputs = tf.keras.Input(shape=(3,), dtype=tf.int64)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+        layer(inputs))))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+    return model, layer, ids, labels
+
+
+def _served(export_dir, ids):
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    return list(serve(tf.constant(ids, tf.int64)).values())[0].numpy()
+
+
+def _saved_keys(export_dir):
+    """Shapes of the `keys` tensors in the SavedModel's checkpoint (one per saved table)."""
+    saved = tf.train.list_variables(os.path.join(export_dir, "variables", "variables"))
+    return sorted(shape for name, shape in saved if name.endswith("/keys"))
+
+
+@pytest.mark.parametrize("backend", ["native", "builtin"])
+def test_keras3_model_serves_its_rows_with_and_without_the_optimizer(tmp_path, backend):
+    model, layer, ids, _ = _trained_model(backend)
+    want = model.predict(ids[:16], verbose=0)
+    distinct = len(np.unique(ids))
+    assert int(layer.params.size()) == distinct
+
+    with_opt, without = str(tmp_path / "with"), str(tmp_path / "without")
+    de.keras.models.save_model(model, with_opt)
+    de.keras.models.save_model(model, without, include_optimizer=False)
+    np.testing.assert_allclose(_served(with_opt, ids[:16]), want, rtol=1e-6)
+    np.testing.assert_allclose(_served(without, ids[:16]), want, rtol=1e-6)
+    assert _saved_keys(with_opt) == [[distinct]] * 3    # rows, Adam's m and v
+    assert _saved_keys(without) == [[distinct]]         # rows only
+
+
+def test_a_model_saved_again_after_training_serves_the_new_rows(tmp_path):
+    """Online learning exports the same model again and again from one process."""
+    model, _, ids, labels = _trained_model()
+    first, second = str(tmp_path / "1"), str(tmp_path / "2")
+    de.keras.models.save_model(model, first, include_optimizer=False)
+    before = model.predict(ids[:16], verbose=0)
+    model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+    after = model.predict(ids[:16], verbose=0)
+    assert np.abs(after - before).max() > 1e-4
+    de.keras.models.save_model(model, second, include_optimizer=False)
+    tf.saved_model.save(model, str(tmp_path / "3"))     # and through TF itself
+    np.testing.assert_allclose(_served(first, ids[:16]), before, rtol=1e-6)
+    np.testing.assert_allclose(_served(second, ids[:16]), after, rtol=1e-6)
+
+
+def test_bad_arguments(tmp_path):
+    model, _, _, _ = _trained_model()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(FileExistsError, match="overwrite"):
+        de.keras.models.save_model(model, str(existing), overwrite=False)
+    with pytest.raises(TypeError, match="options"):
+        de.keras.models.save_model(model, str(tmp_path / "x"), options={"namespace": "TFRA"})
+    with pytest.raises(TypeError, match="model"):
+        de.keras.models.save_model(tf.Module(), str(tmp_path / "y"))
+
+    class Subclassed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = de.keras.layers.Embedding(2, name="sub_emb")
+
+        def call(self, ids):
+            return tf.reduce_sum(self.emb(ids), axis=1)
+
+    sub = Subclassed()
+    sub(tf.constant([[1, 2]], tf.int64))
+    with pytest.raises(ValueError, match="signatures"):
+        de.keras.models.save_model(sub, str(tmp_path / "z"), include_optimizer=False)
+    # With a signature the subclassed model saves, and TFRA's namespace joins the options.
+    options = tf.saved_model.SaveOptions(namespace_whitelist=["Mine"])
+    serve = tf.function(lambda ids: {"sum": sub(ids)},
+                        input_signature=[tf.TensorSpec([None, 2], tf.int64)])
+    de.keras.models.save_model(sub, str(tmp_path / "z"), include_optimizer=False,
+                               signatures={"serving_default": serve}, options=options)
+    assert options.namespace_whitelist == ["Mine", "TFRA"]
+    np.testing.assert_allclose(_served(str(tmp_path / "z"), [[1, 2]]),
+                               sub(tf.constant([[1, 2]], tf.int64)).numpy(), rtol=1e-6)
+
+
+def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
+    script = textwrap.dedent(f"""
+        import numpy as np
+        import tensorflow as tf
+        import tf_keras
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, 60, size=(512, 3))
+        labels = (ids[:, :1] % 2).astype(np.float32)
+        inputs = tf_keras.Input(shape=(3,), dtype=tf.int64)
+        layer = de.keras.layers.Embedding(4, name="emb")
+        model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(
+            tf_keras.layers.Flatten()(layer(inputs))))
+        model.compile(optimizer=de.DynamicEmbeddingOptimizer(
+            tf_keras.optimizers.legacy.Adam(0.05)), loss="mse")
+        model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+        want = model.predict(ids[:16], verbose=0)
+        path = {str(tmp_path / "tf_keras")!r}
+        de.keras.models.save_model(model, path)
+        serve = tf.saved_model.load(path).signatures["serving_default"]
+        got = list(serve(tf.constant(ids[:16], tf.int64)).values())[0].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        loaded = tf_keras.models.load_model(path)
+        np.testing.assert_allclose(loaded.predict(ids[:16], verbose=0), want, rtol=1e-6)
+        print("OK")
+    """)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

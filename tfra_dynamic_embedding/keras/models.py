@@ -1,0 +1,106 @@
+"""TFRA's `de.keras.models.save_model`: a Keras model with dynamic embeddings as a SavedModel.
+
+Works for tf_keras models (tf_keras's own SavedModel writer) and Keras 3 models (Keras 3 writes
+only `.keras` files itself, so the model goes through `tf.saved_model.save`). Either way the
+embedding tables are saved with their rows, and the SavedModel loads with
+`tf.saved_model.load` (and, for tf_keras, `tf_keras.models.load_model`).
+
+Example:
+    de.keras.models.save_model(model, "export/1", include_optimizer=False)
+    serve = tf.saved_model.load("export/1").signatures["serving_default"]
+"""
+
+import os
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding.keras import binding
+
+__all__ = ["save_model", "de_save_model", "de_hvd_save_model"]
+
+# Ops of a `TFRA>` namespace must be allowed in a SavedModel (TFRA's custom ops); ours carry no
+# namespace, but TFRA user code passes this list, and adding it keeps options TFRA-shaped.
+NAMESPACE = "TFRA"
+
+
+def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signatures=None,
+                  options=None, save_traces=True):
+    """Saves `model` (tf_keras or Keras 3) to the SavedModel directory `filepath`.
+
+    `include_optimizer=False` leaves the optimizer (and its slot tables) out, as for serving.
+    `signatures`: as `tf.saved_model.save`'s. Left out, a Keras 3 functional model gets a
+    `serving_default` over its inputs; a Keras 3 subclassed model gets Keras's own, which Keras
+    traces with float inputs, so integer ids need `signatures`. `options`: a
+    `tf.saved_model.SaveOptions`; "TFRA" is added to its namespace whitelist.
+    """
+    filepath = os.fspath(filepath)
+    if not overwrite and tf.io.gfile.exists(filepath):
+        raise FileExistsError(f"filepath {filepath!r} exists and overwrite is False")
+    options = _with_namespace(options)
+    package = binding.package_of(model)
+    if package == binding.TF_KERAS:
+        binding.keras_module(package).models.save_model(
+            model, filepath, overwrite=overwrite, include_optimizer=include_optimizer,
+            save_format="tf", signatures=signatures, options=options, save_traces=save_traces)
+        return
+    if package != binding.KERAS3:
+        raise TypeError(f"model must be a Keras 3 or tf_keras model; got {type(model).__name__}")
+    if signatures is None:
+        signatures = _functional_signature(model)
+        if signatures is None and not include_optimizer:
+            raise ValueError(
+                f"signatures is required to save Keras 3 model {model.name!r} without its "
+                f"optimizer: it is not functional, so its inputs' dtypes are unknown")
+    root = model if include_optimizer else _layers_only(model)
+    try:
+        tf.saved_model.save(root, filepath, signatures=signatures, options=options)
+    except (TypeError, ValueError) as error:
+        if signatures is not None:
+            raise
+        raise ValueError(
+            f"could not trace a serving signature for Keras 3 model {model.name!r} from the "
+            f"input spec Keras recorded ({error}); pass signatures={{'serving_default': "
+            f"tf.function(lambda ids: model(ids), input_signature=[tf.TensorSpec(...)])}}"
+        ) from error
+
+
+save_model = de_save_model
+# TFRA's Horovod variant; without Horovod every process saves the whole model alike.
+de_hvd_save_model = de_save_model
+
+
+def _with_namespace(options):
+    if options is None:
+        return tf.saved_model.SaveOptions(namespace_whitelist=[NAMESPACE])
+    if not isinstance(options, tf.saved_model.SaveOptions):
+        raise TypeError(f"options must be a tf.saved_model.SaveOptions; got {options!r}")
+    whitelist = list(options.namespace_whitelist or [])
+    if NAMESPACE not in whitelist:
+        options.namespace_whitelist = whitelist + [NAMESPACE]
+    return options
+
+
+def _functional_signature(model):
+    """A `serving_default` over a functional model's inputs (their real dtypes), else None."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None
+    specs = [tf.TensorSpec(i.shape, i.dtype, name=i.name) for i in inputs]
+
+    @tf.function(input_signature=specs)
+    def serve(*args):
+        outputs = model(list(args) if len(args) > 1 else args[0], training=False)
+        if isinstance(outputs, dict):
+            return outputs
+        if isinstance(outputs, (list, tuple)):
+            return {f"output_{i}": out for i, out in enumerate(outputs)}
+        return {"output_0": outputs}
+
+    return {"serving_default": serve}
+
+
+def _layers_only(model):
+    """A module holding `model`'s layers but not its optimizer, for include_optimizer=False."""
+    root = tf.Module()
+    root.layers = list(model.layers)
+    return root
