@@ -16,8 +16,10 @@ Rows of the table below, per dim (the internal table API):
   find_or_insert  rows, inserting missing keys with random-normal rows (built-in: find with
                   random defaults, then insert the batch)
 Memory (`--memory`): resident and peak bytes/key after inserting 1M and 4M keys of dim 64, each
-in a fresh process, and (native) the bytes the table itself holds (`memory_bytes()`). Also the
-bandwidth of a first touch of fresh memory (what new rows cost before their bytes are written).
+in a fresh process, and (native) the bytes the table itself holds (`memory_bytes()`); then the
+same as a user measures it (`de.Variable.upsert` of numpy-made batches), split into the table,
+glibc's heap and the rest, and after `malloc_trim`. Also the bandwidth of a first touch of fresh
+memory (what new rows cost before their bytes are written).
 Prints a table, then one JSON line. Timings are medians of `--repeats`.
 
     python benchmarks/kv_ops.py [--keys 1000000] [--batch 65536] [--dims 8 64] [--memory]
@@ -250,6 +252,52 @@ print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
 '''
 
 
+# The issue's "as users measure it": a fresh process, a de.Variable with a TF initializer,
+# `upsert` of batches made on the fly from numpy, RSS after minus RSS right after creating the
+# variable. Split by /proc/self/smaps: the table's own bytes (memory_bytes()), growth of glibc's
+# main heap (numpy's and TF's freed batch buffers it keeps) and the rest (other mappings: TF's
+# allocator pool holding a batch tensor, code pages faulted in, thread stacks).
+USER_MEMORY_CHILD = r'''
+import os, sys, json, ctypes
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np, tensorflow as tf
+sys.path.insert(0, sys.argv[2])
+import tensorflow_recommenders_addons.dynamic_embedding as de
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+def heap():
+    total, in_heap = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if fields and "-" in fields[0] and not fields[0].endswith(":"):
+                in_heap = fields[-1] == "[heap]"
+            elif in_heap and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+n, dim, batch = int(sys.argv[1]), 64, 65536
+var = de.Variable(dim=dim, name="user_mem", initializer=tf.random_normal_initializer(0, 0.01))
+base, base_heap = rss(), heap()
+rng = np.random.default_rng(0)
+for i in range(0, n, batch):
+    m = min(batch, n - i)
+    var.upsert(tf.constant(rng.integers(1, 2**63 - 1, m, dtype=np.int64)),
+               tf.constant(rng.standard_normal((m, dim)).astype(np.float32)))
+end, end_heap = rss(), heap()
+table = sum(int(t.kv_table.memory_bytes()) for t in var.tables) if hasattr(
+    var.tables[0], "kv_table") else None
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+print(json.dumps({"keys": int(var.size()), "resident": (end - base) / n,
+                  "heap": (end_heap - base_heap) / n,
+                  "table": table / n if table is not None else None,
+                  "after_trim": (rss() - base) / n}))
+'''
+
+
 TOUCH_CHILD = r'''
 import json, time, numpy as np
 start = time.perf_counter(); a = np.ones(1 << 25); first = time.perf_counter() - start
@@ -271,6 +319,13 @@ def touch_bandwidth():
 def run_memory(n, backend):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(n), backend, repo],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_user_memory(n):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", USER_MEMORY_CHILD, str(n), repo],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -347,6 +402,16 @@ def main():
                 report["memory"].setdefault(backend, {})[n] = m
                 table = f"{m['table']:>13.1f}" if m["table"] is not None else f"{'-':>13}"
                 print(f"{backend:<10}{n:>10}{m['resident']:>16.1f}{m['peak']:>12.1f}{table}")
+        print("\nmemory as a user measures it (de.Variable.upsert of numpy-made 65,536-key "
+              "batches, dim 64; RSS growth over the process' RSS after creating the variable)")
+        print(f"{'keys':>10}{'RSS B/key':>11}{'table':>8}{'heap':>8}{'other':>8}"
+              f"{'after malloc_trim':>19}")
+        for n in (1_000_000, 4_000_000):
+            m = run_user_memory(n)
+            report["memory"].setdefault("user", {})[n] = m
+            other = m["resident"] - (m["table"] or 0) - m["heap"]
+            print(f"{n:>10}{m['resident']:>11.1f}{m['table'] or 0:>8.1f}{m['heap']:>8.1f}"
+                  f"{other:>8.1f}{m['after_trim']:>19.1f}")
     print(json.dumps(report))
 
 
