@@ -54,15 +54,32 @@ def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
     if isinstance(self, _DynamicEmbeddingMixin):
         object.__setattr__(self, "_de_bp_v2", bp_v2)
         return self
-    mixin = _mixin_for(self)
-    base = type(self)
-    # Same name and module as the optimizer's class, so configs and logs read as before.
-    self.__class__ = type(base.__name__, (mixin, base),
-                          {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    self.__class__ = _wrapped_class(_mixin_for(self), type(self))
     object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
     object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
     object.__setattr__(self, "_de_bp_v2", bp_v2)
     return self
+
+
+_WRAPPED = {}   # (mixin, optimizer class) -> their subclass
+REGISTERED_PACKAGE = "tfra_dynamic_embedding"   # Keras' registry: "<package>>Adam"
+
+
+def _wrapped_class(mixin, base):
+    """`base`'s subclass with `mixin`, made once. It keeps `base`'s name and module, so configs and
+    logs read as before; a Keras optimizer's is registered with its Keras under
+    "tfra_dynamic_embedding>" + the name, so a saved model's optimizer loads wrapped again."""
+    key = (mixin, base)
+    if key not in _WRAPPED:
+        wrapped = type(base.__name__, (mixin, base),
+                       {"__module__": base.__module__, "__qualname__": base.__qualname__})
+        package = {_Keras3Mixin: "keras", _LegacyKerasMixin: "tf_keras",
+                   _NewTfKerasMixin: "tf_keras"}.get(mixin)
+        if package is not None and base.__module__.split(".")[0] == package:
+            sys.modules[package].saving.register_keras_serializable(
+                package=REGISTERED_PACKAGE, name=base.__name__)(wrapped)
+        _WRAPPED[key] = wrapped
+    return _WRAPPED[key]
 
 
 class _DynamicEmbeddingMixin:
@@ -267,7 +284,24 @@ class _V1Mixin(_DynamicEmbeddingMixin):
         return self._de_apply(grads_and_vars, create_slots, apply)
 
 
-class _Keras3Mixin(_DynamicEmbeddingMixin):
+class _KerasConfigMixin:
+    """A Keras optimizer's config names it wrapped (see `_wrapped_class`); `from_config` wraps
+    the plain optimizer again with the same `bp_v2`."""
+
+    def get_config(self):
+        return dict(super().get_config(), de_bp_v2=self._de_bp_v2)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        bp_v2 = config.pop("de_bp_v2", None)
+        plain = cls.__bases__[-1]   # the optimizer's own class (see _wrapped_class)
+        if custom_objects is None:
+            return DynamicEmbeddingOptimizer(plain.from_config(config), bp_v2=bp_v2)
+        return DynamicEmbeddingOptimizer(plain.from_config(config, custom_objects), bp_v2=bp_v2)
+
+
+class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
     """Keras 3 optimizers: slots come from `add_variable_from_reference`."""
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
@@ -283,8 +317,35 @@ class _Keras3Mixin(_DynamicEmbeddingMixin):
 
         return self._de_apply(grads_and_vars, create_slots, super().apply_gradients)
 
+    # A `.keras` file holds the optimizer's variables by index; the slot tables (all keys' rows
+    # of each slot) go beside them, named by their variable, and come back by name on loading
+    # (Keras builds the optimizer, and so its slot tables, before it loads them).
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, table in enumerate(sorted(self._de_slot_tables.values(), key=lambda t: t.name)):
+            keys, values = table.export()
+            keys = keys.numpy()
+            store[f"de_slot{i}_name"] = np.frombuffer(table.name.encode(), np.uint8)
+            store[f"de_slot{i}_keys"] = keys.astype(np.bytes_) if keys.dtype == object else keys
+            store[f"de_slot{i}_values"] = values.numpy()
 
-class _LegacyKerasMixin(_DynamicEmbeddingMixin):
+    def load_own_variables(self, store):
+        names = [k for k in store.keys() if k.startswith("de_slot") and k.endswith("_name")]
+        super().load_own_variables(
+            {k: store[k] for k in store.keys() if not k.startswith("de_slot")})
+        tables = {t.name: t for t in self._de_slot_tables.values()}
+        for name_key in names:
+            prefix = name_key[:-len("name")]
+            name = np.asarray(store[name_key]).tobytes().decode()
+            if name not in tables:
+                raise ValueError(f"the saved optimizer has slot table {name!r}, which this "
+                                 f"optimizer does not (it has {sorted(tables)})")
+            table = tables[name]
+            table.import_(tf.constant(np.asarray(store[prefix + "keys"]), table.key_dtype),
+                          tf.constant(np.asarray(store[prefix + "values"]), table.value_dtype))
+
+
+class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
     """tf_keras legacy (OptimizerV2) optimizers: slots come from `add_slot`."""
 
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
@@ -314,7 +375,7 @@ class _LegacyKerasMixin(_DynamicEmbeddingMixin):
                 for g, v in pairs]
 
 
-class _NewTfKerasMixin(_DynamicEmbeddingMixin):
+class _NewTfKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
     """tf_keras (non-legacy) optimizers: slots come from `add_variable_from_reference`."""
 
     def add_variable_from_reference(self, model_variable, variable_name, shape=None,

@@ -129,9 +129,38 @@ def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-6)
         loaded = tf_keras.models.load_model(path)
         np.testing.assert_allclose(loaded.predict(ids[:16], verbose=0), want, rtol=1e-6)
+        # The optimizer comes back wrapped, so the loaded model trains on. (tf_keras restores
+        # no optimizer state from a SavedModel, ours or its own: Adam starts over.)
+        assert type(loaded.optimizer) is type(model.optimizer), type(loaded.optimizer).__mro__
+        before = loaded.evaluate(ids, labels, verbose=0)
+        loaded.fit(ids, labels, batch_size=64, epochs=2, verbose=0)
+        assert loaded.evaluate(ids, labels, verbose=0) < before
         print("OK")
     """)
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, timeout=600, check=False)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["native", "builtin"])
+def test_keras3_file_resumes_training_exactly(tmp_path, backend):
+    """A `.keras` file loads without custom_objects, with the optimizer wrapped again and its
+    slot tables restored: training on after loading equals training on without saving."""
+    model, layer, ids, labels = _trained_model(backend)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    assert isinstance(loaded.optimizer, type(model.optimizer))
+    assert int(loaded.get_layer("emb").params.size()) == int(layer.params.size())
+    for m in (model, loaded):
+        m.fit(ids, labels, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(loaded.predict(ids[:32], verbose=0),
+                               model.predict(ids[:32], verbose=0), rtol=1e-5, atol=1e-6)
+    keys, rows = layer.params.export()
+    order = np.argsort(keys.numpy())
+    loaded_keys, loaded_rows = loaded.get_layer("emb").params.export()
+    loaded_order = np.argsort(loaded_keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], loaded_keys.numpy()[loaded_order])
+    np.testing.assert_allclose(loaded_rows.numpy()[loaded_order], rows.numpy()[order],
+                               rtol=1e-5, atol=1e-6)

@@ -405,3 +405,7 @@ def _pool(rows, combiner):
         count = tf.cast(tf.shape(rows)[-2], rows.dtype)
     scale = count if combiner == "mean" else tf.sqrt(count)
     return tf.math.divide_no_nan(total, scale)
+
+
+binding.register_keras3([(Embedding, "Layer"), (SquashedEmbedding, "Layer"),
+                         (FieldWiseEmbedding, "Layer"), (LayerNormalization, "LayerNormalization")])
