@@ -670,6 +670,14 @@ class Variable(_tf_private.AutoTrackable):
             self, name)}
 
     # -- SavedModel: the export graph holds copies of the shard tables; point a copy at them -----
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel":
+            # The eviction's per-row metadata is training state no server reads; it is read
+            # from the live native tables, which an export graph cannot capture.
+            children.pop("eviction_metadata", None)
+        return children
+
     def _deserialization_dependencies(self, children):
         del children  # The shard tables must exist before this variable (export and load).
         return {f"table_{i}": t for i, t in enumerate(self._tables)}

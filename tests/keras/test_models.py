@@ -164,3 +164,33 @@ def test_keras3_file_resumes_training_exactly(tmp_path, backend):
     np.testing.assert_array_equal(keys.numpy()[order], loaded_keys.numpy()[loaded_order])
     np.testing.assert_allclose(loaded_rows.numpy()[loaded_order], rows.numpy()[order],
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("feature,backend", [("eviction", "native"), ("eviction", "builtin"),
+                                             ("admission", "native"), ("restrict", "native")])
+def test_online_learning_state_does_not_stop_an_export(tmp_path, feature, backend):
+    """Eviction, admission and restrict policies keep training state beside the rows; the
+    SavedModels serve the rows (the eviction's row metadata stays out of them)."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 100, size=(256, 3))
+    labels = rng.random((256, 1)).astype(np.float32)
+    extra = {"eviction": {"eviction": de.Eviction(max_size=50)},
+             "admission": {"admission": de.CountAdmission(2)},
+             "restrict": {"restrict_policy": de.TimestampRestrictPolicy}}[feature]
+    creator = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
+    # Zero rows for missing keys, so that keys evicted or not admitted serve deterministically.
+    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator,
+                                      initializer=tf.keras.initializers.Zeros(), **extra)
+    inputs = tf.keras.Input(shape=(3,), dtype=tf.int64)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+        layer(inputs))))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    model.fit(ids, labels, batch_size=64, epochs=2, verbose=0)
+    assert int(layer.params.size()) > 0
+    want = model.predict(ids[:32], verbose=0)
+    exported, saved = str(tmp_path / "export"), str(tmp_path / "saved")
+    model.export(exported, verbose=False)
+    de.keras.models.save_model(model, saved)
+    for path in (exported, saved):
+        np.testing.assert_allclose(_served(path, ids[:32]), want, rtol=1e-6)
