@@ -29,6 +29,7 @@ from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
+from tfra_dynamic_embedding.keras import models
 
 COMBINERS = ("sum", "mean", "sqrtn")
 _KERAS_NAMES = {binding.KERAS3: "Keras 3", binding.TF_KERAS: "tf_keras"}
@@ -85,6 +86,8 @@ class Embedding:
     def __new__(cls, *args, **kwargs):
         package = binding.resolve(cls, args, kwargs)   # also checks `keras=`
         layer_class = cls if binding.package_of(cls) else binding.bound_class(cls, package)
+        if package == binding.TF_KERAS:
+            models.refuse_legacy_hdf5()
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
 

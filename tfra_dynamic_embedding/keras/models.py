@@ -10,13 +10,15 @@ Example:
     serve = tf.saved_model.load("export/1").signatures["serving_default"]
 """
 
+import importlib
 import os
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
 
-__all__ = ["save_model", "de_save_model", "de_hvd_save_model"]
+__all__ = ["save_model", "de_save_model", "de_hvd_save_model", "refuse_legacy_hdf5"]
 
 # Ops of a `TFRA>` namespace must be allowed in a SavedModel (TFRA's custom ops); ours carry no
 # namespace, but TFRA user code passes this list, and adding it keeps options TFRA-shaped.
@@ -104,3 +106,32 @@ def _layers_only(model):
     root = tf.Module()
     root.layers = list(model.layers)
     return root
+
+
+def refuse_legacy_hdf5():
+    """Makes tf_keras' legacy HDF5 writer (`model.save("m.h5")`, `model.save_weights("w.h5")`)
+    refuse a model holding dynamic-embedding layers: the format keeps fixed-shape weights only,
+    so it would write the model without its tables and say nothing. Other formats hold them (a
+    SavedModel, a TF checkpoint, a `.weights.h5` file). `de.keras.layers` installs this when it
+    makes its first tf_keras layer."""
+    try:
+        hdf5 = importlib.import_module("tf_keras.src.saving.legacy.hdf5_format")
+    except ImportError:
+        return
+    original = hdf5.save_weights_to_hdf5_group
+    if getattr(original, "refuses_dynamic_embeddings", False):
+        return
+
+    def save_weights_to_hdf5_group(f, model):
+        layers = model._flatten_layers() if hasattr(model, "_flatten_layers") else [model]  # pylint: disable=protected-access
+        names = [layer.name for layer in layers
+                 if isinstance(getattr(layer, "params", None), variable_lib.Variable)]
+        if names:
+            raise ValueError(
+                f"the legacy HDF5 format (.h5) cannot hold the tables of dynamic-embedding layers "
+                f"{names}; save with save_format='tf' (a SavedModel or TF checkpoint), to a "
+                f"'.weights.h5' file, or with de.keras.models.save_model")
+        return original(f, model)
+
+    save_weights_to_hdf5_group.refuses_dynamic_embeddings = True
+    hdf5.save_weights_to_hdf5_group = save_weights_to_hdf5_group
