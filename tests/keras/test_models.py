@@ -207,3 +207,9 @@ def test_online_learning_state_does_not_stop_an_export(tmp_path, feature, backen
     de.keras.models.save_model(model, saved)
     for path in (exported, saved):
         np.testing.assert_allclose(_served(path, ids[:32]), want, rtol=1e-6)
+
+
+def test_keras3_legacy_h5_refuses_a_model_with_tables(tmp_path):
+    model, _, _, _ = _trained_model()
+    with pytest.raises(ValueError, match=r"legacy HDF5 format .* layers \['emb'\]"):
+        model.save(str(tmp_path / "model.h5"))

@@ -86,8 +86,7 @@ class Embedding:
     def __new__(cls, *args, **kwargs):
         package = binding.resolve(cls, args, kwargs)   # also checks `keras=`
         layer_class = cls if binding.package_of(cls) else binding.bound_class(cls, package)
-        if package == binding.TF_KERAS:
-            models.refuse_legacy_hdf5()
+        models.refuse_legacy_hdf5(package)
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
 

@@ -108,14 +108,20 @@ def _layers_only(model):
     return root
 
 
-def refuse_legacy_hdf5():
-    """Makes tf_keras' legacy HDF5 writer (`model.save("m.h5")`, `model.save_weights("w.h5")`)
-    refuse a model holding dynamic-embedding layers: the format keeps fixed-shape weights only,
-    so it would write the model without its tables and say nothing. Other formats hold them (a
-    SavedModel, a TF checkpoint, a `.weights.h5` file). `de.keras.layers` installs this when it
-    makes its first tf_keras layer."""
+# Each Keras' writer of the legacy HDF5 format (`.h5`), by package.
+_LEGACY_HDF5 = {binding.TF_KERAS: "tf_keras.src.saving.legacy.hdf5_format",
+                binding.KERAS3: "keras.src.legacy.saving.legacy_h5_format"}
+
+
+def refuse_legacy_hdf5(package):
+    """Makes `package`'s ("keras" or "tf_keras") legacy HDF5 writer (`model.save("m.h5")`;
+    tf_keras' `save_weights("w.h5")`) refuse a model holding dynamic-embedding layers: the format
+    keeps fixed-shape weights only, so tf_keras wrote the model without its tables and said
+    nothing (Keras 3 failed on an attribute). Other formats hold them (`.keras`, `.weights.h5`,
+    a SavedModel, a TF checkpoint). `de.keras.layers` installs this for a Keras when it makes
+    its first layer of that Keras."""
     try:
-        hdf5 = importlib.import_module("tf_keras.src.saving.legacy.hdf5_format")
+        hdf5 = importlib.import_module(_LEGACY_HDF5[package])
     except ImportError:
         return
     original = hdf5.save_weights_to_hdf5_group
@@ -129,8 +135,8 @@ def refuse_legacy_hdf5():
         if names:
             raise ValueError(
                 f"the legacy HDF5 format (.h5) cannot hold the tables of dynamic-embedding layers "
-                f"{names}; save with save_format='tf' (a SavedModel or TF checkpoint), to a "
-                f"'.weights.h5' file, or with de.keras.models.save_model")
+                f"{names}; save to a '.keras' or '.weights.h5' file, with save_format='tf' "
+                f"(tf_keras), or with de.keras.models.save_model")
         return original(f, model)
 
     save_weights_to_hdf5_group.refuses_dynamic_embeddings = True
