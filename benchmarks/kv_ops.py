@@ -252,7 +252,7 @@ print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
 '''
 
 
-# The issue's "as users measure it": a fresh process, a de.Variable with a TF initializer,
+# Memory as a user measures it: a fresh process, a de.Variable with a TF initializer,
 # `upsert` of batches made on the fly from numpy, RSS after minus RSS right after creating the
 # variable. Split by /proc/self/smaps: the table's own bytes (memory_bytes()), growth of glibc's
 # main heap (numpy's and TF's freed batch buffers it keeps) and the rest (other mappings: TF's
