@@ -73,9 +73,8 @@ def _wrapped_class(mixin, base):
     if key not in _WRAPPED:
         wrapped = type(base.__name__, (mixin, base),
                        {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        package = {_Keras3Mixin: "keras", _LegacyKerasMixin: "tf_keras",
-                   _NewTfKerasMixin: "tf_keras"}.get(mixin)
-        if package is not None and base.__module__.split(".")[0] == package:
+        package = base.__module__.split(".")[0]
+        if package in ("keras", "tf_keras"):
             sys.modules[package].saving.register_keras_serializable(
                 package=REGISTERED_PACKAGE, name=base.__name__)(wrapped)
         _WRAPPED[key] = wrapped
@@ -99,7 +98,8 @@ class _DynamicEmbeddingMixin:
                 devices=params.devices, partitioner=params.partition_fn, name=name,
                 initializer=fill, trainable=False, checkpoint=params.checkpoint,
                 kv_creator=params.slot_creator(fill))
-            table._slot_of = params  # pylint: disable=protected-access
+            # Untracked: a tracked attribute would make the primary a checkpoint child of its slot.
+            object.__setattr__(table, "_slot_of", params)
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
@@ -296,9 +296,8 @@ class _KerasConfigMixin:
         config = dict(config)
         bp_v2 = config.pop("de_bp_v2", None)
         plain = cls.__bases__[-1]   # the optimizer's own class (see _wrapped_class)
-        if custom_objects is None:
-            return DynamicEmbeddingOptimizer(plain.from_config(config), bp_v2=bp_v2)
-        return DynamicEmbeddingOptimizer(plain.from_config(config, custom_objects), bp_v2=bp_v2)
+        return DynamicEmbeddingOptimizer(plain.from_config(config, custom_objects=custom_objects),
+                                         bp_v2=bp_v2)
 
 
 class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):

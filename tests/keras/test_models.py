@@ -14,18 +14,18 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _trained_model(backend="native"):
+def _trained_model(backend="native", epochs=1, **layer_kwargs):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 60, size=(512, 3))
     labels = (ids[:, :1] % 2).astype(np.float32)
     creator = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
-    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator)
+    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator, **layer_kwargs)
     inputs = tf.keras.Input(shape=(3,), dtype=tf.int64)
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
         layer(inputs))))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
                   loss="mse")
-    model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+    model.fit(ids, labels, batch_size=64, epochs=epochs, verbose=0)
     return model, layer, ids, labels
 
 
@@ -184,22 +184,12 @@ def test_keras3_file_resumes_training_exactly(tmp_path, backend):
 def test_online_learning_state_does_not_stop_an_export(tmp_path, feature, backend):
     """Eviction, admission and restrict policies keep training state beside the rows; the
     SavedModels serve the rows (the eviction's row metadata stays out of them)."""
-    rng = np.random.default_rng(1)
-    ids = rng.integers(0, 100, size=(256, 3))
-    labels = rng.random((256, 1)).astype(np.float32)
     extra = {"eviction": {"eviction": de.Eviction(max_size=50)},
              "admission": {"admission": de.CountAdmission(2)},
              "restrict": {"restrict_policy": de.TimestampRestrictPolicy}}[feature]
-    creator = de.BuiltinKVCreator() if backend == "builtin" else de.NativeKVCreator()
     # Zero rows for missing keys, so that keys evicted or not admitted serve deterministically.
-    layer = de.keras.layers.Embedding(4, name="emb", kv_creator=creator,
-                                      initializer=tf.keras.initializers.Zeros(), **extra)
-    inputs = tf.keras.Input(shape=(3,), dtype=tf.int64)
-    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
-        layer(inputs))))
-    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
-                  loss="mse")
-    model.fit(ids, labels, batch_size=64, epochs=2, verbose=0)
+    model, layer, ids, _ = _trained_model(backend, epochs=2,
+                                          initializer=tf.keras.initializers.Zeros(), **extra)
     assert int(layer.params.size()) > 0
     want = model.predict(ids[:32], verbose=0)
     exported, saved = str(tmp_path / "export"), str(tmp_path / "saved")
