@@ -100,7 +100,10 @@ def build(opt_name, devices, scope):
         bias1 = tf.compat.v1.get_variable("tower/dense1/bias",
                                           initializer=np.zeros(HIDDEN, np.float32))
         kernel2 = tf.compat.v1.get_variable("tower/dense2/kernel", initializer=w2)
-        hidden = tf.nn.relu(tf.matmul(x, kernel1) + bias1)
+        # tanh, not relu: its gradient is never zero, so a row that did not move was an update
+        # lost (the async test checks every id moved); with relu a sample whose units are all
+        # dead at its step gives its ids no gradient.
+        hidden = tf.nn.tanh(tf.matmul(x, kernel1) + bias1)
         logits = tf.matmul(hidden, kernel2)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
