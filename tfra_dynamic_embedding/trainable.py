@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 # could_possibly_record and ResourceVariable have no public API: see _tf_private.py.
@@ -162,11 +163,33 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
 
     @property
     def shape(self):
-        """`[rows held, dim]` in eager mode (so Keras can count parameters); `[None, dim]` in
-        graphs, where the number of rows is only known per batch."""
+        """`[rows held, dim]` in eager mode (so Keras can count parameters), comparing equal to
+        any `[rows, dim]` (see `_HeldRowsShape`); `[None, dim]` in graphs, where the number of
+        rows is only known per batch."""
         if tf.executing_eagerly():
-            return tf.TensorShape(tf.raw_ops.VariableShape(input=self.handle).numpy())
+            return _HeldRowsShape(tf.raw_ops.VariableShape(input=self.handle).numpy())
         return super().shape
+
+    # Keras' `get_weights()` is `[v.numpy() ...]` and `set_weights(w)` is `v.assign(w[i])`:
+    # the rows held are only the last batch's cache, so the array handed out remembers the
+    # whole table, and assigning it back restores the table (EarlyStopping's
+    # restore_best_weights, `model_b.set_weights(model_a.get_weights())`).
+    def numpy(self):
+        """The rows held, as a new ndarray that also remembers the content of `params` now:
+        `assign` of that array (or of `np.asarray` of it) puts that content back.
+
+        Example: saved = wrapper.numpy(); ...train...; wrapper.assign(saved)   # table restored
+        """
+        rows = np.array(super().numpy())   # a new array that owns its data (the registry key)
+        keys, values = self.params.export()
+        _SNAPSHOTS.remember(rows, _TableSnapshot(keys.numpy(), values.numpy()))
+        return rows
+
+    def assign(self, value, use_locking=None, name=None, read_value=True):
+        snapshot = _SNAPSHOTS.of(value)
+        if snapshot is not None:
+            snapshot.restore(self.params)
+        return super().assign(value, use_locking=use_locking, name=name, read_value=read_value)
 
     def prefetch(self, unique_ids):
         """Loads the rows of `unique_ids` (initializer rows for missing ids, not inserted).
@@ -310,6 +333,79 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     def _restore_from_tensors(self, restored_tensors):
         del restored_tensors
         return tf.no_op()
+
+
+class _HeldRowsShape(tf.TensorShape):
+    """A wrapper's eager shape `[rows held, dim]`: the row count is that of the last batch, so
+    it compares equal (and compatible) to any 2-D shape with the same `dim`, like the
+    variable's `[None, dim]`; Keras' `set_weights` then accepts rows saved at another batch."""
+
+    def _same_dim(self, other):
+        try:
+            other = tf.TensorShape(other)
+        except (TypeError, ValueError):
+            return None
+        return other.rank == 2 and other[1] == self[1]
+
+    def __eq__(self, other):
+        same = self._same_dim(other)
+        return NotImplemented if same is None else same
+
+    def __ne__(self, other):
+        same = self._same_dim(other)
+        return NotImplemented if same is None else not same
+
+    def __hash__(self):
+        return hash((None, self[1]))
+
+    def is_compatible_with(self, other):
+        return bool(self._same_dim(other)) or tf.TensorShape(other).rank is None
+
+
+class _TableSnapshot:
+    """The keys and rows of a `de.Variable` at one moment (numpy)."""
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+    def restore(self, params):
+        """Replaces the content of `params` with the snapshot's."""
+        if tf.as_dtype(params.key_dtype).as_numpy_dtype != self.keys.dtype.type and not (
+                params.key_dtype == tf.string and self.keys.dtype == object):
+            raise ValueError(f"cannot restore rows with keys of dtype {self.keys.dtype} into "
+                             f"{params.name}, whose key_dtype is {params.key_dtype.name}")
+        if self.values.shape[1:] != (params.dim,):
+            raise ValueError(f"cannot restore rows of shape {self.values.shape} into "
+                             f"{params.name}, whose dim is {params.dim}")
+        params.import_(tf.constant(self.keys, params.key_dtype),
+                       tf.constant(self.values, params.value_dtype))
+
+
+class _SnapshotRegistry:
+    """Which table snapshot an array handed out by `TrainableWrapper.numpy` carries: found
+    again from that array or any view of it (`np.asarray` may return either), for as long as
+    the array lives."""
+
+    def __init__(self):
+        self._entries = {}   # id(array) -> (weak reference to the array, snapshot)
+
+    def remember(self, array, snapshot):
+        key = id(array)
+        self._entries[key] = (weakref.ref(array), snapshot)
+        weakref.finalize(array, self._entries.pop, key, None)
+
+    def of(self, value):
+        """The snapshot `value` (an array or a view of one) carries, else None."""
+        if not isinstance(value, np.ndarray):
+            return None
+        owner = value if value.base is None else value.base
+        entry = self._entries.get(id(owner))
+        if entry is None or entry[0]() is not owner:
+            return None
+        return entry[1]
+
+
+_SNAPSHOTS = _SnapshotRegistry()
 
 
 def trainable_wrapper_filter(iterable_object_in, test_unaggregated_function=None):

@@ -15,6 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _trained_model(backend="native", epochs=1, **layer_kwargs):
+    model, layer, ids, labels = _model(backend, **layer_kwargs)
+    model.fit(ids, labels, batch_size=64, epochs=epochs, verbose=0)
+    return model, layer, ids, labels
+
+
+def _model(backend="native", **layer_kwargs):
+    """A compiled, untrained Keras 3 model over one Embedding layer, with its data."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 60, size=(512, 3))
     labels = (ids[:, :1] % 2).astype(np.float32)
@@ -25,8 +32,14 @@ def _trained_model(backend="native", epochs=1, **layer_kwargs):
         layer(inputs))))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
                   loss="mse")
-    model.fit(ids, labels, batch_size=64, epochs=epochs, verbose=0)
     return model, layer, ids, labels
+
+
+def _table(layer):
+    """The layer's (keys, rows), sorted by key."""
+    keys, rows = layer.params.export()
+    order = np.argsort(keys.numpy())
+    return keys.numpy()[order], rows.numpy()[order]
 
 
 def _served(export_dir, ids):
@@ -170,13 +183,83 @@ def test_keras3_file_resumes_training_exactly(tmp_path, backend):
         m.fit(ids, labels, batch_size=64, epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(loaded.predict(ids[:32], verbose=0),
                                model.predict(ids[:32], verbose=0), rtol=1e-5, atol=1e-6)
-    keys, rows = layer.params.export()
-    order = np.argsort(keys.numpy())
-    loaded_keys, loaded_rows = loaded.get_layer("emb").params.export()
-    loaded_order = np.argsort(loaded_keys.numpy())
-    np.testing.assert_array_equal(keys.numpy()[order], loaded_keys.numpy()[loaded_order])
-    np.testing.assert_allclose(loaded_rows.numpy()[loaded_order], rows.numpy()[order],
-                               rtol=1e-5, atol=1e-6)
+    (keys, rows), (loaded_keys, loaded_rows) = _table(layer), _table(loaded.get_layer("emb"))
+    np.testing.assert_array_equal(loaded_keys, keys)
+    np.testing.assert_allclose(loaded_rows, rows, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["native", "builtin"])
+def test_early_stopping_restores_the_tables_of_the_best_epoch(backend):
+    """EarlyStopping(restore_best_weights=True) gives `get_weights()` of the best epoch back to
+    `set_weights` at the end: the tables come back with the dense weights. (Mode "max" on a
+    falling loss makes the first epoch the best.)"""
+    model, layer, ids, labels = _model(backend)
+    first = []
+    record = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: first.append(
+        (_table(layer), model.predict(ids[:32], verbose=0))) if epoch == 0 else None)
+    stop = tf.keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1,
+                                            restore_best_weights=True)
+    history = model.fit(ids, labels, batch_size=64, epochs=4, shuffle=False, verbose=0,
+                        callbacks=[record, stop])
+    assert len(history.history["loss"]) == 2          # stopped after the second epoch
+    (keys, rows), predicted = first[0]
+    got_keys, got_rows = _table(layer)
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_rows, rows)
+    np.testing.assert_array_equal(model.predict(ids[:32], verbose=0), predicted)
+
+
+def test_set_weights_copies_the_tables_between_models():
+    """`b.set_weights(a.get_weights())` makes b's tables a's (keys b had alone are gone), and
+    the arrays keep the tables of when they were taken, as they keep the dense weights."""
+    model, layer, ids, labels = _trained_model("native")
+    other, other_layer, _, _ = _model("builtin")
+    other.predict(ids[:4] + 1000, verbose=0)        # keys `model` has not
+    weights = model.get_weights()
+    want = model.predict(ids[:32], verbose=0)
+    model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+    other.set_weights(weights)
+    model.set_weights(weights)
+    np.testing.assert_array_equal(_table(other_layer)[0], np.unique(ids))
+    np.testing.assert_array_equal(_table(other_layer)[1], _table(layer)[1])
+    for m in (other, model):
+        np.testing.assert_allclose(m.predict(ids[:32], verbose=0), want, rtol=1e-6)
+
+
+def test_tf_keras_early_stopping_restores_the_tables():
+    """tf_keras' set_weights passes each array through np.asarray: the tables come back too."""
+    script = textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+        import tf_keras
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, 60, size=(512, 3))
+        labels = (ids[:, :1] % 2).astype(np.float32)
+        inputs = tf_keras.Input(shape=(3,), dtype=tf.int64)
+        layer = de.keras.layers.Embedding(4, name="emb")
+        model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(
+            tf_keras.layers.Flatten()(layer(inputs))))
+        model.compile(optimizer=de.DynamicEmbeddingOptimizer(
+            tf_keras.optimizers.legacy.Adam(0.05)), loss="mse")
+        first = []
+        def table():
+            keys, rows = layer.params.export()
+            return rows.numpy()[np.argsort(keys.numpy())]
+        record = tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: first.append(
+            (table(), model.predict(ids[:32], verbose=0))) if epoch == 0 else None)
+        stop = tf_keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1,
+                                                restore_best_weights=True)
+        model.fit(ids, labels, batch_size=64, epochs=4, shuffle=False, verbose=0,
+                  callbacks=[record, stop])
+        np.testing.assert_array_equal(table(), first[0][0])
+        np.testing.assert_array_equal(model.predict(ids[:32], verbose=0), first[0][1])
+        print("OK")
+    """)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("feature,backend", [("eviction", "native"), ("eviction", "builtin"),
