@@ -2,7 +2,8 @@
 
 `dynamic_embedding` is `tfra_dynamic_embedding` itself. As TFRA does, importing it registers
 this package's kernels with TensorFlow, so that a plain `tf.distribute.Server` in the same
-process (a parameter server) can host native tables placed on it by remote clients.
+process (a parameter server) can host native tables placed on it by remote clients, and its
+Keras layers and wrapped optimizers with Keras, so that saved models load.
 (`import tfra_dynamic_embedding` alone stays light: `tfra-de` commands that need no TensorFlow
 start fast.)
 """
@@ -17,6 +18,13 @@ from tfra_dynamic_embedding.tables import native as _native
 sys.modules[__name__ + ".dynamic_embedding"] = dynamic_embedding
 
 _native.is_available()  # loads the op library (a warning, not an error, when it is not built)
+
+# As TFRA's import does: Keras knows the de.keras layers and the wrapped optimizers by name from
+# here on, so that `tf.keras.models.load_model` of a saved model finds them in a new process.
+from tfra_dynamic_embedding import optimizer as _optimizer  # pylint: disable=wrong-import-position
+from tfra_dynamic_embedding.keras import layers as _layers  # pylint: disable=wrong-import-position,unused-import
+
+_optimizer.register_keras_optimizers()
 
 __version__ = dynamic_embedding.__version__
 

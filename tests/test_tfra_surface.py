@@ -37,6 +37,24 @@ def test_variable_tables_have_tfras_table_methods(kv_creator):
     assert int(var.size()) == 3      # the views write the variable's own shards
 
 
+def test_de_resource_variable_filter_keeps_the_dense_weights():
+    """TFRA scripts (and its Horovod callback) filter a model's variables with
+    `isinstance(v, (de.TrainableWrapper, de.DEResourceVariable))`."""
+    emb = de.Variable(dim=2, name="filtered")
+    dense = tf.Variable(tf.ones([2, 1]), name="dense")
+    with tf.GradientTape() as tape:
+        rows, wrapper = de.embedding_lookup(emb, tf.constant([1, 2], tf.int64),
+                                            return_trainable=True)
+        loss = tf.reduce_sum(tf.matmul(rows, dense))
+    assert tape.gradient(loss, wrapper) is not None
+    assert isinstance(wrapper.ids, de.DEResourceVariable)
+    assert not isinstance(wrapper, de.DEResourceVariable)
+    candidates = [dense, wrapper, wrapper.ids]
+    kept = [v for v in candidates
+            if not isinstance(v, (de.TrainableWrapper, de.DEResourceVariable))]
+    assert kept == [dense]
+
+
 def test_v1_saver_of_variable_tables_saves_each_shard(tmp_path):
     prefix = str(tmp_path / "tables")
     with tf.Graph().as_default():

@@ -11,7 +11,7 @@ placement commands) do not pay for importing TensorFlow, and `de.keras` can foll
 `TF_USE_LEGACY_KERAS` set after this import.
 """
 
-import importlib
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -21,6 +21,7 @@ _EXPORTS = {
     "CuckooHashTable": "tfra_dynamic_embedding.tables",
     "CuckooHashTableConfig": "tfra_dynamic_embedding.tables",
     "CuckooHashTableCreator": "tfra_dynamic_embedding.tables",
+    "DEResourceVariable": "tfra_dynamic_embedding.trainable",
     "DynamicEmbeddingOptimizer": "tfra_dynamic_embedding.optimizer",
     "BloomAdmission": "tfra_dynamic_embedding.online.admission",
     "CountAdmission": "tfra_dynamic_embedding.online.admission",
@@ -62,9 +63,9 @@ __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 def __getattr__(name):
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        value = getattr(_importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(_SUBMODULES[name])
+        value = _importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'tfra_dynamic_embedding' has no attribute {name!r}")
     globals()[name] = value  # later accesses skip this function

@@ -28,6 +28,7 @@ Example:
 """
 
 import contextlib
+import importlib
 import sys
 
 import numpy as np
@@ -75,10 +76,36 @@ def _wrapped_class(mixin, base):
                        {"__module__": base.__module__, "__qualname__": base.__qualname__})
         package = base.__module__.split(".")[0]
         if package in ("keras", "tf_keras"):
+            # tf_keras' legacy and new optimizers share names in one registry.
+            legacy = mixin is _LegacyKerasMixin and package == "tf_keras"
             sys.modules[package].saving.register_keras_serializable(
-                package=REGISTERED_PACKAGE, name=base.__name__)(wrapped)
+                package=REGISTERED_PACKAGE,
+                name=("legacy." if legacy else "") + base.__name__)(wrapped)
         _WRAPPED[key] = wrapped
     return _WRAPPED[key]
+
+
+def register_keras_optimizers():
+    """Registers the wrapped class of every optimizer of each installed Keras (Keras 3, tf_keras
+    and its legacy ones) now, so that a process that loads a saved model before wrapping any
+    optimizer (`tf.keras.models.load_model` of a compiled model) finds them."""
+    families = [("keras", "keras.optimizers", _Keras3Mixin),
+                ("tf_keras", "tf_keras.optimizers", _NewTfKerasMixin),
+                ("tf_keras", "tf_keras.optimizers.legacy", _LegacyKerasMixin)]
+    for package, module_name, mixin in families:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if package == "keras" and not getattr(sys.modules["keras"], "__version__",
+                                                "").startswith("3."):
+            continue
+        base = module.Optimizer
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, base) and value is not base
+                    and value.__module__.split(".")[0] == package
+                    and "LossScale" not in value.__name__):
+                _wrapped_class(mixin, value)
 
 
 class _DynamicEmbeddingMixin:
@@ -332,6 +359,10 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
         names = [k for k in store.keys() if k.startswith("de_slot") and k.endswith("_name")]
         super().load_own_variables(
             {k: store[k] for k in store.keys() if not k.startswith("de_slot")})
+        if not self.built:
+            # As Keras does for the optimizer's own variables (it warned above): an optimizer
+            # not built yet (`load_weights` into a model not trained yet) starts afresh.
+            return
         tables = {t.name: t for t in self._de_slot_tables.values()}
         for name_key in names:
             prefix = name_key[:-len("name")]

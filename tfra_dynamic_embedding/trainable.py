@@ -69,15 +69,6 @@ class _WorkerLocal:
         return tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=tf.TensorShape(None),
                                       shared_name=self._worker_local_name)
 
-    def _serialize_to_tensors(self):
-        if self.__dict__.get("_worker_local_name") is None:
-            return super()._serialize_to_tensors()
-        # A checkpoint (written by the coordinator) holds the coordinator's own copy, read now:
-        # the handle of the saving function would be a copy the coordinator never loaded.
-        with tf.init_scope():
-            return {"VARIABLE_VALUE": tf.raw_ops.ReadVariableOp(resource=self._handle,  # TF's key
-                                                                dtype=self.dtype)}
-
 
 _LOCAL_IDS = itertools.count()
 
@@ -108,8 +99,12 @@ def current_ps_strategy():
     return None
 
 
-class _WorkerLocalVariable(_WorkerLocal, _tf_private.ResourceVariable):
-    """A plain ResourceVariable with `_WorkerLocal`'s handle (a wrapper's ids)."""
+class DEResourceVariable(_WorkerLocal, _tf_private.ResourceVariable):
+    """A lookup's helper state, not a model weight: a wrapper's ids (`wrapper.ids`), with
+    `_WorkerLocal`'s handle. TFRA's name, so that filters such as
+    `[v for v in variables if not isinstance(v, (de.TrainableWrapper, de.DEResourceVariable))]`
+    keep the dense weights only.
+    """
 
     def __init__(self, *args, worker_local=False, **kwargs):
         self._set_worker_local(worker_local)
@@ -152,7 +147,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             # Like the rows, in no collection (`tf.Variable` would ignore `collections` and
             # land in GLOBAL_VARIABLES: a non-chief MonitoredTrainingSession would then wait
             # forever for the chief to initialize this worker-local variable).
-            self.ids = _WorkerLocalVariable(
+            self.ids = DEResourceVariable(
                 tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False,
                 name=name + "_ids", validate_shape=False, collections=[], worker_local=local)
         self._open_step = None   # the step (see `load`) whose lookups the held rows serve
@@ -326,10 +321,19 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             update = policy._after_write(self.batch_ids())  # pylint: disable=protected-access
             return tf.group([op for op in (write, update) if op is not None])
 
-    # Checkpoints save the held rows like any variable's value: they are only the last batch's
-    # cache (the tables are what matters), but the standard entry keeps the wrapper loadable
-    # wherever an optimizer lists it, including SavedModels served by stock TensorFlow. Restoring
-    # skips them: the next lookup reloads the rows anyway.
+    # Checkpoints and SavedModels keep a variable's standard entry, so the wrapper stays loadable
+    # wherever an optimizer lists it, also by stock TensorFlow or Keras, which make a plain
+    # variable of it (of its saved shape), and a slot for that or for a new wrapper (of their
+    # shape, which must be fully known). The held rows are only the last batch's cache (the
+    # tables are what matters, the next lookup reloads them): the entry is saved as a wrapper
+    # without rows, shape and value `[0, dim]`, which fits all of these; restoring skips it.
+    def _serialize_to_tensors(self):
+        return {"VARIABLE_VALUE": tf.zeros([0, self.params.dim], self.dtype)}  # TF's key
+
+    def _write_object_proto(self, proto, options):
+        super()._write_object_proto(proto, options)
+        proto.variable.shape.CopyFrom(tf.TensorShape([0, self.params.dim]).as_proto())
+
     def _restore_from_tensors(self, restored_tensors):
         del restored_tensors
         return tf.no_op()

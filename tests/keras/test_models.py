@@ -226,6 +226,72 @@ def test_set_weights_copies_the_tables_between_models():
         np.testing.assert_allclose(m.predict(ids[:32], verbose=0), want, rtol=1e-6)
 
 
+def _run_tf_keras(script):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                            text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_tf_keras_saved_model_loads_in_a_new_process(tmp_path):
+    """TFRA's demos save with `model.save(dir)` and load with `tf.keras.models.load_model(dir)`
+    in another process, which imports the package but wraps no optimizer itself: the wrapped
+    optimizer class is known to Keras from the import on (legacy and new tf_keras Adam apart)."""
+    path, ids_file = str(tmp_path / "saved"), str(tmp_path / "ids.npy")
+    _run_tf_keras(f"""
+        import numpy as np
+        import tensorflow as tf
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, 60, size=(512, 3))
+        inputs = tf.keras.Input(shape=(3,), dtype=tf.int64)
+        layer = de.keras.layers.Embedding(4, name="emb")
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+            layer(inputs))))
+        model.compile(optimizer=de.DynamicEmbeddingOptimizer(
+            tf.keras.optimizers.legacy.Adam(0.05)), loss="mse")
+        model.fit(ids, (ids[:, :1] % 2).astype(np.float32), batch_size=64, verbose=0)
+        model.save({path!r}, options=tf.saved_model.SaveOptions(namespace_whitelist=["TFRA"]))
+        np.save({ids_file!r}, np.concatenate([ids[:16], model.predict(ids[:16], verbose=0)], 1))
+        print("OK")
+    """)
+    _run_tf_keras(f"""
+        import numpy as np
+        import tensorflow as tf
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        saved = np.load({ids_file!r})
+        model = tf.keras.models.load_model({path!r})
+        np.testing.assert_allclose(model.predict(saved[:, :3].astype(np.int64), verbose=0),
+                                   saved[:, 3:], rtol=1e-6)
+        assert isinstance(model.optimizer, tf.keras.optimizers.legacy.Adam)
+        assert type(model.optimizer).__mro__[1].__name__ == "_LegacyKerasMixin"
+        new = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
+        for opt in (model.optimizer, new):
+            again = tf.keras.optimizers.deserialize(tf.keras.optimizers.serialize(opt),
+                                                    use_legacy_optimizer=opt is not new)
+            assert type(again) is type(opt), (type(again).__mro__, type(opt).__mro__)
+        print("OK")
+    """)
+
+
+def test_best_weights_checkpoint_loads_into_a_fresh_model(tmp_path):
+    """ModelCheckpoint(save_weights_only=True) then `load_weights` into a new compiled model
+    (its optimizer not built yet: as Keras does for its own variables, the optimizer state is
+    skipped with a warning, and the rows load)."""
+    model, layer, ids, labels = _model()
+    path = str(tmp_path / "best.weights.h5")
+    model.fit(ids, labels, batch_size=64, epochs=2, verbose=0, validation_data=(ids, labels),
+              callbacks=[tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
+    fresh, fresh_layer, _, _ = _model()
+    with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+        fresh.load_weights(path)
+    np.testing.assert_array_equal(_table(fresh_layer)[1], _table(layer)[1])
+    np.testing.assert_allclose(fresh.predict(ids[:32], verbose=0),
+                               model.predict(ids[:32], verbose=0), rtol=1e-6)
+    fresh.fit(ids, labels, batch_size=64, epochs=1, verbose=0)   # trains on from there
+
+
 def test_tf_keras_early_stopping_restores_the_tables():
     """tf_keras' set_weights passes each array through np.asarray: the tables come back too."""
     script = textwrap.dedent("""

@@ -221,6 +221,9 @@ def test_ttl_seconds_drops_keys_not_updated_for_that_long(kv_creator, shards):
     var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator, devices=CPUS[:shards],
                       eviction=de.Eviction(ttl_seconds=2, max_size=100))
     step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    # Traced before the clock matters: tracing a step for a new batch size took seconds on a
+    # busy machine, and keys 1 and 2 timed out before the second step.
+    step.get_concrete_function(tf.TensorSpec([None], tf.int64))
     step(tf.constant([1, 2, 3], tf.int64))
     time.sleep(0.3)
     step(tf.constant([3, 4], tf.int64))

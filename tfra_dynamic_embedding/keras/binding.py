@@ -26,7 +26,7 @@ import tensorflow as tf
 KERAS3 = "keras"
 TF_KERAS = "tf_keras"
 PACKAGES = (KERAS3, TF_KERAS)
-REGISTERED_PACKAGE = "tfra_dynamic_embedding"   # Keras 3's registry: "<package>>Embedding"
+REGISTERED_PACKAGE = "tfra_dynamic_embedding"   # Keras' registry: "<package>>Embedding"
 
 _BOUND = {}   # (logic class, package) -> its subclass for that Keras
 
@@ -110,27 +110,28 @@ def bound_class(cls, package, base="Layer"):
         bound = type(cls.__name__, (cls, getattr(module.layers, base)),
                      {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                       "__doc__": cls.__doc__})
-        if package == KERAS3:
-            # A `.keras` file then names it "tfra_dynamic_embedding>Embedding", and
-            # `keras.models.load_model` finds it without `custom_objects`.
-            module.saving.register_keras_serializable(package=REGISTERED_PACKAGE,
-                                                      name=cls.__name__)(bound)
+        # Configs (a `.keras` file, `to_json`) then name it "tfra_dynamic_embedding>Embedding",
+        # and that Keras' `load_model` / `model_from_json` find it without `custom_objects`
+        # (by the plain name tf_keras would make its own Embedding).
+        module.saving.register_keras_serializable(package=REGISTERED_PACKAGE,
+                                                  name=cls.__name__)(bound)
         _BOUND[key] = bound
     return _BOUND[key]
 
 
-def register_keras3(classes):
-    """Makes (and so registers) the Keras 3 class of each of `classes` (pairs of a logic class and
-    its Keras base name) now, for a `.keras` file loaded before any such layer is constructed.
-    Does nothing without Keras 3."""
-    try:
-        keras3 = keras_module(KERAS3)
-    except ImportError:
-        return
-    if not getattr(keras3, "__version__", "").startswith("3."):
-        return
-    for cls, base in classes:
-        bound_class(cls, KERAS3, base)
+def register(classes):
+    """Makes (and so registers) the class of each of `classes` (pairs of a logic class and its
+    Keras base name) for each installed Keras now, for a saved config loaded before any such
+    layer is constructed."""
+    for package in PACKAGES:
+        try:
+            module = keras_module(package)
+        except ImportError:
+            continue
+        if package == KERAS3 and not getattr(module, "__version__", "").startswith("3."):
+            continue
+        for cls, base in classes:
+            bound_class(cls, package, base)
 
 
 def _named_arguments(cls, args, kwargs):

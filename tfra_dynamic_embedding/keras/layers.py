@@ -409,5 +409,5 @@ def _pool(rows, combiner):
     return tf.math.divide_no_nan(total, scale)
 
 
-binding.register_keras3([(Embedding, "Layer"), (SquashedEmbedding, "Layer"),
-                         (FieldWiseEmbedding, "Layer"), (LayerNormalization, "LayerNormalization")])
+binding.register([(Embedding, "Layer"), (SquashedEmbedding, "Layer"),
+                  (FieldWiseEmbedding, "Layer"), (LayerNormalization, "LayerNormalization")])
