@@ -33,6 +33,9 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 # Checked: 2.21 (noted for 2.16-2.21). TF's registry of custom checkpoint savers: the one hook
 # through which tf.train.Checkpoint hands a saver the checkpoint's prefix (FileSystemSaver).
 from tensorflow.python.saved_model.registration import registration as _registration
+# Checked: 2.21. Whether a SavedModel is being written, and with which options: the public
+# API has only the options' class.
+from tensorflow.python.saved_model import save_context as _save_context
 # Checked: 2.21 (noted for 2.16-2.21). The v1 Saver only understands SaveableObjects, whose
 # classes are not public.
 from tensorflow.python.training.saving import saveable_object as _saveable_object
@@ -44,6 +47,17 @@ eager_mode = _eager_context.eager_mode  # run eagerly even while a graph is bein
 def eager_device_name():
     """The device of the enclosing eager `tf.device` scope ('' when there is none)."""
     return _eager_context.context().device_name or ""
+
+
+# --- tensorflow.python.saved_model.save_context --------------------------------------------
+def saving_without_devices():
+    """Whether a SavedModel is being written that keeps no device placements: TF's default
+    variable policy (`SaveOptions(experimental_variable_policy=SAVE_VARIABLE_DEVICES)` keeps
+    them)."""
+    if not _save_context.in_save_context():
+        return False
+    policy = _save_context.get_save_options().experimental_variable_policy
+    return not policy._save_variable_devices()  # pylint: disable=protected-access
 
 
 def set_operation_timeout_in_ms(milliseconds):

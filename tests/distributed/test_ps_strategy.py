@@ -7,6 +7,9 @@ Tables use both backends (native when its kernels are built, and built-in) side 
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from tests.distributed import procs
 from tfra_dynamic_embedding.distributed.local import LocalCluster
 from tfra_dynamic_embedding.tables import native
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PS = ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
 BACKENDS = ["native", "builtin"] if native.is_available() else ["builtin"]
 SUM_STEPS, KILL_STEPS = 16, 8 + 12 + 8   # as in psst_train.py
@@ -127,6 +131,41 @@ def test_tfra_keras_ps_demo_pattern_trains_with_model_fit(make_cluster):
     assert all("/job:ps/" in d for d in report["dense_devices"])
     # SGD(lr=1) on rows of ones with d(sum)/d(row) = 1: every looked-up row becomes zeros.
     assert report["nested"] == {"keys": [1, 2, 3], "values": [[0.0, 0.0]] * 3}
+
+
+def test_a_model_saved_by_the_coordinator_serves_in_one_process(make_cluster, tmp_path):
+    """The demo's next step: `model.save(dir)` on the coordinator after `fit`, then
+    `tf.keras.models.load_model(dir)` in a process without the cluster (the SavedModel names no
+    parameter-server device) serves the trained rows and dense weights."""
+    cluster = make_cluster(ps=2, worker=1, chief=1)
+    saved = tmp_path / "saved"
+    report = procs.run_script(cluster, "psst_keras_save.py", saved, timeout=300)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    script = textwrap.dedent(f"""
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+        report = json.load(open({str(tmp_path / "report.json")!r}))
+        de.enable_inference_mode()
+        model = tf.keras.models.load_model({str(saved)!r})
+        users, movies = np.arange(50), np.arange(50) % 30
+        got = model({{"user_id": tf.constant(users, tf.int64),
+                      "movie_id": tf.constant(movies, tf.int64)}}).numpy()
+        user = dict(zip(report["user"]["keys"], report["user"]["values"]))
+        movie = dict(zip(report["movie"]["keys"], report["movie"]["values"]))
+        assert sorted(user) == list(range(50)) and sorted(movie) == list(range(30))
+        x = np.array([user[u] + movie[m] for u, m in zip(users, movies)])
+        kernel, bias = (np.array(w) for w in report["dense"])
+        logits = x @ kernel + bias
+        want = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        print("OK")
+    """)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=300, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
 
 def test_a_killed_ps_fails_the_coordinator_fast_and_a_restart_resumes(make_cluster, tmp_path):

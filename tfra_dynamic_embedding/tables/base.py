@@ -17,6 +17,8 @@ import weakref
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
+
 _table_ids = itertools.count()
 
 
@@ -37,7 +39,7 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         self.value_dtype = tf.as_dtype(value_dtype)
         self.dim = int(dim)
         self.name = name
-        self.device = device
+        self._device = device
         # In eager mode (also when lifted out of a tf.function being traced) an unnamed table
         # gets a unique shared name, else two tables on one device would share storage, and it
         # is destroyed with this object. A table the user shares by name is never destroyed by
@@ -47,6 +49,23 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
             shared_name = f"{op_name(name)}_{next(_table_ids)}"
         self._shared_name = shared_name
         self._owner = None   # weakref.ref to the de.Variable this table is a shard of
+
+    # A SavedModel written with TF's default options keeps no device placements (so a model
+    # trained on parameter servers loads in one process): while it is written, the table's
+    # resource and the ops of the functions traced for it name no device.
+    @property
+    def device(self):
+        """The device of the table's resource ("" while a SavedModel without devices is
+        written)."""
+        return "" if _tf_private.saving_without_devices() else self._device
+
+    @property
+    def _resource_device(self):
+        return "" if _tf_private.saving_without_devices() else self._resource_device_name
+
+    @_resource_device.setter
+    def _resource_device(self, device):   # TrackableResource's constructor sets it
+        self._resource_device_name = device
 
     def set_owner(self, variable):
         """Records `variable` (a de.Variable) as the one this table is a shard of."""
