@@ -90,6 +90,25 @@ class _WorkerLocalSpec(tf.TensorSpec):
 _CONTROL_FLOW_GRAPHS = ("CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph")
 
 
+def _single_device_strategy(params, refuse):
+    """The enclosing OneDeviceStrategy, else None. Training under a strategy of replicas
+    (MirroredStrategy, even of one device, MultiWorkerMirroredStrategy, TPUStrategy) would need
+    rows per replica, which wrappers do not have: `refuse` raises then, instead of a failure
+    deep inside the optimizer (lookups alone work)."""
+    if not tf.distribute.has_strategy():
+        return None
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return strategy
+    if not refuse:
+        return None
+    raise NotImplementedError(
+        f"de.Variable {params.name!r} cannot be trained under {type(strategy).__name__} "
+        f"({strategy.num_replicas_in_sync} replicas); use tf.distribute.ParameterServerStrategy "
+        f"(tables on the PS tasks, any number of workers), tf.compat.v1 between-graph "
+        f"replication, or one replica per process")
+
+
 def current_ps_strategy():
     """The current strategy (scope or replica context) if it is a ParameterServerStrategy."""
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
@@ -129,11 +148,16 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         # strategy.
         strategy = ps_strategy or current_ps_strategy()
         local = strategy is not None
+        # The variable belongs to the enclosing strategy: tf_keras checks that of every weight.
+        owner = strategy if local else _single_device_strategy(params, refuse=trainable)
         self._set_worker_local(local)
         # `name` is the full name (see wrapper_name), not one inside the caller's name scope.
         root_scope = (contextlib.nullcontext() if tf.executing_eagerly()
                       else tf.compat.v1.get_default_graph().name_scope(""))
-        with tf.init_scope(), root_scope:
+        # A OneDeviceStrategy's variables live on its device (its updates run there).
+        place = (tf.device(owner.extended.worker_devices[0])
+                 if isinstance(owner, tf.distribute.OneDeviceStrategy) else contextlib.nullcontext())
+        with tf.init_scope(), root_scope, place:
             # Not in GLOBAL_VARIABLES: the content is transient (re-read every step), so Savers
             # and initializers leave it alone; TRAINABLE_VARIABLES lets v1 `minimize` find it.
             super().__init__(
@@ -143,7 +167,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
                 name=name,
                 collections=[],
                 validate_shape=False,
-                distribute_strategy=strategy)
+                distribute_strategy=owner)
             # Like the rows, in no collection (`tf.Variable` would ignore `collections` and
             # land in GLOBAL_VARIABLES: a non-chief MonitoredTrainingSession would then wait
             # forever for the chief to initialize this worker-local variable).
