@@ -336,12 +336,23 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
         return super().add_variable_from_reference(reference_variable, name=name,
                                                    initializer=initializer)
 
-    def apply_gradients(self, grads_and_vars):
+    # `apply_gradients` calls this; so does a LossScaleOptimizer (mixed precision: Keras wraps
+    # the compiled optimizer in one) that holds this optimizer.
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            if not self.built:
+                return super().apply(grads)   # Keras says what is missing
+            trainable_variables = self._trainable_variables   # Keras' default: those built
+
         def create_slots(var_list):
             if not self.built:
                 self.build(var_list)
 
-        return self._de_apply(grads_and_vars, create_slots, super().apply_gradients)
+        def apply_pairs(grads_and_vars):
+            return super(_Keras3Mixin, self).apply([g for g, _ in grads_and_vars],
+                                                   [v for _, v in grads_and_vars])
+
+        return self._de_apply(zip(grads, trainable_variables), create_slots, apply_pairs)
 
     # A `.keras` file holds the optimizer's variables by index; the slot tables (all keys' rows
     # of each slot) go beside them, named by their variable, and come back by name on loading

@@ -1,6 +1,7 @@
-"""de.keras layers under tf.distribute strategies of one process: OneDeviceStrategy trains (in
-both Kerases); strategies of in-sync replicas are refused when a trainable layer is made, with an
-error that names the strategy and what to use instead. (ParameterServerStrategy: see
+"""de.keras layers under tf.distribute strategies of one process and mixed precision:
+OneDeviceStrategy trains (in both Kerases); strategies of in-sync replicas are refused when a
+trainable layer is made, with an error that names the strategy and what to use instead;
+"mixed_float16" trains through Keras' LossScaleOptimizer. (ParameterServerStrategy: see
 tests/distributed/test_ps_strategy.py.)"""
 
 import keras
@@ -54,3 +55,26 @@ def test_a_frozen_layer_predicts_under_mirrored_strategy():
     ids = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 0, 0]])
     np.testing.assert_allclose(model.predict(ids, batch_size=4, verbose=0)[:, 0],
                                4.0 * ids.sum(1))
+
+
+@pytest.mark.parametrize("module", [keras, tf_keras], ids=["keras3", "tf_keras"])
+def test_mixed_precision_trains(module):
+    """Under the "mixed_float16" policy Keras wraps the compiled optimizer in a
+    LossScaleOptimizer, which calls the wrapped optimizer's `apply`: rows and slots still go
+    through the tables."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=(128, 3))
+    labels = (ids[:, :1] % 2).astype(np.float32)
+    adam = module.optimizers.legacy.Adam if module is tf_keras else module.optimizers.Adam
+    module.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, layer = _model(module)
+        model.compile(optimizer=de.DynamicEmbeddingOptimizer(adam(0.05)), loss="mse")
+        assert "LossScaleOptimizer" in type(model.optimizer).__name__
+        history = model.fit(ids, labels, batch_size=32, epochs=3, verbose=0)
+    finally:
+        module.mixed_precision.set_global_policy("float32")
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+    assert int(layer.params.size()) == len(np.unique(ids))
+    slots = model.optimizer.inner_optimizer.get_slot_variables(layer.params)
+    assert slots and all(int(s.size()) == len(np.unique(ids)) for s in slots)
