@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -360,11 +361,8 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
     def save_own_variables(self, store):
         super().save_own_variables(store)
         for i, table in enumerate(sorted(self._de_slot_tables.values(), key=lambda t: t.name)):
-            keys, values = table.export()
-            keys = keys.numpy()
             store[f"de_slot{i}_name"] = np.frombuffer(table.name.encode(), np.uint8)
-            store[f"de_slot{i}_keys"] = keys.astype(np.bytes_) if keys.dtype == object else keys
-            store[f"de_slot{i}_values"] = values.numpy()
+            keras_weights.save_table(store, f"de_slot{i}_", table)
 
     def load_own_variables(self, store):
         names = [k for k in store.keys() if k.startswith("de_slot") and k.endswith("_name")]
@@ -381,9 +379,7 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
             if name not in tables:
                 raise ValueError(f"the saved optimizer has slot table {name!r}, which this "
                                  f"optimizer does not (it has {sorted(tables)})")
-            table = tables[name]
-            table.import_(tf.constant(np.asarray(store[prefix + "keys"]), table.key_dtype),
-                          tf.constant(np.asarray(store[prefix + "values"]), table.value_dtype))
+            keras_weights.load_table(store, prefix, tables[name])
 
 
 class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):

@@ -328,6 +328,45 @@ def test_tf_keras_early_stopping_restores_the_tables():
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
 
+def test_keras3_file_with_string_keys_resumes_training_exactly(tmp_path):
+    """String keys (and their Adam slots) go into the `.keras` file as bytes plus lengths:
+    Keras' H5 store takes numeric arrays only."""
+    rng = np.random.default_rng(0)
+    ids = tf.constant(np.array([[f"user-{i}" * (1 + i % 3) for i in row]
+                                for row in rng.integers(0, 60, size=(256, 3))]))
+    labels = rng.integers(0, 2, size=(256, 1)).astype(np.float32)
+    inputs = tf.keras.Input(shape=(3,), dtype=tf.string)
+    layer = de.keras.layers.Embedding(4, key_dtype=tf.string, name="emb")
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+        layer(inputs))))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
+    path = str(tmp_path / "strings.keras")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    np.testing.assert_array_equal(_table(loaded.get_layer("emb"))[0], _table(layer)[0])
+    for m in (model, loaded):
+        m.fit(ids, labels, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(loaded.predict(ids[:32], verbose=0),
+                               model.predict(ids[:32], verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_keras3_sequential_without_input_trains():
+    """A Sequential model built from its first batch gets float32 ids from Keras 3; they are
+    cast to the key dtype, as Keras' own Embedding does."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 60, size=(256, 3))
+    labels = (ids[:, :1] % 2).astype(np.float32)
+    layer = de.keras.layers.Embedding(4, name="emb")
+    model = tf.keras.Sequential([layer, tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    history = model.fit(ids, labels, batch_size=32, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+    np.testing.assert_array_equal(_table(layer)[0], np.unique(ids))
+
+
 @pytest.mark.parametrize("feature,backend", [("eviction", "native"), ("eviction", "builtin"),
                                              ("admission", "native"), ("restrict", "native")])
 def test_online_learning_state_does_not_stop_an_export(tmp_path, feature, backend):

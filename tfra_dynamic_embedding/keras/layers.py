@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import embedding_ops
+from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
@@ -170,8 +171,12 @@ class Embedding:
         return rows if self.combiner is None else _pool(rows, self.combiner)
 
     def _keys(self, ids):
-        if ids.dtype != self.params.key_dtype and ids.dtype.is_integer:
-            ids = tf.cast(ids, self.params.key_dtype)
+        # Float ids are cast as Keras' own Embedding does: Keras 3 feeds a Sequential model built
+        # without an `Input` as float32.
+        key_dtype = self.params.key_dtype
+        if ids.dtype != key_dtype and key_dtype.is_integer and (ids.dtype.is_integer
+                                                                or ids.dtype.is_floating):
+            ids = tf.cast(ids, key_dtype)
         return ids
 
     def _lookup(self, ids):
@@ -224,16 +229,10 @@ class Embedding:
 
     # Keras 3 `save_weights` / `load_weights`: the whole table, re-sharded on load.
     def save_own_variables(self, store):
-        keys, values = self.params.export()
-        keys = keys.numpy()
-        store["keys"] = keys.astype(np.bytes_) if keys.dtype == object else keys
-        store["values"] = values.numpy()
+        keras_weights.save_table(store, "", self.params)
 
     def load_own_variables(self, store):
-        keys = np.asarray(store["keys"])
-        self.params.import_(tf.constant(keys, dtype=self.params.key_dtype),
-                            tf.constant(np.asarray(store["values"]),
-                                        dtype=self.params.value_dtype))
+        keras_weights.load_table(store, "", self.params)
 
 
 # TFRA's name of the plain layer.
