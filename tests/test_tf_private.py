@@ -32,6 +32,7 @@ EXPECTED = {
     "loaded_tf_keras_optimizer_v2_class": "function",
     "dispatched_worker_index": "function",
     "copy_handle_data": "callable",
+    "saving_without_devices": "function",
 }
 
 
@@ -56,6 +57,24 @@ def test_name_resolves_with_expected_kind(name):
         assert callable(value) and not inspect.isclass(value), name
     else:
         assert isinstance(value, str), name
+
+
+def test_saving_without_devices_follows_the_save_options(tmp_path):
+    seen = []
+
+    class Probe(tf.Module):
+        def _trackable_children(self, save_type="checkpoint", **kwargs):
+            if save_type == "savedmodel":
+                seen.append(_tf_private.saving_without_devices())
+            return super()._trackable_children(save_type, **kwargs)
+
+    assert not _tf_private.saving_without_devices()
+    tf.saved_model.save(Probe(), str(tmp_path / "default"))
+    keep = tf.saved_model.SaveOptions(
+        experimental_variable_policy=tf.saved_model.experimental.VariablePolicy
+        .SAVE_VARIABLE_DEVICES)
+    tf.saved_model.save(Probe(), str(tmp_path / "devices"), options=keep)
+    assert seen and seen[0] is True and seen[-1] is False
 
 
 def test_names_behave_as_used():
