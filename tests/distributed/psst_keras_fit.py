@@ -47,7 +47,9 @@ def export(variable):
     return sorted(keys.numpy().tolist())
 
 
-def main():
+def compiled_model():
+    """(strategy, model, optimizer, distributed dataset) as the demo makes them, on this task's
+    cluster (TF_CONFIG)."""
     config = json.loads(os.environ["TF_CONFIG"])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(config["cluster"]), task_type="chief", task_id=0)
@@ -62,6 +64,11 @@ def main():
         model = DualChannelsModel(ps_devices)
         optimizer = de.DynamicEmbeddingOptimizer(Adam(1e-2))
     model.compile(optimizer=optimizer, loss=tf.keras.losses.MeanSquaredError())
+    return strategy, model, optimizer, dataset
+
+
+def main():
+    strategy, model, optimizer, dataset = compiled_model()
     history = model.fit(dataset, epochs=3, steps_per_epoch=ROWS // BATCH, verbose=2)
     result = {"losses": history.history["loss"]}
     for layer in (model.user_embedding, model.movie_embedding):

@@ -17,28 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.keras.optimizers.legacy import Adam  # noqa: E402
 
-from tensorflow_recommenders_addons import dynamic_embedding as de  # noqa: E402
-
-USERS, MOVIES, ROWS, BATCH, DIM = 50, 30, 640, 64, 8
-
-
-class DualChannelsModel(tf.keras.Model):
-    def __init__(self, devices=None):
-        super().__init__()
-        init = tf.keras.initializers.RandomNormal(0.0, 0.5)
-        self.user_embedding = de.keras.layers.SquashedEmbedding(
-            DIM, initializer=init, devices=devices, name="user_embedding")
-        self.movie_embedding = de.keras.layers.SquashedEmbedding(
-            DIM, initializer=init, devices=devices, name="movie_embedding")
-        self.dnn = tf.keras.layers.Dense(5, activation="softmax")
-
-    @tf.function
-    def call(self, features):
-        user = self.user_embedding(tf.reshape(features["user_id"], (-1, 1)))
-        movie = self.movie_embedding(tf.reshape(features["movie_id"], (-1, 1)))
-        return self.dnn(tf.concat([user, movie], axis=1))
+from psst_keras_fit import BATCH, ROWS, compiled_model  # noqa: E402  (this script's folder)
 
 
 def table(variable):
@@ -48,20 +28,7 @@ def table(variable):
 
 
 def main(save_dir):
-    config = json.loads(os.environ["TF_CONFIG"])
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(config["cluster"]), task_type="chief", task_id=0)
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    ps_devices = [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)]
-    rows = np.arange(ROWS)
-    features = {"user_id": rows % USERS, "movie_id": (rows * 7) % MOVIES}
-    labels = tf.one_hot(rows % 5, 5)
-    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH)
-    dataset = strategy.experimental_distribute_dataset(dataset)
-    with strategy.scope():
-        model = DualChannelsModel(ps_devices)
-        optimizer = de.DynamicEmbeddingOptimizer(Adam(1e-2))
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.MeanSquaredError())
+    _, model, _, dataset = compiled_model()
     model.fit(dataset, epochs=2, steps_per_epoch=ROWS // BATCH, verbose=2)
     model.save(save_dir, options=tf.saved_model.SaveOptions(namespace_whitelist=["TFRA"]))
     result = {"user": table(model.user_embedding.params),

@@ -53,6 +53,16 @@ def _saved_keys(export_dir):
     return sorted(shape for name, shape in saved if name.endswith("/keys"))
 
 
+def _run_tf_keras(script):
+    """Runs `script` (source, dedented here) in a new process whose tf.keras is tf_keras; it
+    must print OK."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                            text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    return result.stdout
+
+
 @pytest.mark.parametrize("backend", ["native", "builtin"])
 def test_keras3_model_serves_its_rows_with_and_without_the_optimizer(tmp_path, backend):
     model, layer, ids, _ = _trained_model(backend)
@@ -119,7 +129,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
-    script = textwrap.dedent(f"""
+    script = f"""
         import numpy as np
         import tensorflow as tf
         import tf_keras
@@ -162,11 +172,8 @@ def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
         loaded.fit(ids, labels, batch_size=64, epochs=2, verbose=0)
         assert loaded.evaluate(ids, labels, verbose=0) < before
         print("OK")
-    """)
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=env, timeout=600, check=False)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    """
+    _run_tf_keras(script)
 
 
 @pytest.mark.parametrize("backend", ["native", "builtin"])
@@ -224,14 +231,6 @@ def test_set_weights_copies_the_tables_between_models():
     np.testing.assert_array_equal(_table(other_layer)[1], _table(layer)[1])
     for m in (other, model):
         np.testing.assert_allclose(m.predict(ids[:32], verbose=0), want, rtol=1e-6)
-
-
-def _run_tf_keras(script):
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                            text=True, env=env, timeout=600, check=False)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
-    return result.stdout
 
 
 def test_tf_keras_saved_model_loads_in_a_new_process(tmp_path):
@@ -294,7 +293,7 @@ def test_best_weights_checkpoint_loads_into_a_fresh_model(tmp_path):
 
 def test_tf_keras_early_stopping_restores_the_tables():
     """tf_keras' set_weights passes each array through np.asarray: the tables come back too."""
-    script = textwrap.dedent("""
+    script = """
         import numpy as np
         import tensorflow as tf
         import tf_keras
@@ -321,11 +320,8 @@ def test_tf_keras_early_stopping_restores_the_tables():
         np.testing.assert_array_equal(table(), first[0][0])
         np.testing.assert_array_equal(model.predict(ids[:32], verbose=0), first[0][1])
         print("OK")
-    """)
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=env, timeout=600, check=False)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    """
+    _run_tf_keras(script)
 
 
 def test_keras3_file_with_string_keys_resumes_training_exactly(tmp_path):
