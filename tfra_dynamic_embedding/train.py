@@ -1,5 +1,6 @@
-"""`de.train`: TFRA's training utilities; `DECheckpoint`, a `tf.train.Checkpoint` for models with
-dynamic embeddings.
+"""`de.train`: TFRA's training utilities; `DECheckpoint` (also `Checkpoint`), a
+`tf.train.Checkpoint` for models with dynamic embeddings, and `DEHvdSaver`, a
+`tf.compat.v1.train.Saver` that writes on Horovod rank 0 only.
 
 `tf.train.Checkpoint` already saves and restores `de.Variable`s (all rows, re-partitioned over
 the restoring variable's shards, or to files with `de.FileSystemSaver`: see checkpoint.py), so
@@ -14,9 +15,10 @@ Example:
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import shadow_ops
 
-__all__ = ["DECheckpoint"]
+__all__ = ["Checkpoint", "DECheckpoint", "DEHvdSaver"]
 
 
 class DECheckpoint(tf.train.Checkpoint):
@@ -46,3 +48,23 @@ class DECheckpoint(tf.train.Checkpoint):
         for trackable in tf.train.TrackableView(self).descendants():
             if isinstance(trackable, shadow_ops.ShadowVariable):
                 trackable._clear()  # pylint: disable=protected-access
+
+
+Checkpoint = DECheckpoint
+
+
+class DEHvdSaver(tf.compat.v1.train.Saver):
+    """TFRA's `de.train.DEHvdSaver`: a `tf.compat.v1.train.Saver` (same arguments; it saves and
+    restores `de.Variable`s, also through `de.FileSystemSaver`), whose `save` writes only on
+    Horovod rank 0 and returns None on the other ranks, which hold the same model. Outside
+    Horovod it is the plain Saver.
+
+    Example:
+        saver = de.train.DEHvdSaver()
+        saver.save(sess, "/ckpt/model", global_step=step)
+    """
+
+    def save(self, sess, save_path, *args, **kwargs):  # pylint: disable=arguments-differ
+        if not horovod.is_root():
+            return None
+        return super().save(sess, save_path, *args, **kwargs)

@@ -1,5 +1,6 @@
 """Keras integration: `de.keras.layers.Embedding`, `SquashedEmbedding`, `FieldWiseEmbedding`,
-`LayerNormalization`; `de.keras.models.save_model` (a SavedModel of either Keras's model).
+`LayerNormalization`; `de.keras.models.save_model` (a SavedModel of either Keras's model);
+`de.keras.callbacks.ModelCheckpoint`.
 
 Each layer is a layer of one Keras, chosen when it is constructed (`binding.resolve`): `keras=`
 ("keras" for Keras 3, "tf_keras"), else the Keras of Keras objects among its arguments (e.g. a
@@ -11,7 +12,8 @@ Example:
     layer = de.keras.layers.Embedding(8, keras="tf_keras")   # for a tf_keras.Model
 """
 
+from tfra_dynamic_embedding.keras import callbacks
 from tfra_dynamic_embedding.keras import layers
 from tfra_dynamic_embedding.keras import models
 
-__all__ = ["layers", "models"]
+__all__ = ["callbacks", "layers", "models"]

@@ -98,23 +98,24 @@ def resolve(cls, args, kwargs):
     return next(iter(found)) if found else default_package()
 
 
-def bound_class(cls, package, base="Layer"):
-    """`cls`'s subclass for one Keras: `(cls, <that Keras>.layers.<base>)`, made once.
+def bound_class(cls, package, base="Layer", namespace="layers"):
+    """`cls`'s subclass for one Keras: `(cls, <that Keras>.<namespace>.<base>)`, made once.
 
     It keeps `cls`'s name and module, so configs and summaries read as `cls`, and `isinstance`
-    checks against `cls` (and its logic bases) hold for layers of either Keras.
+    checks against `cls` (and its logic bases) hold for objects of either Keras.
     """
     key = (cls, package)
     if key not in _BOUND:
         module = keras_module(package)
-        bound = type(cls.__name__, (cls, getattr(module.layers, base)),
+        bound = type(cls.__name__, (cls, getattr(getattr(module, namespace), base)),
                      {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                       "__doc__": cls.__doc__})
-        # Configs (a `.keras` file, `to_json`) then name it "tfra_dynamic_embedding>Embedding",
-        # and that Keras' `load_model` / `model_from_json` find it without `custom_objects`
-        # (by the plain name tf_keras would make its own Embedding).
-        module.saving.register_keras_serializable(package=REGISTERED_PACKAGE,
-                                                  name=cls.__name__)(bound)
+        if namespace == "layers":
+            # Configs (a `.keras` file, `to_json`) then name it "tfra_dynamic_embedding>Embedding",
+            # and that Keras' `load_model` / `model_from_json` find it without `custom_objects`
+            # (by the plain name tf_keras would make its own Embedding).
+            module.saving.register_keras_serializable(package=REGISTERED_PACKAGE,
+                                                      name=cls.__name__)(bound)
         _BOUND[key] = bound
     return _BOUND[key]
 
