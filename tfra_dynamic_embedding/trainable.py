@@ -279,7 +279,9 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
 
     # Every read of the wrapper in its graph -- also a user's own (`loss = wrapper * wrapper`,
     # as TFRA code writes) -- sees this step's rows: the read waits for the load.
-    def value(self):
+    def value(self, do_prefetch=False):
+        if do_prefetch:   # TFRA's argument: as read_value's
+            return self.read_value(do_prefetch=True)
         with self._after_load():
             return super().value()
 

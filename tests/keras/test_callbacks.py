@@ -1,4 +1,5 @@
-"""TFRA's `de.keras.callbacks` and `de.train.DEHvdSaver` / `de.train.Checkpoint`.
+"""TFRA's Horovod-named utilities: `de.keras.callbacks`, `de.train.DEHvdSaver` /
+`de.train.Checkpoint`, `de.keras.layers.HvdAllToAllEmbedding` (refused).
 
 Horovod is not installed here: its behaviour is checked in child processes that import a
 recording stand-in of `horovod.tensorflow` (rank and size from the environment).
@@ -78,6 +79,11 @@ def test_broadcast_callback_without_horovod_says_so():
         de.keras.callbacks.DEHvdBroadcastGlobalVariablesCallback(root_rank=0)
 
 
+def test_hvd_all_to_all_embedding_says_what_to_use():
+    with pytest.raises(ValueError, match="Horovod is not installed"):
+        de.keras.layers.HvdAllToAllEmbedding(embedding_size=4)
+
+
 def test_train_checkpoint_names():
     assert de.train.Checkpoint is de.train.DECheckpoint
     assert issubclass(de.train.DEHvdSaver, tf.compat.v1.train.Saver)
@@ -147,6 +153,12 @@ with tf.Graph().as_default():
     with tf.compat.v1.Session() as sess:
         sess.run(lookup)
         saved = de.train.DEHvdSaver().save(sess, os.path.join(OUT, "v1", "model"))
+try:
+    de.keras.layers.HvdAllToAllEmbedding(embedding_size=4)
+except NotImplementedError as error:
+    assert "ParameterServerStrategy" in str(error), error
+else:
+    raise AssertionError("HvdAllToAllEmbedding was built")
 print("saved", saved)
 print("files", sorted(os.listdir(OUT)))
 print("OK")

@@ -53,6 +53,44 @@ def test_basic_embedding_takes_tfra_arguments():
         de.keras.layers.BasicEmbedding("eight")
 
 
+def test_tfra_positional_arguments_and_short_file_name():
+    # TFRA's order: (embedding_size, key_dtype, value_dtype, combiner, initializer, devices,
+    # name, with_unique, short_file_name); SquashedEmbedding and FieldWiseEmbedding end in
+    # with_unique.
+    layer = de.keras.layers.Embedding(3, tf.int64, tf.float32, None, 0.5, None, "pos_emb",
+                                      False, True)
+    assert (layer.name, layer.with_unique, layer.params.short_file_name) == \
+        ("pos_emb", False, True)
+    assert layer.get_config()["short_file_name"] is True
+    squashed = de.keras.layers.SquashedEmbedding(2, tf.int64, tf.float32, "sum", 1.0, None,
+                                                 "pos_sq", False)
+    fields = de.keras.layers.FieldWiseEmbedding(2, 2, lambda x: x % 2, tf.int64, tf.float32,
+                                                "sum", 1.0, None, "pos_fw", False)
+    assert not squashed.with_unique and not fields.with_unique
+    np.testing.assert_array_equal(squashed(tf.constant([[1, 2, 3]], tf.int64)).numpy(),
+                                  [[3.0, 3.0]])
+    # A slot of a short-named layer's variable is <name>/<slot>, without the optimizer's name.
+    inputs = tf.keras.Input(shape=(2,), dtype=tf.int64)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+        layer(inputs))))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1)),
+                  loss="mse")
+    model.fit(tf.constant([[1, 2]], tf.int64), tf.zeros((1, 1)), verbose=0)
+    slots = sorted(v.name for v in layer.params.get_slot_variables(model.optimizer))
+    assert slots and all(name.startswith("pos_emb/") and name.count("/") == 1
+                         for name in slots), slots
+
+
+def test_wrapper_value_takes_tfras_do_prefetch():
+    var = de.Variable(dim=2, initializer=0.0, name="value_prefetch")
+    ids = tf.constant([7], tf.int64)
+    var.upsert(ids, tf.constant([[1.0, 1.0]]))
+    _, wrapper = de.embedding_lookup(var, ids, return_trainable=True)
+    var.upsert(ids, tf.constant([[2.0, 2.0]]))        # the table moves on after the lookup
+    np.testing.assert_array_equal(wrapper.value().numpy(), [[1.0, 1.0]])
+    np.testing.assert_array_equal(wrapper.value(do_prefetch=True).numpy(), [[2.0, 2.0]])
+
+
 def test_basic_embedding_forward_matches_keras_embedding_and_fit_inserts_every_id():
     layer = de.keras.layers.BasicEmbedding(4, initializer=tf.keras.initializers.RandomNormal(0),
                                            name="tfra_forward")

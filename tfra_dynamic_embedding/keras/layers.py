@@ -1,5 +1,6 @@
 """`de.keras.layers.Embedding` (alias `BasicEmbedding`), `SquashedEmbedding` and
-`FieldWiseEmbedding`: Keras layers over a `de.Variable`, for Keras 3 and for tf_keras.
+`FieldWiseEmbedding`: Keras layers over a `de.Variable`, for Keras 3 and for tf_keras
+(`HvdAllToAllEmbedding`, TFRA's Horovod layer, refuses with a clear error).
 
 Looks up int or string ids of any shape (dense, `tf.RaggedTensor` or `tf.SparseTensor`), trains
 through `model.fit` with a `de.DynamicEmbeddingOptimizer`-wrapped optimizer, and is saved by
@@ -25,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import embedding_ops
+from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
@@ -69,6 +71,9 @@ class Embedding:
       initializer: initializer of new rows (default Keras' "uniform"), as `de.Variable` takes it.
       devices: devices of the shard tables (default: the placement plan in scope, else the
         current device).
+      name: the layer's name, also its variable's.
+      with_unique: TFRA's switch (lookups here always fetch each unique id once).
+      short_file_name: name the optimizer's slot variables `<name>/<slot>` (see `de.Variable`).
       kv_creator: the table backend (default: native if built, else built-in).
       restrict_policy: a `de.RestrictPolicy` class (e.g. `de.FrequencyRestrictPolicy`); then
         `layer.params.restrict(n)` evicts down to n keys.
@@ -91,11 +96,12 @@ class Embedding:
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
 
+    # TFRA's positional order up to short_file_name; the rest are keyword arguments there.
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
-                 kv_creator=None, restrict_policy=None, bp_v2=False, init_capacity=0,
-                 partitioner=None, with_unique=True, checkpoint=True, max_norm=None, keras=None,
-                 eviction=None, admission=None, **kwargs):
+                 with_unique=True, short_file_name=False, kv_creator=None, restrict_policy=None,
+                 bp_v2=False, init_capacity=0, partitioner=None, checkpoint=True, max_norm=None,
+                 keras=None, eviction=None, admission=None, **kwargs):
         del keras   # chose the class in __new__
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
@@ -122,7 +128,7 @@ class Embedding:
             initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator,
             trainable=kwargs.get("trainable", True), checkpoint=checkpoint,
             init_size=int(init_capacity), restrict_policy=restrict_policy, bp_v2=bp_v2,
-            eviction=eviction, admission=admission)
+            short_file_name=short_file_name, eviction=eviction, admission=admission)
         # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
         # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
         # before and after training). It is transient: save_own_variables stores the table.
@@ -207,6 +213,7 @@ class Embedding:
                       combiner=self.combiner, devices=self.params.devices,
                       bp_v2=self.params.bp_v2, init_capacity=self.params.init_size,
                       with_unique=self.with_unique, max_norm=self.max_norm,
+                      short_file_name=self.params.short_file_name,
                       # from_config on the logic class makes a layer of the same Keras
                       keras=self.keras)
         initializer = self._initializer_config()
@@ -253,12 +260,12 @@ class SquashedEmbedding(Embedding):
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner="sum", initializer=None, devices=None,
-                 name="SquashedDynamicEmbeddingLayer", **kwargs):
+                 name="SquashedDynamicEmbeddingLayer", with_unique=True, **kwargs):
         if combiner not in self.SQUASH:
             raise ValueError(f"combiner must be one of {sorted(self.SQUASH)}; got {combiner!r}")
         self.squash = combiner
         super().__init__(embedding_size, key_dtype, value_dtype, None, initializer, devices,
-                         name, **kwargs)
+                         name, with_unique, **kwargs)
 
     def call(self, ids):
         ids = tf.convert_to_tensor(ids)
@@ -296,7 +303,7 @@ class FieldWiseEmbedding(Embedding):
 
     def __init__(self, embedding_size, nslots, slot_map_fn=None, key_dtype=tf.int64,
                  value_dtype=tf.float32, combiner="sum", initializer=None, devices=None,
-                 name="SlotDynamicEmbeddingLayer", **kwargs):
+                 name="SlotDynamicEmbeddingLayer", with_unique=True, **kwargs):
         if not callable(slot_map_fn):
             raise ValueError(f"slot_map_fn must be callable; got {slot_map_fn!r}")
         try:
@@ -309,7 +316,7 @@ class FieldWiseEmbedding(Embedding):
             raise ValueError(f"combiner must be one of {sorted(self.SEGMENT)}; got {combiner!r}")
         self.slot_map_fn = slot_map_fn
         super().__init__(embedding_size, key_dtype, value_dtype, combiner, initializer, devices,
-                         name, **kwargs)
+                         name, with_unique, **kwargs)
 
     def call(self, ids):
         ids = self._keys(tf.convert_to_tensor(ids))
@@ -336,6 +343,25 @@ class FieldWiseEmbedding(Embedding):
         # the function itself, as TFRA does: from_config round trips, JSON does not
         config.update(nslots=self.nslots, slot_map_fn=self.slot_map_fn)
         return config
+
+
+class HvdAllToAllEmbedding:
+    """TFRA's Horovod embedding (each rank holds a shard of the table; ids travel between ranks
+    by all-to-all). Not provided: this package shards tables over parameter servers with
+    TensorFlow's runtime. Constructing one raises a ValueError without Horovod (as TFRA's does)
+    and a NotImplementedError with it, naming what to use instead.
+
+    Example:
+        de.keras.layers.Embedding(8, devices=["/job:ps/task:0", "/job:ps/task:1"])  # instead
+    """
+
+    def __new__(cls, *args, **kwargs):
+        horovod.require("de.keras.layers.HvdAllToAllEmbedding")
+        raise NotImplementedError(
+            "de.keras.layers.HvdAllToAllEmbedding (tables sharded over Horovod ranks) is not "
+            "provided: shard the tables over parameter servers with de.keras.layers.Embedding("
+            "..., devices=[ps devices]) under tf.distribute.ParameterServerStrategy or "
+            "tf.compat.v1 between-graph training (docs/distributed.md)")
 
 
 class LayerNormalization:
