@@ -81,6 +81,29 @@ def test_tfra_positional_arguments_and_short_file_name():
                          for name in slots), slots
 
 
+def test_tfra_keyword_arguments_keep_distribution_and_distribute_strategy():
+    creator = de.NativeKVCreator()
+    layer = de.keras.layers.Embedding(2, name="kd_emb", keep_distribution=True,
+                                      kv_creator=creator,
+                                      restrict_policy=de.FrequencyRestrictPolicy)
+    config = layer.get_config()
+    assert config["keep_distribution"] is True and config["kv_creator"] is creator
+    assert config["restrict_policy"] == "FrequencyRestrictPolicy"
+    config["name"] = "kd_emb_copy"
+    copy = type(layer).from_config(config)
+    assert copy.params.kv_creator is creator
+    assert isinstance(copy.params.restrict_policy, de.FrequencyRestrictPolicy)
+    plain = de.keras.layers.Embedding(2, name="kd_plain").get_config()
+    assert "kv_creator" not in plain and "restrict_policy" not in plain
+
+    # Made outside the scope of the strategy it is given, the layer's rows live on its device.
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:1")
+    placed = de.keras.layers.Embedding(2, name="kd_strategy", distribute_strategy=strategy)
+    assert placed.trainable_weights[0].device.endswith("CPU:1"), placed.trainable_weights[0].device
+    with pytest.raises(TypeError, match="distribute_strategy"):
+        de.keras.layers.Embedding(2, name="kd_bad", distribute_strategy="mirrored")
+
+
 def test_wrapper_value_takes_tfras_do_prefetch():
     var = de.Variable(dim=2, initializer=0.0, name="value_prefetch")
     ids = tf.constant([7], tf.int64)

@@ -28,6 +28,7 @@ import tensorflow as tf
 from tfra_dynamic_embedding import embedding_ops
 from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import keras_weights
+from tfra_dynamic_embedding import restrict_policies
 from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
@@ -35,6 +36,9 @@ from tfra_dynamic_embedding.keras import binding
 from tfra_dynamic_embedding.keras import models
 
 COMBINERS = ("sum", "mean", "sqrtn")
+# A restrict policy in a layer's config, by class name.
+_RESTRICT_POLICIES = {cls.__name__: cls for cls in (restrict_policies.TimestampRestrictPolicy,
+                                                    restrict_policies.FrequencyRestrictPolicy)}
 _KERAS_NAMES = {binding.KERAS3: "Keras 3", binding.TF_KERAS: "tf_keras"}
 _CALL_INTERCEPTOR = contextvars.ContextVar("tfra_de_embedding_call_interceptor", default=None)
 
@@ -82,6 +86,10 @@ class Embedding:
       admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`.
       keras: the layer's Keras, "keras" (Keras 3), "tf_keras" or the module; None to choose by
         the other arguments, else `tf.keras`.
+      keep_distribution: TFRA's switch: `get_config()` also holds the `kv_creator` (devices
+        are always kept here).
+      distribute_strategy: the strategy to make the layer's variables in when the layer is
+        made outside any strategy's scope (TFRA's argument).
 
     Example:
         import tf_keras
@@ -101,8 +109,11 @@ class Embedding:
                  combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
                  with_unique=True, short_file_name=False, kv_creator=None, restrict_policy=None,
                  bp_v2=False, init_capacity=0, partitioner=None, checkpoint=True, max_norm=None,
-                 keras=None, eviction=None, admission=None, **kwargs):
+                 keras=None, eviction=None, admission=None, keep_distribution=False,
+                 distribute_strategy=None, **kwargs):
         del keras   # chose the class in __new__
+        if isinstance(restrict_policy, str):   # from get_config
+            restrict_policy = _RESTRICT_POLICIES.get(restrict_policy, restrict_policy)
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
         if combiner is not None and combiner not in COMBINERS:
@@ -122,18 +133,30 @@ class Embedding:
         placed = scopes.resolve_placement(self.name) if devices is None else None
         if placed is not None:  # inside a placement plan's scope (placement/apply.py)
             devices, partitioner = placed[0], placed[1] or partitioner
-        self.params = variable_lib.Variable(
-            key_dtype=key_dtype, value_dtype=value_dtype, dim=self.embedding_size,
-            devices=devices, partitioner=partitioner, name=self.name,
-            initializer="uniform" if initializer is None else initializer, kv_creator=kv_creator,
-            trainable=kwargs.get("trainable", True), checkpoint=checkpoint,
-            init_size=int(init_capacity), restrict_policy=restrict_policy, bp_v2=bp_v2,
-            short_file_name=short_file_name, eviction=eviction, admission=admission)
-        # The lookup's TrainableWrapper is one of the layer's trainable weights from the start
-        # (model.fit hands its gradient to the optimizer, and checkpoints see the same weights
-        # before and after training). It is transient: save_own_variables stores the table.
-        wrapper = trainable_lib.wrapper_for(
-            self.params, trainable_lib.wrapper_name(self.name))
+        self.keep_distribution = bool(keep_distribution)
+        if distribute_strategy is not None and not isinstance(distribute_strategy,
+                                                              tf.distribute.Strategy):
+            raise TypeError(f"distribute_strategy must be None or a tf.distribute.Strategy; got "
+                            f"{type(distribute_strategy).__name__}")
+        # TFRA's argument: the strategy the layer's variables belong to when the layer is made
+        # outside its scope (inside a scope, that scope's strategy).
+        in_strategy = (distribute_strategy.scope() if distribute_strategy is not None
+                       and not tf.distribute.has_strategy() else contextlib.nullcontext())
+        with in_strategy:
+            self.params = variable_lib.Variable(
+                key_dtype=key_dtype, value_dtype=value_dtype, dim=self.embedding_size,
+                devices=devices, partitioner=partitioner, name=self.name,
+                initializer="uniform" if initializer is None else initializer,
+                kv_creator=kv_creator, trainable=kwargs.get("trainable", True),
+                checkpoint=checkpoint, init_size=int(init_capacity),
+                restrict_policy=restrict_policy, bp_v2=bp_v2, short_file_name=short_file_name,
+                eviction=eviction, admission=admission)
+            # The lookup's TrainableWrapper is one of the layer's trainable weights from the
+            # start (model.fit hands its gradient to the optimizer, and checkpoints see the
+            # same weights before and after training). It is transient: save_own_variables
+            # stores the table.
+            wrapper = trainable_lib.wrapper_for(
+                self.params, trainable_lib.wrapper_name(self.name))
         wrapper.regularizer = None  # Keras reads it off every trainable weight
         if self.params.trainable:
             _trainable_weight_list(self).append(wrapper)
@@ -214,11 +237,18 @@ class Embedding:
                       bp_v2=self.params.bp_v2, init_capacity=self.params.init_size,
                       with_unique=self.with_unique, max_norm=self.max_norm,
                       short_file_name=self.params.short_file_name,
+                      keep_distribution=self.keep_distribution,
                       # from_config on the logic class makes a layer of the same Keras
                       keras=self.keras)
         initializer = self._initializer_config()
         if initializer is not None:
             config["initializer"] = initializer
+        policy = self.params.restrict_policy
+        if policy is not None:
+            config["restrict_policy"] = type(policy).__name__
+        if self.keep_distribution:
+            # The object, as TFRA's config holds it: from_config round trips, JSON does not.
+            config["kv_creator"] = self.params.kv_creator
         return config
 
     def _initializer_config(self):
