@@ -157,9 +157,13 @@ def add_plan_parser(subparsers):
                         "'best': every strategy (the learned RL policy included) proposes, "
                         "the estimator scores, the cheapest plan wins")
     parser.add_argument("--weights", metavar="DIR", default=None,
-                        help="--strategy learned: cost_model_cpu.npz / policy_cpu.npz from "
-                        "`tfra-de train-planner --out DIR` (default: the shipped weights)")
-    parser.add_argument("--estimator", default="analytic", help="cost estimator for the report")
+                        help="--strategy learned: cost_model_{cpu,gpu}.npz / "
+                        "policy_{cpu,gpu}.npz from `tfra-de train-planner --out DIR` (gpu for "
+                        "tasks on GPUs, cpu where DIR has no gpu files; default: the shipped "
+                        "weights)")
+    parser.add_argument("--estimator", default=None,
+                        help="cost estimator that scores the candidates and the report (default: "
+                        "learned for tasks on GPUs, with GPU weights; analytic otherwise)")
     parser.add_argument("--verify-top", type=int, default=0, metavar="K",
                         help="--strategy best: measure the K cheapest distinct plans together "
                         "(--verify-estimator) and keep the cheapest measured one (0: off)")
@@ -173,13 +177,13 @@ def add_plan_parser(subparsers):
     return parser
 
 
-def _out_of_range_text(item, weights):
+def _out_of_range_text(item, weights, task=None):
     """'t07, feature size_gb at 0.9 range widths beyond its training range' of one entry of
-    `select.learned_out_of_range`."""
+    `select.learned_out_of_range` (by the cost model of `task`'s profile)."""
     from tfra_dynamic_embedding.placement import features, select  # pylint: disable=import-outside-toplevel
     name, index, distance = item
     feature = features.FEATURE_NAMES[index] if index < len(features.FEATURE_NAMES) else index
-    model = select.learned_cost_model(weights)
+    model = select.learned_cost_model(weights, task)
     if not model.has_range:   # weights without a stored range: z-scores
         return f"{name}, feature {feature} at {distance:+.1f} standard deviations"
     if math.isinf(distance):  # a feature that was constant in training
@@ -193,6 +197,7 @@ def _run_plan(args):
     from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
     policy.use_weights(args.weights)  # the "learned" strategy's weights; None: the shipped ones
     task = _make_task(args, _load_tables(args))
+    estimator = args.estimator or select.default_estimator(task, args.weights)
     if args.strategy != "best" and args.strategy not in proposers.list_strategies():
         raise CliError(f"--strategy must be 'best' or one of {proposers.list_strategies()}; "
                        f"got {args.strategy!r}")
@@ -201,14 +206,14 @@ def _run_plan(args):
         if outside:
             print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
                   f"learned cost model was trained on (worst: "
-                  f"{_out_of_range_text(outside[0], args.weights)}); its predictions there are "
-                  f"extrapolations")
+                  f"{_out_of_range_text(outside[0], args.weights, task)}); its predictions "
+                  f"there are extrapolations")
     if args.verify_top < 0:
         raise CliError(f"--verify-top must be >= 0; got {args.verify_top}")
     if args.verify_top and args.strategy != "best":
         raise CliError(f"--verify-top needs --strategy best; got --strategy {args.strategy}")
     if args.strategy == "best":
-        choice = select.best_plan(task, args.estimator, seed=args.seed,
+        choice = select.best_plan(task, estimator, seed=args.seed,
                                   verify=args.verify_estimator if args.verify_top else None,
                                   verify_top=args.verify_top or 1)
         plan = choice.plan
@@ -227,8 +232,8 @@ def _run_plan(args):
                  else f"the {choice.estimator} estimator")
         print(f"best: {plan.strategy} (by {judge}{margin})")
     else:
-        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=args.estimator)
-    report = evaluate.evaluate_plan(plan, args.estimator, num_random=args.random, seed=args.seed)
+        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=estimator)
+    report = evaluate.evaluate_plan(plan, estimator, num_random=args.random, seed=args.seed)
     plan.save(args.out)
     _print_report(plan, report)
     print(f"wrote {args.out}")

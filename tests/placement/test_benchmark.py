@@ -2,17 +2,18 @@
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
-from tfra_dynamic_embedding.placement import benchmark, estimators, evaluate, workloads
+from tfra_dynamic_embedding.placement import benchmark, comm, estimators, evaluate, workloads
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement.benchmark import collect, protocol, tf_cpu, torch_cuda
 from tfra_dynamic_embedding.placement.benchmark import records as records_lib
-from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+from tfra_dynamic_embedding.placement.types import Plan, Shard, TableSpec, Task, make_devices
 from tfra_dynamic_embedding.placement.features import NUM_FEATURES
 
 from tests.placement.helpers import run_cli, run_python
@@ -355,18 +356,94 @@ def test_shipped_data_file_is_well_formed():
 
 
 # -- torch_cuda (numpy parts run everywhere) ----------------------------------------------------
-def test_fuse_tables_shifts_ids_and_concatenates_bags():
-    batches = [(np.array([1, 2, 0]), np.array([0, 2, 3])), (np.array([4]), np.array([0, 0, 1]))]
-    indices, offsets, row_offsets = torch_cuda.fuse_tables(batches, [3, 5])
-    np.testing.assert_array_equal(indices, [1, 2, 0, 7])
-    np.testing.assert_array_equal(offsets, [0, 2, 3, 3, 4])
-    np.testing.assert_array_equal(row_offsets, [0, 3, 8])
-    with pytest.raises(ValueError, match="outside"):
-        torch_cuda.fuse_tables([(np.array([5]), np.array([0, 1]))], [3])
-    with pytest.raises(ValueError, match="batch sizes"):
-        torch_cuda.fuse_tables([(np.array([0]), np.array([0, 1])),
-                                (np.array([0]), np.array([0, 0, 1]))], [3, 3])
+def test_pieces_on_a_gpu_hold_their_own_rows():
+    table = TableSpec("t", 10, 8, pooling_factor=4.0)
     assert torch_cuda.group_by_dim(TINY + [TableSpec("c", 5, 4)]) == {4: [0, 2], 8: [1]}
+    assert torch_cuda.piece_rows(Shard(table, "", 1, 3)) == 3      # keys 1, 4, 7
+    assert torch_cuda.piece_rows(table) == 10
+    assert torch_cuda.piece_bytes([Shard(table, "", 0, 3), TINY[0]]) == (4 * 8 + 50 * 4) * 4
+    keys, offsets = protocol.shard_batches([table], 32)[0]
+    ids, sliced = torch_cuda.piece_batch(Shard(table, "", 1, 3), 32)
+    kept = keys[keys % 3 == 1]
+    np.testing.assert_array_equal(ids, kept // 3)
+    assert ids.max() < 3 and sliced[-1] == len(kept) and len(sliced) == 33
+
+
+def test_all_to_all_model():
+    assert comm.pooled_bytes([TableSpec("a", 10, 16), Shard(TableSpec("b", 9, 8), "", 0, 3)],
+                             1024) == 1024 * 24 * 4
+    model = comm.AllToAll(bandwidth=1e9, latency=1e-5)
+    assert model.stage_ms(8e6, 8) == pytest.approx((1e-5 + 7e6 / 1e9) * 1e3)
+    assert model.step_ms(8e6, 8) == pytest.approx(2 * model.stage_ms(8e6, 8))
+    assert model.step_ms(8e6, 1) == 0.0 and model.step_ms(0, 8) == 0.0
+    with pytest.raises(ValueError, match="bandwidth"):
+        comm.AllToAll(bandwidth=0)
+
+
+TORCH_KERNELS_CHECK = """
+import numpy as np
+from tfra_dynamic_embedding.placement.benchmark import torch_cuda
+from tfra_dynamic_embedding.placement.types import Shard, TableSpec
+a, b = TableSpec("a", 50, 4, pooling_factor=3.0), TableSpec("b", 30, 4, pooling_factor=2.0)
+shards = [Shard(a, "", 1, 2), Shard(b, "")]
+kernels = torch_cuda.ShardKernels(shards, 16, device="cpu")
+bag = kernels.bags[0]
+before = bag.weight.detach().numpy().copy()
+pooled = kernels.forward()[0].numpy()
+shift = 0
+for t, shard in enumerate(shards):
+    ids, offsets = torch_cuda.piece_batch(shard, 16)
+    for j in range(16):
+        rows = before[shift + ids[offsets[j]:offsets[j + 1]]]
+        np.testing.assert_allclose(pooled[t * 16 + j], rows.sum(axis=0), rtol=1e-5, atol=1e-6)
+    shift += torch_cuda.piece_rows(shard)
+kernels.step()   # SGD on sum(pooled): each row moves by -lr x its lookups
+counts = np.bincount(kernels.inputs[0][0].numpy(), minlength=len(before))
+np.testing.assert_allclose(bag.weight.detach().numpy(), before - 0.01 * counts[:, None],
+                           rtol=1e-5, atol=1e-6)
+result = torch_cuda.benchmark_devices([shards, [a]], 16, warmup=1, repeat=3, device="cpu")
+assert [r["memory_bytes"] for r in result] == [(25 + 30) * 16, 50 * 16], result
+assert result[0]["pooled_bytes"] == 16 * 8 * 4 and result[1]["total_ms"] > 0
+print("ok")
+"""
+
+
+def test_torch_kernels_pool_and_update_like_numpy():
+    """The fused kernels (on the CPU) against numpy; in a child process without TensorFlow
+    (torch and TensorFlow in one process can crash)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    assert run_python(TORCH_KERNELS_CHECK, timeout=300) == "ok"
+
+
+def test_collect_measures_with_the_torch_cuda_backend(tmp_path, monkeypatch):
+    seen = []
+
+    def fake(devices, batch_size, **kwargs):
+        seen.extend(devices)
+        return [{"forward_ms": 1.0, "backward_ms": 2.0, "total_ms": 3.0, "threads": 0,
+                 "lookups": 5, "filled": True, "memory_bytes": torch_cuda.piece_bytes(d),
+                 "pooled_bytes": comm.pooled_bytes(d, batch_size)} for d in devices]
+
+    monkeypatch.setattr(torch_cuda, "benchmark_devices", fake)
+    monkeypatch.setattr(torch_cuda, "prefetch", lambda *a, **k: None)
+    out = str(tmp_path / "gpu.jsonl")
+    limit = 200_000
+    collect.collect(out, 6, batch_size=64, pool_tables=32, row_scale=1 / 500, max_tables=6,
+                    backend="torch_cuda", task_memory="1GiB", max_shard_bytes=limit,
+                    progress=False, sources=("random", "task"))
+    records = [json.loads(line) for line in open(out, encoding="utf-8")]
+    assert len(records) == 6 and len(seen) == 6
+    for record, shards in zip(records, seen):
+        assert record["backend"] == "torch_cuda" and record["filled"]
+        assert record["key"] == torch_cuda.shard_key(shards, 64)
+        assert record["memory_bytes"] == torch_cuda.piece_bytes(shards)
+        assert len(shards) == 1 or record["memory_bytes"] <= limit
+    with pytest.raises(ValueError, match="backend"):
+        collect.collect(out, 1, backend="tpu")
+    smallest = min(TINY, key=lambda t: torch_cuda.piece_bytes([t]))
+    assert collect.fit_shard(TINY, 0, torch_cuda.piece_bytes) == [smallest]
+    assert collect.fit_shard(TINY, 10 ** 9, torch_cuda.piece_bytes) == TINY
 
 
 def test_torch_cuda_benchmark_runs_on_a_gpu():

@@ -7,6 +7,7 @@
   pieces      a task's pieces (whole tables, row slices, column blocks) and their partition
               under memory
   estimators  what the shards on a device cost: analytic | learned (cost_model) | measured
+              (CPU: benchmark/tf_cpu, GPU: benchmark/torch_cuda; comm: the GPUs' all-to-all)
   proposers   strategies that place pieces: heuristics | learned (policy, the RL proposer)
   select      the best plan of all strategies, by one estimator
   apply       a Plan -> the devices of de.Variables (row slices: the key-mod partitioner)

@@ -13,8 +13,14 @@ benchmark records (JSONL, one per device shard, see `load_records`); the model i
 plain numpy arrays (`CostModel`), so planning needs neither TensorFlow nor a GPU.
 
 The estimator "learned" (predicted costs, not measured; estimators.py names it):
-    report = evaluate_plan(plan, "learned")                  # shipped CPU weights
+    report = evaluate_plan(plan, "learned")                  # shipped weights of the task's profile
     est = get_estimator("learned", weights="my_model.npz")    # retrained weights
+
+Hardware profiles: a task whose devices are all GPUs has profile "gpu" (`profile_of`), any
+other "cpu"; each profile has its own weights, cost_model_{profile}.npz and
+policy_{profile}.npz (`weights_file`; a missing gpu file falls back to the cpu one). A GPU
+model (meta "profile": "gpu") predicts compute only; the estimator and the policy add the
+modelled all-to-all of each device (`comm_ms`, meta "comm").
 
 Shard features: a row slice of a table gets the table's features with hash size, pooling factor
 and size scaled by the slice's share of rows. Costs are predicted at the batch size the model was
@@ -28,12 +34,14 @@ import os
 
 import numpy as np
 
+from tfra_dynamic_embedding.placement import comm as comm_lib
 from tfra_dynamic_embedding.placement import estimators, features, streams, workloads
 from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 from tfra_dynamic_embedding.placement.types import TableSpec
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 DEFAULT_WEIGHTS = os.path.join(DATA_DIR, "cost_model_cpu.npz")
+PROFILES = ("cpu", "gpu")
 EMBED_DIM = 32
 HIDDEN = 128
 HEAD_HIDDEN = 64
@@ -47,6 +55,44 @@ def _relu(x):
 
 def _softplus(x):
     return np.logaddexp(0.0, x)
+
+
+# -- hardware profiles ---------------------------------------------------------------------------
+def profile_of(task):
+    """"gpu" when every device of `task` is a GPU (its name contains "GPU", any case), else
+    "cpu" (also for None or a task without devices): which weights plan and cost the task.
+
+    Example: profile_of(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # -> "gpu"
+    """
+    devices = getattr(task, "devices", None) or ()
+    return "gpu" if devices and all("gpu" in d.name.lower() for d in devices) else "cpu"
+
+
+def weights_file(kind, profile="cpu", directory=None):
+    """Path of `directory`/{kind}_{profile}.npz (kind "cost_model" or "policy"; directory None:
+    the shipped data), or of the cpu file when the profile has none there (yet).
+
+    Example: weights_file("policy", "gpu")   # .../data/policy_cpu.npz until policy_gpu.npz ships
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}; got {profile!r}")
+    directory = directory or DATA_DIR
+    path = os.path.join(directory, f"{kind}_{profile}.npz")
+    if profile != "cpu" and not os.path.exists(path):
+        path = os.path.join(directory, f"{kind}_cpu.npz")
+    return path
+
+
+def comm_ms(model, shards, task):
+    """ms of one device's all-to-all per training step (forward + backward) under a GPU
+    model's comm meta (`CostModel.comm`); 0 for a CPU model, no shards or one device.
+
+    Example: comm_ms(gpu_model, plan.shards_on("/GPU:0"), plan.task)
+    """
+    comm = model.comm
+    if comm is None or not shards or task is None:
+        return 0.0
+    return comm.step_ms(comm_lib.pooled_bytes(shards, task.batch_size), task.num_devices)
 
 
 # -- records -------------------------------------------------------------------------------------
@@ -293,6 +339,19 @@ class CostModel:
     def batch_factor(self, batch_size):
         return float(batch_size) / self.batch_size
 
+    @property
+    def profile(self):
+        """The hardware profile the weights were trained for (meta "profile"; old files: cpu)."""
+        return self.meta.get("profile", "cpu")
+
+    @property
+    def comm(self):
+        """The all-to-all model (`comm.AllToAll`, parameters from meta "comm") a GPU model's
+        device costs add to its predicted compute; None for a CPU model."""
+        if self.profile != "gpu":
+            return None
+        return comm_lib.AllToAll(**(self.meta.get("comm") or {}))
+
     # I/O
     def save(self, path):
         meta = dict(self.meta, format=MODEL_FORMAT)
@@ -335,22 +394,42 @@ def load_cost_model(weights=None):
 
 
 class LearnedEstimator(estimators.CostEstimator):
-    """Estimator "learned": a device's cost (seconds) predicted by the neural cost model."""
+    """Estimator "learned": a device's cost (seconds) predicted by the neural cost model, plus
+    the modelled all-to-all (`comm_ms`) for a GPU model.
+
+    `weights`: None (the shipped weights of each task's profile), a directory (its weights of
+    each task's profile, see `weights_file`), or one model (path or CostModel) for every task.
+
+    Example: LearnedEstimator().device_cost(shards, "/GPU:0", gpu_task)   # cost_model_gpu.npz
+    """
 
     name = "learned"
     additive = False
     measured = False
 
     def __init__(self, weights=None):
-        self.model = load_cost_model(weights)
+        per_profile = weights is None or (isinstance(weights, (str, os.PathLike))
+                                            and os.path.isdir(weights))
+        self._directory = weights if per_profile else None
+        self._per_profile = per_profile
+        self.model = load_cost_model(weights_file("cost_model", "cpu", weights)
+                                     if per_profile else weights)
+
+    def model_for(self, task):
+        """The CostModel that costs `task`'s devices."""
+        profile = profile_of(task)
+        if not self._per_profile or profile == "cpu":
+            return self.model
+        return load_cost_model(weights_file("cost_model", profile, self._directory))
 
     def device_cost(self, shards, device, task):
         if not shards:
             return 0.0
-        summed = sum(self.model.shard_embedding(s.table, s.index, s.num_slices) for s in shards)
-        ms = float(self.model.total(summed))
-        batch = task.batch_size if task is not None else self.model.batch_size
-        return ms * self.model.batch_factor(batch) / 1e3
+        model = self.model_for(task)
+        summed = sum(model.shard_embedding(s.table, s.index, s.num_slices) for s in shards)
+        ms = float(model.total(summed))
+        batch = task.batch_size if task is not None else model.batch_size
+        return (ms * model.batch_factor(batch) + comm_ms(model, shards, task)) / 1e3
 
 
 

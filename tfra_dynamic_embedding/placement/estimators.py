@@ -5,6 +5,8 @@
   - "learned" (`cost_model.LearnedEstimator`): the neural multi-table cost model (numpy).
   - "measured-cpu" (`benchmark.tf_cpu.MeasuredEstimator`): kernel benchmarks with TensorFlow,
     ground truth (`measured = True`: costs land in `DeviceCost.measured_cost`).
+  - "measured-gpu" (`benchmark.torch_cuda.MeasuredEstimator`): fused EmbeddingBag kernels on a
+    GPU with PyTorch, plus a modelled all-to-all; ground truth for GPU devices.
 
 All are named in one table, `_ESTIMATORS`; an entry is a factory or a "module:attr" string
 imported on first use, so TensorFlow loads only when a TF-backed estimator is asked for.
@@ -96,6 +98,7 @@ class AnalyticEstimator(AdditiveEstimator):
 _ESTIMATORS = {
     "analytic": AnalyticEstimator,
     "measured-cpu": "tfra_dynamic_embedding.placement.benchmark.tf_cpu:MeasuredEstimator",
+    "measured-gpu": "tfra_dynamic_embedding.placement.benchmark.torch_cuda:MeasuredEstimator",
     "learned": "tfra_dynamic_embedding.placement.cost_model:LearnedEstimator",
 }
 

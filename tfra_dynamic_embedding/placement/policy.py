@@ -17,8 +17,13 @@ self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model,
 then a local search (moves and swaps off the most expensive device while the predicted max
 cost drops, then onto the cheapest while its cost rises without raising the max; `improve`).
-The strategy "learned" (shipped CPU weights, no training step; proposers.py names it):
+The strategy "learned" (shipped weights of the task's hardware profile, `cm.profile_of`: GPU
+devices use cost_model_gpu.npz / policy_gpu.npz where present, else the CPU ones; no training
+step; proposers.py names it):
     plan = propose(task, "learned")
+
+A GPU cost model predicts compute only; `Problem` adds each device's modelled all-to-all
+(`cm.comm_ms`) to the costs the policy and the local search balance.
 """
 
 import json
@@ -27,6 +32,7 @@ import os
 
 import numpy as np
 
+from tfra_dynamic_embedding.placement import comm as comm_lib
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement.pieces import Partition, split_pieces
 from tfra_dynamic_embedding.placement.types import PlacementError, Shard
@@ -107,18 +113,35 @@ class Policy:
 
 
 class Problem:
-    """A task prepared for the policy: its pieces, their embeddings, costs and the scale L."""
+    """A task prepared for the policy: its pieces, their embeddings, costs and the scale L.
+
+    Device costs are ms at the model's training batch (`model.batch_factor` scales them to the
+    task's), summed from per-piece projections (`proj`, see `total_from_projection`). For a GPU
+    model (`model.comm`) each device also pays its all-to-all, `cm.comm_ms`: linear in its
+    pooled bytes plus one latency once it holds a piece, so `proj` gets two more columns (the
+    piece's linear ms, and 1 to count pieces) and device sums stay additive.
+    """
 
     def __init__(self, task, model, order="cost", hot_split=None, items=None):
         """`items`: the task's `pieces.split_pieces` when already known."""
         self.task = task
         self.model = model
+        comm = model.comm if task.num_devices > 1 else None
+        self.latency_ms = None     # None: no all-to-all term (a CPU model, or one device)
+        if comm is not None:
+            # cm.comm_ms = 2 stages x (latency + pooled (n - 1) / n / bandwidth), in ms at the
+            # task's batch; divided by the batch factor into this problem's unit
+            factor = model.batch_factor(task.batch_size)
+            n = task.num_devices
+            self.latency_ms = 2e3 * comm.latency / factor
+            self._ms_per_byte = 2e3 * (n - 1) / n / comm.bandwidth / factor
         # PlacementError for unsplittable tables
         self.items = list(items) if items is not None else split_pieces(task)
         self._embed_items()
         if hot_split is not None and self.items:
             self.items = split_hot_items(self.items, self.solo, model, task.num_devices,
-                                         hot_split * float(self.solo.sum()) / task.num_devices)
+                                         hot_split * float(self.solo.sum()) / task.num_devices,
+                                         costs=self.piece_costs)
             self._embed_items()
         self.bytes = np.array([it.size_bytes for it in self.items], dtype=float)
         self.cap = np.array([math.inf if d.memory_bytes is None else d.memory_bytes
@@ -131,11 +154,39 @@ class Problem:
         self.set_order(order)
 
     def _embed_items(self):
-        self.emb = np.stack([self.model.shard_embedding(it.table, it.index, it.num_slices)
-                             for it in self.items]) if self.items else np.zeros((0, cm.EMBED_DIM))
+        self.emb = self._embed(self.items)
         # per piece, what it adds to a device's cost-model projection (CostModel.project)
-        self.proj = self.model.project(self.emb)
-        self.solo = self.model.total_from_projection(self.proj) if self.items else np.zeros(0)
+        self.proj = self._project(self.items, self.emb)
+        self.solo = self.total_from_projection(self.proj) if self.items else np.zeros(0)
+
+    def _embed(self, items):
+        return np.stack([self.model.shard_embedding(it.table, it.index, it.num_slices)
+                         for it in items]) if items else np.zeros((0, cm.EMBED_DIM))
+
+    def _project(self, items, emb):
+        proj = self.model.project(emb)
+        if self.latency_ms is None:
+            return proj
+        batch = self.task.batch_size
+        comm = np.array([[comm_lib.pooled_bytes([it], batch) * self._ms_per_byte, 1.0]
+                         for it in items]).reshape(len(items), 2)
+        return np.concatenate([proj, comm], axis=1)
+
+    def total_from_projection(self, projected):
+        """[...] ms of devices whose pieces' `proj` rows sum to `projected`: the cost model's
+        compute, plus the all-to-all for a GPU model (0 on a device without pieces)."""
+        if self.latency_ms is None:
+            return self.model.total_from_projection(projected)
+        compute = self.model.total_from_projection(projected[..., :-2])
+        return compute + projected[..., -2] + np.where(projected[..., -1] > 0.5,
+                                                       self.latency_ms, 0.0)
+
+    def piece_costs(self, items):
+        """[n] ms of each piece of `items` alone on a device (its all-to-all included).
+
+        Example: problem.piece_costs([Shard(table, "", i, 4) for i in range(4)])
+        """
+        return self.total_from_projection(self._project(items, self._embed(items)))
 
     def set_order(self, order):
         if order == "cost":
@@ -147,13 +198,18 @@ class Problem:
         self.order = sorted(range(len(self.items)), key=lambda i: keys[i])
 
 
-def split_hot_items(items, solo, model, num_devices, limit):
+def split_hot_items(items, solo, model, num_devices, limit, costs=None):
     """`items` with every whole table whose predicted standalone cost `solo` exceeds `limit`
     (ms) cut into the fewest row slices (at most `num_devices`) that each cost at most `limit`
     -- slices of a table go to distinct devices, so one hot table no longer sets the max.
+    `costs`: [Shard] -> [n] ms of each alone (default: the cost model's; `Problem.piece_costs`
+    adds a GPU model's all-to-all).
 
     Example: split_hot_items(items, solo, model, 8, 1.0 * solo.sum() / 8)
     """
+    if costs is None:
+        costs = lambda pieces: model.total(np.stack(   # noqa: E731
+            [model.shard_embedding(p.table, p.index, p.num_slices) for p in pieces]))
     out = []
     for item, cost in zip(items, solo):
         if item.num_slices > 1 or cost <= limit or num_devices < 2 or item.table.rows < 2:
@@ -161,8 +217,7 @@ def split_hot_items(items, solo, model, num_devices, limit):
             continue
         table = item.table
         for n in range(2, min(num_devices, table.rows) + 1):
-            costs = model.total(np.stack([model.shard_embedding(table, i, n) for i in range(n)]))
-            if costs.max() <= limit:
+            if costs([Shard(table, "", i, n) for i in range(n)]).max() <= limit:
                 break
         out.extend(Shard(table, "", i, n) for i in range(n))
     return out
@@ -177,7 +232,7 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     projections (cost-model heads, policy) and a step adds the piece's precomputed projection
     to them instead of multiplying [n, devices, 72] inputs again (the same numbers; planning
     800 tables on 80 devices spent most of its time in those products)."""
-    model, D = problem.model, problem.num_devices
+    D = problem.num_devices
     num_items = len(problem.items)
     E, H = cm.EMBED_DIM, policy.params["b1"].shape[0]
     L, per_dev = problem.scale, max(num_items / D, 1.0)
@@ -204,7 +259,7 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
     cap = np.where(cap_ok, problem.cap, 1.0)
     rows = np.arange(n)
     for step, i in enumerate(problem.order):
-        after = model.total_from_projection(dev_cost + piece_cost[i])
+        after = problem.total_from_projection(dev_cost + piece_cost[i])
         legal = used + problem.bytes[i] <= problem.cap
         taken = on_table.get(problem.table_id[i])
         if taken is not None:
@@ -296,7 +351,7 @@ class _SearchState:
         self.P = np.zeros((D, problem.proj.shape[1]))      # per device: project(S_d)
         np.add.at(self.P, dev, problem.proj)
         self.used = np.bincount(dev, weights=problem.bytes, minlength=D)
-        self.cost = problem.model.total_from_projection(self.P)
+        self.cost = problem.total_from_projection(self.P)
         self.evaluated = 0   # candidate moves scored so far
 
     def _candidates(self, phase):
@@ -336,8 +391,8 @@ class _SearchState:
             return False
         p, q, a, b, e_q = p[ok], q[ok], a[ok], b[ok], e_q[ok]
         self.evaluated += len(p)
-        new_a = prob.model.total_from_projection(self.P[a] - proj[p] + e_q)
-        new_b = prob.model.total_from_projection(self.P[b] + proj[p] - e_q)
+        new_a = prob.total_from_projection(self.P[a] - proj[p] + e_q)
+        new_b = prob.total_from_projection(self.P[b] + proj[p] - e_q)
         top = cost.max()
         if phase == "max":
             rest = _extreme_of_rest(cost, a, b, largest=True)
@@ -392,11 +447,24 @@ _WEIGHTS_DIR = [None]
 
 
 def use_weights(directory):
-    """Makes the "learned" strategy load cost_model_cpu.npz / policy_cpu.npz from `directory`
-    (None: the shipped package data), e.g. the --out of `tfra-de train-planner`."""
+    """Makes the "learned" strategy load its weights from `directory` (None: the shipped
+    package data), e.g. the --out of `tfra-de train-planner`: cost_model_{profile}.npz /
+    policy_{profile}.npz of each task's profile, the cpu files where a gpu one is missing
+    (`cm.weights_file`)."""
     if directory is not None and not os.path.isdir(directory):
         raise ValueError(f"weights directory {directory!r} does not exist")
     _WEIGHTS_DIR[0] = directory
+
+
+def weights_files(task):
+    """(cost model path, policy path) the "learned" strategy plans `task` with: the files of
+    its profile (`cm.profile_of`) in the `use_weights` directory or the shipped data.
+
+    Example: weights_files(gpu_task)   # (.../cost_model_gpu.npz, .../policy_gpu.npz) if present
+    """
+    profile, directory = cm.profile_of(task), _WEIGHTS_DIR[0]
+    return (cm.weights_file("cost_model", profile, directory),
+            cm.weights_file("policy", profile, directory))
 
 
 def load_policy(path=None):
@@ -414,17 +482,11 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     fit no device); h: tables predicted to cost more than h * L also cut into row slices
     (`split_hot_items`) -- and the plan with the lowest predicted max cost wins.
     A dead end (memory) is retried in bytes-first order; if that fails too, the
-    Partition's PlacementError is raised."""
-    directory = _WEIGHTS_DIR[0]
-    if model is None:
-        model = cm.load_cost_model(os.path.join(directory, "cost_model_cpu.npz")
-                                   if directory else None)
-    else:
-        model = cm.load_cost_model(model)
-    if policy is None:
-        policy = load_policy(os.path.join(directory, "policy_cpu.npz") if directory else None)
-    else:
-        policy = load_policy(policy)
+    Partition's PlacementError is raised.
+    `policy` / `model` None: the weights of the task's profile (`weights_files`)."""
+    model_path, policy_path = weights_files(task)
+    model = cm.load_cost_model(model_path if model is None else model)
+    policy = load_policy(policy_path if policy is None else policy)
     whole = Problem(task, model)
     if not whole.items:
         return _to_plan(whole, np.zeros(0, dtype=np.int64), seed, {})
@@ -477,9 +539,10 @@ def _decode(problem, policy, samples, seed, search_evaluations):
 def learned_plan(task, seed=0, estimator=None):
     """RL policy over the learned cost model (shipped CPU weights; numpy inference)
 
-    The shipped RL policy over the shipped neural cost model: greedy decode, plus the best
-    of 16 sampled plans (by the cost model) for tasks of up to 200 tables, each with tables
-    whole and with hot tables cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
+    The shipped RL policy over the shipped neural cost model (the GPU ones for tasks on GPUs
+    once shipped, `weights_files`): greedy decode, plus the best of 16 sampled plans (by the
+    cost model) for tasks of up to 200 tables, each with tables whole and with hot tables
+    cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
     tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and
     800/80 tasks) with a smaller local-search budget, to keep planning fast."""
     del estimator
@@ -491,4 +554,4 @@ def learned_plan(task, seed=0, estimator=None):
 
 
 __all__ = ["Policy", "Problem", "PlacementError", "learned_plan", "load_policy", "plan_task",
-           "rollout", "use_weights"]
+           "rollout", "use_weights", "weights_files"]

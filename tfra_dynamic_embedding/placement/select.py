@@ -18,7 +18,6 @@ Example:
 """
 
 import dataclasses
-import os
 from typing import List, Optional
 
 import numpy as np
@@ -124,10 +123,28 @@ def _placement_key(plan):
             tuple(sorted((table, tuple(widths)) for table, widths in plan.columns.items())))
 
 
-def learned_cost_model(weights_dir=None):
-    """The learned proposer's cost model: DIR/cost_model_cpu.npz, or the shipped one (cached)."""
-    return cm.load_cost_model(os.path.join(weights_dir, "cost_model_cpu.npz")
-                              if weights_dir else None)
+def default_estimator(task, weights_dir=None):
+    """The estimator `tfra-de plan` scores with unless told: "learned" for a task on GPUs when
+    GPU weights exist (trained on measured GPU kernels, they rank plans as measured; the
+    analytic estimator favours lookup-greedy, which measured worse), else "analytic".
+
+    Example: default_estimator(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # "learned"
+    """
+    if cm.profile_of(task) == "gpu":
+        path = cm.weights_file("cost_model", "gpu", weights_dir)
+        if path.endswith("_gpu.npz"):
+            return estimators.get_estimator("learned", weights=weights_dir)
+    return "analytic"
+
+
+def learned_cost_model(weights_dir=None, task=None):
+    """The learned proposer's cost model for `task` (cached): cost_model_{profile}.npz of the
+    task's profile (`cm.profile_of`; None: cpu) in `weights_dir` or the shipped data, the cpu
+    file where the gpu one is missing.
+
+    Example: learned_cost_model(None, gpu_task).meta.get("profile")   # "gpu" once shipped
+    """
+    return cm.load_cost_model(cm.weights_file("cost_model", cm.profile_of(task), weights_dir))
 
 
 def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
@@ -141,9 +158,10 @@ def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
 
     Weights without a stored range fall back to z-scores: features more than `sigmas` training
     standard deviations from the training mean, with distance the (signed) z-score
-    (`learned_cost_model(weights_dir).has_range` tells which).
+    (`learned_cost_model(weights_dir, task).has_range` tells which). The weights are those of
+    the task's profile (`learned_cost_model`).
     """
-    model = learned_cost_model(weights_dir)
+    model = learned_cost_model(weights_dir, task)
     if not task.tables:
         return []
     x = np.stack([cm.shard_features(table, 1.0, model.scales, task.batch_size)

@@ -1,6 +1,7 @@
 """Training the learned planner: the cost model on benchmark records, the policy on tasks.
 
     tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl.gz --out DIR
+    tfra-de train-planner --profile gpu --data .../data/gpu_shards.jsonl.gz --out DIR
 
 1. Cost model (`cost_model.fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
    MSE on forward / backward ms; MAE / MSE reported on train and unseen tables. Records of
@@ -16,6 +17,13 @@
 Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --out, and the
 measured devices of step 3 as records (measured_plans.jsonl) that can join the data file.
 
+`--profile gpu` (records of the "torch_cuda" backend) trains the GPU weights instead:
+cost_model_gpu.npz, policy_gpu.npz, training_gpu.json, training_gpu.png. The policy trains on
+the full-size pool (856 tables, batch 65536; 80 tables on 8 "/GPU:{i}" devices of 16 GiB),
+the cost model (compute only) gets meta "profile": "gpu" and the all-to-all parameters
+"comm" the planner adds per device (`cost_model.comm_ms`), and nothing is measured (step 3).
+Each profile's settings are one entry of `PROFILES`.
+
 `synthetic_records` makes records from a known nonlinear multi-table cost for tests and
 development only; they are never shipped as measurements (their backend is "synthetic").
 """
@@ -28,11 +36,21 @@ import time
 
 import numpy as np
 
+from tfra_dynamic_embedding.placement import comm as comm_lib
 from tfra_dynamic_embedding.placement import features
 
 # The pool the CPU benchmark records come from (placement/benchmark/collect.py defaults).
 CPU_POOL = {"num_tables": 256, "seed": 0, "batch_size": 1024, "row_scale": 1 / 64}
 CPU_MEMORY = "256MiB"
+# Per hardware profile (cost_model.profile_of): the pool its benchmark records come from (the
+# policy trains on tasks of its first half), the tasks' devices, and the measuring estimator
+# of the refinement (None: none; one GPU cannot measure an 8-GPU plan's devices together).
+PROFILES = {
+    "cpu": {"pool": CPU_POOL, "memory": CPU_MEMORY, "device_template": "/job:ps/task:{i}",
+            "measure": "measured-cpu"},
+    "gpu": {"pool": {"num_tables": 856, "seed": 0, "batch_size": 65536, "row_scale": 1},
+            "memory": "16GiB", "device_template": "/GPU:{i}", "measure": None},
+}
 
 
 # -- synthetic records (tests / development only) --------------------------------------------
@@ -87,15 +105,29 @@ class _Adam:
             params[k] = params[k] - self.lr * mh / (np.sqrt(vh) + 1e-8)
 
 
+def pool_tasks(num_tasks, profile="cpu", half="train", tables_per_task=80, num_devices=8,
+               seed=0, memory="profile", pool=None):
+    """Tasks from one half of a profile's MetaSyn-like pool (`PROFILES[profile]`), on devices
+    named and sized as that profile's ("profile": its memory per device; None: unlimited).
+    `pool`: the pool's tables when already generated (tests pass a smaller one).
+
+    Example: pool_tasks(24, "gpu")   # 80 full-size tables on /GPU:0../GPU:7 of 16 GiB each
+    """
+    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
+    setup = PROFILES[profile]
+    pool = pool or workloads.generate_pool(**setup["pool"])
+    train, test = workloads.split_pool(pool, seed=setup["pool"]["seed"])
+    tables = train if half == "train" else test
+    memory = setup["memory"] if memory == "profile" else memory
+    return workloads.make_tasks(tables, num_tasks, tables_per_task, num_devices, memory, seed,
+                                batch_size=setup["pool"]["batch_size"],
+                                device_template=setup["device_template"])
+
+
 def cpu_pool_tasks(num_tasks, half="train", tables_per_task=80, num_devices=8, seed=0,
                    memory=CPU_MEMORY, pool=None):
     """Tasks from one half of the down-scaled MetaSyn-like CPU pool (see CPU_POOL)."""
-    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
-    pool = pool or workloads.generate_pool(**CPU_POOL)
-    train, test = workloads.split_pool(pool, seed=CPU_POOL["seed"])
-    tables = train if half == "train" else test
-    return workloads.make_tasks(tables, num_tasks, tables_per_task, num_devices, memory, seed,
-                                batch_size=CPU_POOL["batch_size"])
+    return pool_tasks(num_tasks, "cpu", half, tables_per_task, num_devices, seed, memory, pool)
 
 
 def train_policy(model, tasks, iterations=200, samples=16, lr=1e-3, seed=0, policy=None,
@@ -241,11 +273,18 @@ def oversample(records, times):
 
 def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, seed=0,
                   measure=True, log=print, refine_rounds=2, plans_per_round=3,
-                  oversample_filled=1):
+                  oversample_filled=1, profile="cpu", pool=None):
     """The whole pipeline (see the module docstring); returns the summary dict.
-    `oversample_filled`: times each filled (full-size) training record counts."""
+    `oversample_filled`: times each filled (full-size) training record counts.
+    `profile`: "cpu" or "gpu" (`PROFILES`), the weights trained and the policy's tasks;
+    `pool`: that profile's pool when already generated (see `pool_tasks`).
+
+    Example: train_planner("gpu_shards.jsonl.gz", "weights/", profile="gpu")
+    """
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import estimators  # pylint: disable=import-outside-toplevel
+    setup = PROFILES[profile]
+    measure = measure and setup["measure"] is not None
     os.makedirs(out, exist_ok=True)
     if measure:
         try:   # "measured-cpu" must measure with the records' single TF thread, so that is
@@ -278,38 +317,51 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     # The shipped model is this one, trained on the first half's tables only, so that the
     # placement evaluation on the second half (benchmarks/placement_eval.py) stays unseen.
     model.meta["held_out"] = held_out
-    train_tasks = cpu_pool_tasks(tasks, "train", seed=seed)
+    _set_profile(model, profile)   # before the policy trains: a GPU model's costs add the comm
+    train_tasks = pool_tasks(tasks, profile, "train", seed=seed, pool=pool)
     policy_history = []
     t0 = time.time()
     pol = train_policy(model, train_tasks, iterations, samples, seed=seed,
                        history=policy_history, log=log)
     log(f"policy trained in {time.time() - t0:.1f}s")
     measured = None
-    if measure and "measured-cpu" in estimators.list_estimators():
+    if measure and setup["measure"] in estimators.list_estimators():
         model, pol, refined = refine_with_measurements(model, pol, train_tasks, fit_recs,
-                                                       rounds=refine_rounds,
+                                                       setup["measure"], rounds=refine_rounds,
                                                        plans_per_round=plans_per_round, log=log)
-        measured = "measured-cpu"
+        measured = setup["measure"]
         # the measured devices of the policy's plans, kept so they can join the data file
         with open(os.path.join(out, "measured_plans.jsonl"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in refined[len(fit_recs):])
     model.meta["held_out"] = held_out    # (a refit's meta does not carry it)
     model.meta["data"] = os.path.basename(data)
-    model.save(os.path.join(out, "cost_model_cpu.npz"))
-    pol.meta.update({"cost_model": "cost_model_cpu.npz", "pool": CPU_POOL,
-                     "memory": CPU_MEMORY, "refined_with": measured})
-    pol.save(os.path.join(out, "policy_cpu.npz"))
+    _set_profile(model, profile)
+    model.save(os.path.join(out, f"cost_model_{profile}.npz"))
+    pol.meta.update({"cost_model": f"cost_model_{profile}.npz", "pool": setup["pool"],
+                     "memory": setup["memory"], "profile": profile, "refined_with": measured})
+    pol.save(os.path.join(out, f"policy_{profile}.npz"))
     summary = {"records": len(records), "train_records": len(train_recs),
                "oversample_filled": int(oversample_filled),
                "unseen_records": len(unseen), "held_out": held_out,
                "final_train_metrics": model.meta["train_metrics"], "refined_with": measured,
                "policy_final_greedy_over_L": mean_greedy_cost(model, pol, train_tasks),
                "cost_history": cost_history, "policy_history": policy_history}
-    with open(os.path.join(out, "training.json"), "w", encoding="utf-8") as f:
+    # the cpu names as they always were; another profile's beside them in the same --out
+    stem = "training" if profile == "cpu" else f"training_{profile}"
+    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
-    plot_curves(cost_history, policy_history, os.path.join(out, "training.png"))
-    log(f"wrote {out}/cost_model_cpu.npz, policy_cpu.npz, training.json, training.png")
+    plot_curves(cost_history, policy_history, os.path.join(out, f"{stem}.png"))
+    log(f"wrote {out}/cost_model_{profile}.npz, policy_{profile}.npz, {stem}.json, {stem}.png")
     return summary
+
+
+def _set_profile(model, profile):
+    """Marks a trained model's profile; a GPU model also stores the all-to-all parameters its
+    device costs add (`cost_model.comm_ms`), so they ship with the weights."""
+    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
+    model.meta["profile"] = profile
+    if profile == "gpu":
+        model.meta["comm"] = comm_lib.AllToAll().params()
 
 
 def add_parser(subparsers):
@@ -317,11 +369,16 @@ def add_parser(subparsers):
         "train-planner", help="train the learned cost model and RL placement policy",
         description="Train the neural cost model on benchmark records (JSONL) and the RL "
         "placement policy on tasks of the CPU pool's first half; writes cost_model_cpu.npz, "
-        "policy_cpu.npz, training.json and training.png to --out. Use them with "
+        "policy_cpu.npz, training.json and training.png to --out (--profile gpu: GPU records, "
+        "the full-size pool's tasks on 8 GPUs; writes cost_model_gpu.npz, policy_gpu.npz, "
+        "training_gpu.json, training_gpu.png). Use them with "
         "`tfra-de plan --strategy learned --weights DIR`.")
     parser.add_argument("--data", required=True,
                         help="benchmark records (JSONL, or gzipped .jsonl.gz)")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
+                        help="hardware the weights are for (default cpu; gpu: records of the "
+                        "torch_cuda backend, used for tasks whose devices are all GPUs)")
     parser.add_argument("--epochs", type=int, default=300, help="cost-model epochs")
     parser.add_argument("--iterations", type=int, default=300, help="policy iterations")
     parser.add_argument("--tasks", type=int, default=24, help="training tasks (80 tables, 8 "
@@ -347,5 +404,5 @@ def _run(args):
     train_planner(args.data, args.out, args.epochs, args.iterations, args.tasks, args.samples,
                   args.seed, measure=not args.no_measure, refine_rounds=args.refine_rounds,
                   plans_per_round=args.plans_per_round,
-                  oversample_filled=args.oversample_filled)
+                  oversample_filled=args.oversample_filled, profile=args.profile)
     return 0

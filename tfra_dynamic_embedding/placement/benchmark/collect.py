@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from tfra_dynamic_embedding.placement import cost_model, proposers, workloads
-from tfra_dynamic_embedding.placement.benchmark import tf_cpu
+from tfra_dynamic_embedding.placement.benchmark import tf_cpu, torch_cuda
 from tfra_dynamic_embedding.placement.benchmark.records import read_records
 from tfra_dynamic_embedding.placement.types import Shard, TableSpec, Task, make_devices
 
@@ -59,6 +59,8 @@ SOURCES = ("random", "heuristic", "plan", "policy", "sliced", "task")
 TASK_STRATEGIES = ("learned", "lookup-greedy", "learned", "random", "learned",
                    "size-lookup-greedy")
 TASK_SHAPE = {"tables": 80, "devices": 8, "memory": "256MiB"}
+# backend name -> module with shard_key and benchmark_devices (neither imports TF or torch).
+BACKENDS = {tf_cpu.BACKEND: tf_cpu, torch_cuda.BACKEND: torch_cuda}
 SLICE_COUNTS = (2, 3, 4, 6, 8)
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
@@ -83,9 +85,11 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
     return train if half == "train" else test
 
 
-def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=SOURCES):
+def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=SOURCES,
+               task_memory=None):
     """(source, [Shard]) of record `index`: a pure function of (pool, index, pool_seed,
-    sources); record `index` draws from `sources[index % len(sources)]`."""
+    sources); record `index` draws from `sources[index % len(sources)]`. `task_memory`: the
+    devices' memory in the `task` source (default TASK_SHAPE's)."""
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
     source = sources[index % len(sources)]
     if source in ("random", "sliced"):
@@ -99,7 +103,7 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
                           else Shard(pool[i], ""))
         return source, shards
     if source == "task":
-        return _task_shard(pool, index // len(sources), rng, batch_size)
+        return _task_shard(pool, index // len(sources), rng, batch_size, task_memory)
     devices = int(rng.integers(2, 7))
     count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
     chosen = sorted(rng.choice(len(pool), count, replace=False))
@@ -118,30 +122,30 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
     return f"{source}:{strategy}", shards
 
 
-def _task_shard(pool, turn, rng, batch_size):
+def _task_shard(pool, turn, rng, batch_size, memory=None):
     """("task:STRATEGY", [Shard]): every piece on one random device of an eval-shaped task
     planned by TASK_STRATEGIES[turn % len(TASK_STRATEGIES)] (`turn`: this source's n-th use)."""
-    source, devices = _task_plan(pool, turn, rng, batch_size)
+    source, devices = _task_plan(pool, turn, rng, batch_size, memory)
     return source, devices[int(rng.integers(0, len(devices)))]
 
 
-def _task_plan(pool, turn, rng, batch_size):
+def _task_plan(pool, turn, rng, batch_size, memory=None):
     """("task:STRATEGY", [[Shard] per non-empty device]) of an eval-shaped task planned by
     TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]."""
     task = workloads.make_tasks(pool, 1, min(TASK_SHAPE["tables"], len(pool)),
-                                TASK_SHAPE["devices"], TASK_SHAPE["memory"],
+                                TASK_SHAPE["devices"], memory or TASK_SHAPE["memory"],
                                 seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
     strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
     plan = proposers.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     return f"task:{strategy}", [shards for shards in plan.shards_by_device().values() if shards]
 
 
-def draw_plan(pool, index, pool_seed=0, batch_size=1024):
+def draw_plan(pool, index, pool_seed=0, batch_size=1024, task_memory=None):
     """(source, [[Shard] per device]): every non-empty device of the plan behind record
     `index` of the `task` source (`--whole-plans`; a pure function of its arguments, up to
     the learned policy's time-budgeted local search)."""
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
-    return _task_plan(pool, index, rng, batch_size)
+    return _task_plan(pool, index, rng, batch_size, task_memory)
 
 
 def parse_bands(text):
@@ -177,12 +181,19 @@ def size_shard(shards, bands, rng, batch_size=1024, max_bytes=4 * 2 ** 30):
                 "x", rows, dim, table.bytes_per_value)]) > max_bytes:
             dim //= 2
         out.append(Shard(workloads.resize_table(table, rows, batch_size, dim), ""))
-    while len(out) > 1 and tf_cpu.filled_bytes(out) > max_bytes:
-        out.remove(max(out, key=lambda s: tf_cpu.filled_bytes([s])))
+    return fit_shard(out, max_bytes, tf_cpu.filled_bytes)
+
+
+def fit_shard(shards, max_bytes, size_of):
+    """Drops the largest pieces (by `size_of([piece])`) until `size_of(shards) <= max_bytes`;
+    one always stays."""
+    out = list(shards)
+    while len(out) > 1 and size_of(out) > max_bytes:
+        out.remove(max(out, key=lambda s: size_of([s])))
     return out
 
 
-def make_record(shards, result, batch_size, seed, **extra):
+def make_record(shards, result, batch_size, seed, backend=tf_cpu.BACKEND, **extra):
     """One JSONL record of a measured shard (`Shard`s, or TableSpecs for whole tables); a row
     slice's features scale with its share of rows (`cost_model.shard_features`)."""
     entries = []
@@ -196,13 +207,17 @@ def make_record(shards, result, batch_size, seed, **extra):
             entry.update(fraction=fraction, slice=[int(index), int(num_slices)])
         entries.append(entry)
     record = {
-        "backend": tf_cpu.BACKEND, "batch_size": int(batch_size), "tables": entries,
+        "backend": backend, "batch_size": int(batch_size), "tables": entries,
         "forward_ms": round(float(result["forward_ms"]), 5),
         "backward_ms": round(float(result["backward_ms"]), 5),
         "total_ms": round(float(result["total_ms"]), 5),
         "seed": int(seed), "threads": int(result["threads"]),
-        "key": tf_cpu.shard_key(shards, batch_size, filled=bool(result.get("filled"))),
+        "key": BACKENDS[backend].shard_key(shards, batch_size,
+                                           filled=bool(result.get("filled"))),
         "lookups": int(result["lookups"])}
+    for field in ("memory_bytes", "pooled_bytes"):   # torch_cuda: device bytes, all-to-all bytes
+        if field in result:
+            record[field] = int(result[field])
     if result.get("filled"):
         record["filled"] = True   # every row inserted (tf_cpu fill): the tables' real size
     record.update(extra)
@@ -246,7 +261,8 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
             warmup=2, repeat=7, pool_tables=DEFAULT_POOL_TABLES, row_scale=DEFAULT_ROW_SCALE,
             time_limit=None, flush=None, progress=True, start_index=0, half="all",
             sources=SOURCES, whole_plans=False, fill=False, dims=workloads.DEFAULT_DIMS,
-            row_bands=None, split=None, max_shard_bytes=4 * 2 ** 30):
+            row_bands=None, split=None, max_shard_bytes=4 * 2 ** 30, backend=tf_cpu.BACKEND,
+            task_memory=None):
     """Appends records `start_index .. start_index + records - 1` to `out`, skipping shards
     whose key is already there. Stops early after `time_limit` seconds. Returns
     {"written", "skipped", "seconds"}. `sources`: the shard sources to cycle through.
@@ -258,14 +274,24 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
     `fill`: measure tables holding all their rows; `row_bands` ([(lo, hi)], e.g. from
     `parse_bands`): resize each drawn table (`size_shard`, at most `max_shard_bytes` filled);
     `split`: "train" / "test", written to each record (`cost_model.split_by_tables` reads it);
-    `dims`: the pool's dims."""
+    `dims`: the pool's dims.
+
+    `backend`: "tf_cpu" (this project's kernels, TensorFlow) or "torch_cuda" (fused
+    EmbeddingBags on a GPU; every shard is cut to `max_shard_bytes` by dropping its largest
+    pieces, and its tables always hold all their rows). `task_memory`: the devices' memory of
+    the `task` source's tasks (default TASK_SHAPE's 256 MiB, for down-scaled pools)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}; got {backend!r}")
+    bench = BACKENDS[backend]
+    gpu = backend == torch_cuda.BACKEND
     bad = [x for x in sources if x not in SOURCES]
     if not sources or bad:
         raise ValueError(f"sources must be some of {SOURCES}; got {list(sources)}")
     if whole_plans and tuple(sources) != ("task",):
         raise ValueError(f"whole_plans measures plans of the 'task' source only; got sources "
                          f"{list(sources)}")
-    tf_cpu.set_threads(threads)
+    if not gpu:
+        tf_cpu.set_threads(threads)
     if row_bands and whole_plans:
         raise ValueError("row_bands resize the tables of single shards; not with whole_plans")
     if split not in (None, "train", "test"):
@@ -284,42 +310,47 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
         extra["split"] = split
     if tuple(dims) != tuple(workloads.DEFAULT_DIMS):
         extra["dims"] = [int(d) for d in dims]
-    if fill:
+    if fill and not gpu:
         # A process's first measurement ran ~30% slow in median (collection of filled shards
         # uses few records per process, to hand their gigabytes back): warm the runtime first.
         tf_cpu.benchmark_shard([TableSpec("warm-up", 4096, 8, pooling_factor=8.0)], batch_size,
                                seed=seed, warmup=warmup, repeat=3, flush=flush, fill=True)
+    if gpu:   # the pool's batches, drawn in parallel once (tens of ms each at full size)
+        torch_cuda.prefetch(pool, batch_size, seed)
     with open(out, "a", encoding="utf-8") as f:
         for r in range(start_index, start_index + records):
             if time_limit and time.time() - start > time_limit:
                 break
             if whole_plans:
-                source, devices = draw_plan(pool, r + offset, pool_seed, batch_size)
+                source, devices = draw_plan(pool, r + offset, pool_seed, batch_size,
+                                            task_memory)
             else:
                 source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
-                                            sources)
+                                            sources, task_memory)
                 if row_bands:
                     rng = np.random.default_rng([int(pool_seed), int(r + offset), 29])
                     shards = size_shard(shards, row_bands, rng, batch_size, max_shard_bytes)
                     source = f"{source}:sized"
+                if gpu:
+                    shards = fit_shard(shards, max_shard_bytes, torch_cuda.piece_bytes)
                 devices = [shards]
             todo = {}
             for shards in devices:
-                key = tf_cpu.shard_key(shards, batch_size, filled=fill)
+                key = bench.shard_key(shards, batch_size, filled=fill)
                 if key not in present:
                     todo[key] = shards
             if not todo:
                 skipped += 1
             else:
                 began = time.time()
-                results = tf_cpu.benchmark_devices(list(todo.values()), batch_size, seed=seed,
-                                                   warmup=warmup, repeat=repeat, flush=flush,
-                                                   fill=fill)
+                results = bench.benchmark_devices(list(todo.values()), batch_size, seed=seed,
+                                                  warmup=warmup, repeat=repeat, flush=flush,
+                                                  fill=fill)
                 wall = round(time.time() - began, 3)
                 plan = {"plan_devices": len(devices), "measured_together": len(todo)} \
                     if whole_plans else {}
                 for (key, shards), result in zip(todo.items(), results):
-                    record = make_record(shards, result, batch_size, seed, source=source,
+                    record = make_record(shards, result, batch_size, seed, backend, source=source,
                                          index=r, wall_s=wall, **plan, **extra)
                     f.write(json.dumps(record) + "\n")
                     present.add(key)
@@ -372,9 +403,15 @@ def add_parser(subparsers):
                      help="resize each drawn table to rows log-uniform in one of these bands, "
                      "e.g. 1e5-3e5,4e6-1.2e7 (with --fill: full-size tables)")
     col.add_argument("--max-shard-gib", type=float, default=4.0,
-                     help="with --row-bands: most GiB a filled shard may take")
+                     help="with --row-bands, or --backend torch_cuda: most GiB a shard may take")
     col.add_argument("--split", choices=("train", "test"), default=None,
                      help="write this split into the records (cost_model.split_by_tables)")
+    col.add_argument("--backend", choices=sorted(BACKENDS), default=tf_cpu.BACKEND,
+                     help="tf_cpu: this project's kernels with TensorFlow on the CPU; torch_cuda: "
+                     "fused EmbeddingBags with PyTorch on a GPU (full-size pools: --row-scale 1)")
+    col.add_argument("--task-memory", default=None,
+                     help=f"memory per device of the 'task' source's tasks (default "
+                     f"{TASK_SHAPE['memory']}; e.g. 16GiB for full-size GPU pools)")
     col.add_argument("--no-flush", action="store_true", help="skip the cache flush (tests)")
     col.add_argument("--quiet", action="store_true", help="no progress bar")
     col.set_defaults(run=_run_collect)
@@ -411,7 +448,7 @@ def _child_argv(args):
     argv = []
     for action in ("pool_seed", "batch_size", "max_tables_per_shard", "pool_tables", "row_scale",
                    "threads", "warmup", "repeat", "seed", "half", "sources", "dims",
-                   "max_shard_gib"):
+                   "max_shard_gib", "backend"):
         argv += ["--" + action.replace("_", "-"), str(getattr(args, action))]
     argv += ["--out", args.out]
     argv += ["--no-flush"] if args.no_flush else []
@@ -419,6 +456,7 @@ def _child_argv(args):
     argv += ["--fill"] if args.fill else []
     argv += ["--row-bands", args.row_bands] if args.row_bands else []
     argv += ["--split", args.split] if args.split else []
+    argv += ["--task-memory", args.task_memory] if args.task_memory else []
     argv += ["--quiet"] if args.quiet else []
     return ["benchmark", "collect"] + argv
 
@@ -445,7 +483,8 @@ def _run_collect(args):
                       whole_plans=args.whole_plans, fill=args.fill,
                       dims=[int(d) for d in args.dims.split(",") if d.strip()],
                       row_bands=parse_bands(args.row_bands) if args.row_bands else None,
-                      split=args.split, max_shard_bytes=int(args.max_shard_gib * 2 ** 30))
+                      split=args.split, max_shard_bytes=int(args.max_shard_gib * 2 ** 30),
+                      backend=args.backend, task_memory=args.task_memory)
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v
                                          for k, v in summary.items()}}))
     return 0

@@ -93,7 +93,8 @@ def trimmed_mean(times):
     return float(np.mean(values))
 
 
-def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, sync=None):
+def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, sync=None,
+            collect_garbage=True):
     """Trimmed-mean milliseconds of each stage in `stages` (an ordered {name: callable}).
 
     Args:
@@ -103,6 +104,8 @@ def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, syn
       flush: fn() called before every timed call (default: no flush); see `CacheFlusher`.
       clock: seconds as a float (default time.perf_counter).
       sync: fn() called before reading the clock (a device synchronise; default none).
+      collect_garbage: run a full collection between rounds (below); False where the stages
+        make little garbage and a collection costs more than the measurement (torch_cuda).
     Returns {name: ms}, plus "raw" -> {name: [ms per round]}.
 
     Python's garbage collector is off during the timed rounds (as in `timeit`) and runs between
@@ -124,7 +127,8 @@ def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, syn
     gc.disable()
     try:
         for _ in range(int(repeat)):
-            gc.collect()   # between rounds, outside the timed calls
+            if collect_garbage:
+                gc.collect()   # between rounds, outside the timed calls
             for name, fn in stages.items():
                 if flush:
                     flush()

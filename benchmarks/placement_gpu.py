@@ -1,0 +1,263 @@
+"""Placement on GPUs judged on measured costs: learned vs every heuristic on unseen 80/8 tasks.
+
+Planning and training need no GPU and a GPU's time is short, so this runs in three steps:
+
+    python benchmarks/placement_gpu.py plans --out gpu_plans.json [--tasks 10] [--weights DIR]
+    python benchmarks/placement_gpu.py measure --plans gpu_plans.json --out gpu_measured.json \
+        [--records gpu_eval.jsonl] [--time-limit S]          # on the GPU (PyTorch + CUDA)
+    python benchmarks/placement_gpu.py report --plans gpu_plans.json --measured gpu_measured.json
+    python benchmarks/placement_gpu.py      # report: the shipped weights' plans, made again, scored
+                                            # by the shipped measurement (results/, one H200)
+
+Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU pool
+(`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
+registered strategy (cost-greedy and column-greedy score with the learned GPU cost model),
+`random` (3 seeds), and `best` (what `tfra-de plan` does by default: every strategy proposes,
+the learned estimator picks). Measured cost of a device: its pieces as fused EmbeddingBags,
+forward + backward + SGD (`torch_cuda.benchmark_devices`), plus the modelled all-to-all of its
+pooled rows (`comm.AllToAll`); a plan's cost is its most expensive device.
+Bound: all of a task's tables measured together on one GPU, / 8, plus the all-to-all of an
+eighth of the pooled rows -- a bound when sharing a GPU never costs more than running apart.
+Balance: cheapest / most expensive device. `measure` also writes every measured device as a
+benchmark record (`--records`): cost-model data on tables it never saw.
+
+Prints a table and one JSON line (`report`).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from tfra_dynamic_embedding.placement import estimators, proposers, select, train
+from tfra_dynamic_embedding.placement.benchmark import collect, torch_cuda
+from tfra_dynamic_embedding.placement.comm import AllToAll, pooled_bytes
+from tfra_dynamic_embedding.placement.types import Plan, Shard, Task
+
+SHIPPED_MEASUREMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   "placement_gpu_measured.json.gz")
+TASK_SEED = 7
+RANDOM_SEEDS = (0, 1, 2)
+GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
+
+
+def make_plans(num_tasks, weights=None):
+    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks."""
+    from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
+    policy.use_weights(weights)
+    tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=TASK_SEED)
+    learned = estimators.get_estimator("learned", weights=weights)
+    out = {"tasks": [t.to_dict() for t in tasks], "plans": []}
+    for k, task in enumerate(tasks):
+        began = time.time()
+        for name in proposers.list_strategies():
+            seeds = RANDOM_SEEDS if name == "random" else (0,)
+            for seed in seeds:
+                plan = proposers.propose(task, name, seed=seed, estimator=learned)
+                out["plans"].append({"task": k, "strategy": name, "seed": seed,
+                                     "plan": plan.to_dict()})
+        choice = select.best_plan(task, learned)
+        out["plans"].append({"task": k, "strategy": "best", "seed": 0, "winner":
+                             choice.plan.strategy, "plan": choice.plan.to_dict()})
+        print(f"task {k}: {len(out['plans'])} plans so far ({time.time() - began:.1f}s)",
+              file=sys.stderr)
+    return out
+
+
+def device_sets(data):
+    """[(task index, label, [Shard])]: every distinct device of the plans, then each task's
+    all-tables set (the bound), task by task."""
+    out, seen = [], set()
+    by_task = {}
+    for entry in data["plans"]:
+        by_task.setdefault(entry["task"], []).append(entry)
+    for k, task_data in enumerate(data["tasks"]):
+        task = Task.from_dict(task_data)
+        for entry in by_task.get(k, []):
+            plan = Plan.from_dict(entry["plan"])
+            for shards in plan.shards_by_device().values():
+                key = torch_cuda.shard_key(shards, task.batch_size) if shards else None
+                if key and key not in seen:
+                    seen.add(key)
+                    out.append((k, entry["strategy"], shards))
+        everything = [Shard(t, "") for t in task.tables]
+        out.append((k, "all-tables", everything))
+    return out
+
+
+def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, device=0):
+    """Measures every device set on the GPU (`device`: "cpu" for a dry run); writes
+    {key: result} at the end, also after an error, and the records as it goes."""
+    import torch  # pylint: disable=import-outside-toplevel
+    batch = Task.from_dict(data["tasks"][0]).batch_size
+    sets = device_sets(data)
+    specs = {}
+    for _, _, shards in sets:
+        for s in shards:
+            specs.setdefault(s.table.name, s.table)
+    began = time.time()
+    torch_cuda.prefetch(list(specs.values()), batch, device=device)
+    print(f"prefetched {len(specs)} tables' batches in {time.time() - began:.1f}s",
+          file=sys.stderr)
+    results = {}
+    rec_file = open(records, "w", encoding="utf-8") if records else None
+    try:
+        for k, label, shards in sets:
+            if time_limit and time.time() - began > time_limit:
+                break
+            key = torch_cuda.shard_key(shards, batch)
+            if torch_cuda.piece_bytes(shards) > max_bytes:
+                results[key] = {"skipped": "memory"}
+                continue
+            try:
+                result = torch_cuda.benchmark_devices([shards], batch, device=device)[0]
+            except torch.cuda.OutOfMemoryError:
+                results[key] = {"skipped": "out of GPU memory"}
+                torch.cuda.empty_cache()
+                continue
+            results[key] = result
+            if rec_file and label != "all-tables":
+                rec = collect.make_record(shards, result, batch, 0, torch_cuda.BACKEND,
+                                          source=f"eval:{label}", index=k, pool_seed=0,
+                                          pool_tables=856, row_scale=1, half="test",
+                                          warmup=3, repeat=10)
+                rec_file.write(json.dumps(rec) + "\n")
+    finally:
+        if rec_file:
+            rec_file.close()
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"seconds": time.time() - began, "results": results}, f)
+    print(f"measured {len(results)} of {len(sets)} device sets in {time.time() - began:.1f}s",
+          file=sys.stderr)
+
+
+def plan_score(plan, results, comm):
+    """(max device ms, balance) of a plan from measured results; None if a device is missing."""
+    n, batch = plan.task.num_devices, plan.task.batch_size
+    costs = []
+    for shards in plan.shards_by_device().values():
+        if not shards:
+            costs.append(0.0)
+            continue
+        result = results.get(torch_cuda.shard_key(shards, batch))
+        if result is None or "total_ms" not in result:
+            return None
+        costs.append(result["total_ms"] + comm.step_ms(pooled_bytes(shards, batch),
+                                                       n))
+    top = max(costs)
+    return top, (min(costs) / top if top > 0 else 1.0)
+
+
+def bound(task, results, comm):
+    shards = [Shard(t, "") for t in task.tables]
+    result = results.get(torch_cuda.shard_key(shards, task.batch_size), {})
+    if "total_ms" not in result:
+        return None
+    n = task.num_devices
+    return (result["total_ms"] / n
+            + comm.step_ms(pooled_bytes(shards, task.batch_size) / n, n))
+
+
+def report(data, measured):
+    results = measured["results"]
+    comm = AllToAll()
+    tasks = [Task.from_dict(t) for t in data["tasks"]]
+    rows, winners, unmeasured = {}, {}, 0
+    for entry in data["plans"]:
+        plan = Plan.from_dict(entry["plan"])
+        score = plan_score(plan, results, comm)
+        if score is None:   # a device the measurement does not hold (e.g. other weights' plan)
+            unmeasured += 1
+            continue
+        bnd = bound(tasks[entry["task"]], results, comm)
+        rows.setdefault(entry["strategy"], {}).setdefault(entry["task"], []).append(
+            (score[0], score[1], score[0] / bnd if bnd else None))
+        if entry["strategy"] == "best":
+            winners[entry["task"]] = entry.get("winner")
+    complete = set.intersection(*(set(v) for v in rows.values())) if rows else set()
+    table = {}
+    for name, per_task in rows.items():
+        # random: the mean of its seeds on each task
+        vals = [np.mean(np.array(per_task[k], dtype=float), axis=0) for k in sorted(complete)]
+        if not vals:
+            continue
+        arr = np.array(vals, dtype=float)
+        table[name] = {"max_ms": float(arr[:, 0].mean()), "balance": float(arr[:, 1].mean()),
+                       "bound_ratio": float(np.nanmean(arr[:, 2])) if np.isfinite(
+                           arr[:, 2]).any() else None,
+                       "per_task_ms": [round(float(x), 4) for x in arr[:, 0]]}
+    heuristics = [s for s in table if s not in ("learned", "best", "random")]
+    best_h = min(heuristics, key=lambda s: table[s]["max_ms"]) if heuristics else None
+    print(f"{len(complete)} task(s) fully measured: 80 unseen full-size tables on 8 GPUs, "
+          "max device ms (measured compute + modelled all-to-all)")
+    print(f"{'strategy':20s} {'max ms':>9s} {'balance':>8s} {'x bound':>8s}")
+    for name, row in sorted(table.items(), key=lambda kv: kv[1]["max_ms"]):
+        ratio = "-" if row["bound_ratio"] is None else f"{row['bound_ratio']:.3f}"
+        print(f"{name:20s} {row['max_ms']:9.3f} {row['balance']:8.3f} {ratio:>8s}")
+    summary = {"tasks": len(complete), "unmeasured_plans": unmeasured, "best_heuristic": best_h,
+               "best_winners": winners, "table": table}
+    for name in ("learned", "best"):
+        if name in table and "lookup-greedy" in table:
+            row = table[name]
+            summary[name] = {
+                "below_lookup_greedy": 1 - row["max_ms"] / table["lookup-greedy"]["max_ms"],
+                "vs_best_heuristic": row["max_ms"] / table[best_h]["max_ms"] - 1,
+                "balance": row["balance"], "bound_ratio": row["bound_ratio"],
+                "wins": sum(1 for k in range(len(table[name]["per_task_ms"]))
+                            if table[name]["per_task_ms"][k] <= min(
+                                table[h]["per_task_ms"][k] for h in heuristics))}
+            ok = summary[name]
+            ok["goals_met"] = bool(ok["below_lookup_greedy"] >= GOALS["below_lookup_greedy"]
+                                   and ok["balance"] >= GOALS["balance"]
+                                   and ok["bound_ratio"] is not None
+                                   and ok["bound_ratio"] <= GOALS["bound_ratio"])
+    print(json.dumps({k: v for k, v in summary.items() if k != "table"}))
+    return summary
+
+
+def _read_json(path):
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="step")
+    p = sub.add_parser("plans")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tasks", type=int, default=10)
+    p.add_argument("--weights", default=None, help="directory of *_gpu.npz (default shipped)")
+    m = sub.add_parser("measure")
+    m.add_argument("--plans", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--records", default=None)
+    m.add_argument("--time-limit", type=float, default=None)
+    m.add_argument("--device", default="0", help="CUDA ordinal, or cpu (a dry run)")
+    r = sub.add_parser("report")
+    r.add_argument("--plans", default=None, help="default: make the 10 tasks' plans again")
+    r.add_argument("--measured", default=SHIPPED_MEASUREMENT)
+    args = parser.parse_args(argv)
+    if args.step is None:
+        args = parser.parse_args(["report"])
+    if args.step == "plans":
+        data = make_plans(args.tasks, args.weights)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        print(f"wrote {len(data['plans'])} plans of {len(data['tasks'])} tasks to {args.out}")
+    elif args.step == "measure":
+        with open(args.plans, encoding="utf-8") as f:
+            data = json.load(f)
+        measure(data, args.out, args.records, args.time_limit,
+                device=int(args.device) if args.device.isdigit() else args.device)
+    else:
+        data = _read_json(args.plans) if args.plans else make_plans(10)
+        report(data, _read_json(args.measured))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""GPU weights beside the CPU ones: profile detection, per-profile weight files with a CPU
+fallback, the all-to-all term of GPU models, and `train-planner --profile gpu`.
+
+One GPU model is trained (a few epochs on synthetic records) by the module fixture, through
+the command line, and every test plans with it.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfra_dynamic_embedding import cli
+from tfra_dynamic_embedding.placement import comm
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import policy as pol
+from tfra_dynamic_embedding.placement import select, train, types, workloads
+from tfra_dynamic_embedding.placement.types import DeviceSpec, Shard, Task
+
+GPU_POOL = {"num_tables": 856, "seed": 0, "batch_size": 65536, "row_scale": 1}
+
+
+def _comm_ms(pooled, n, bandwidth=300e9, latency=30e-6):
+    """The documented all-to-all: 2 stages x (latency + pooled (n - 1) / n / bandwidth)."""
+    return 0.0 if n <= 1 or pooled == 0 else 2 * (latency + pooled * (n - 1) / n / bandwidth) * 1e3
+
+
+def _task(tables, n, template, memory=None, batch_size=65536):
+    return Task(list(tables), types.make_devices(n, memory, template), batch_size=batch_size)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return workloads.generate_pool(48, seed=3, batch_size=65536, row_scale=1 / 64)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, pool):
+    """(directory holding the shipped CPU weights and GPU weights trained by
+    `tfra-de train-planner --profile gpu`, the summary it wrote)."""
+    root = tmp_path_factory.mktemp("gpu")
+    first, second = workloads.split_pool(pool, seed=0)
+    recs = (train.synthetic_records(first, 30, max_tables=2, batch_size=65536, seed=1) +
+            train.synthetic_records(second, 12, max_tables=2, batch_size=65536, seed=2))
+    data = root / "gpu_shards.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = root / "w"
+    parser = argparse.ArgumentParser()
+    train.add_parser(parser.add_subparsers())
+    # no --no-measure: the gpu profile must skip the measured refinement by itself
+    args = parser.parse_args(["train-planner", "--profile", "gpu", "--data", str(data),
+                              "--out", str(out), "--epochs", "3", "--iterations", "4",
+                              "--tasks", "2", "--samples", "2"])
+    assert args.run(args) == 0
+    summary = json.loads((out / "training_gpu.json").read_text())
+    for name in ("cost_model_cpu.npz", "policy_cpu.npz"):   # the CPU weights beside them
+        shutil.copy(os.path.join(cm.DATA_DIR, name), out / name)
+    return str(out), summary
+
+
+@pytest.fixture()
+def loaded(monkeypatch):
+    """Base names of the weight files loaded (cm.load_cached) while the test runs."""
+    names = []
+    real = cm.load_cached
+
+    def spy(path, load):
+        names.append(os.path.basename(path))
+        return real(path, load)
+
+    monkeypatch.setattr(cm, "load_cached", spy)
+    return names
+
+
+def test_profile_of_needs_every_device_to_be_a_gpu():
+    tables = [types.TableSpec("a", 10, 4)]
+
+    def profile(*names):
+        return cm.profile_of(Task(tables, [DeviceSpec(n) for n in names]))
+
+    assert profile("/GPU:0", "/GPU:1") == "gpu"
+    assert profile("/job:worker/replica:0/task:0/device:GPU:1") == "gpu"
+    assert profile("/gpu:0", "/device:Gpu:3") == "gpu"                # any case
+    assert profile("/GPU:0", "/CPU:0") == "cpu"                       # one CPU: cpu weights
+    assert profile("/job:ps/task:0", "/job:ps/task:1") == "cpu"
+    assert profile("/CPU:0") == "cpu"
+    assert cm.profile_of(None) == "cpu"
+
+
+def test_weight_files_fall_back_to_cpu(tmp_path):
+    for kind in ("cost_model", "policy"):
+        (tmp_path / f"{kind}_cpu.npz").write_bytes(b"")
+        assert cm.weights_file(kind, "gpu", str(tmp_path)) == str(tmp_path / f"{kind}_cpu.npz")
+        assert cm.weights_file(kind, "cpu", str(tmp_path)) == str(tmp_path / f"{kind}_cpu.npz")
+        (tmp_path / f"{kind}_gpu.npz").write_bytes(b"")
+        assert cm.weights_file(kind, "gpu", str(tmp_path)) == str(tmp_path / f"{kind}_gpu.npz")
+    assert cm.weights_file("cost_model") == cm.DEFAULT_WEIGHTS       # the shipped CPU model
+    assert cm.weights_file("policy", "cpu") == pol.DEFAULT_WEIGHTS
+    with pytest.raises(ValueError, match="profile"):
+        cm.weights_file("policy", "tpu")
+
+
+def test_train_planner_gpu_writes_gpu_weights(trained):
+    out, summary = trained
+    assert sorted(os.listdir(out)) == ["cost_model_cpu.npz", "cost_model_gpu.npz",
+                                       "policy_cpu.npz", "policy_gpu.npz",
+                                       "training_gpu.json", "training_gpu.png"]
+    model = cm.CostModel.load(os.path.join(out, "cost_model_gpu.npz"))
+    assert model.meta["profile"] == "gpu" and model.profile == "gpu"
+    assert model.meta["comm"] == {"bandwidth": 300e9, "latency": 30e-6}
+    assert model.batch_size == 65536 and model.comm.bandwidth == 300e9
+    policy = pol.Policy.load(os.path.join(out, "policy_gpu.npz"))
+    assert policy.meta["profile"] == "gpu" and policy.meta["memory"] == "16GiB"
+    assert policy.meta["pool"] == GPU_POOL and policy.meta["cost_model"] == "cost_model_gpu.npz"
+    assert policy.meta["refined_with"] is None and summary["refined_with"] is None
+    assert policy.meta["tasks"] == 2 and len(summary["cost_history"]) == 3
+    # the shipped CPU model is no GPU model: no all-to-all
+    assert cm.load_cost_model().comm is None and cm.load_cost_model().profile == "cpu"
+
+
+def test_gpu_policy_tasks_come_from_the_full_size_pool():
+    tasks = train.pool_tasks(2, "gpu", seed=1)
+    full = workloads.generate_pool(856, seed=0, batch_size=65536, row_scale=1)
+    first = {t.name for t in workloads.split_pool(full, seed=0)[0]}
+    for task in tasks:
+        assert len(task.tables) == 80 and {t.name for t in task.tables} <= first
+        assert [d.name for d in task.devices] == [f"/GPU:{i}" for i in range(8)]
+        assert all(d.memory_bytes == 16 * 2 ** 30 for d in task.devices)
+        assert task.batch_size == 65536 and cm.profile_of(task) == "gpu"
+    # the CPU profile's tasks are what they were
+    cpu = train.cpu_pool_tasks(1, seed=1)[0]
+    assert cpu.batch_size == 1024 and cpu.devices[0].name == "/job:ps/task:0"
+    assert cpu.devices[0].memory_bytes == 256 * 2 ** 20 and cm.profile_of(cpu) == "cpu"
+
+
+def test_a_gpu_task_plans_with_the_gpu_weights_a_cpu_task_with_the_cpu_ones(trained, pool,
+                                                                          loaded):
+    out, _ = trained
+    gpu_task = _task(pool[:16], 4, "/GPU:{i}")
+    cpu_task = _task(pool[:16], 4, "/job:ps/task:{i}")
+    try:
+        pol.use_weights(out)
+        assert pol.weights_files(gpu_task) == (os.path.join(out, "cost_model_gpu.npz"),
+                                               os.path.join(out, "policy_gpu.npz"))
+        assert pol.weights_files(cpu_task) == (os.path.join(out, "cost_model_cpu.npz"),
+                                               os.path.join(out, "policy_cpu.npz"))
+        gpu_plan = pol.learned_plan(gpu_task)
+        assert set(loaded) == {"cost_model_gpu.npz", "policy_gpu.npz"}
+        loaded.clear()
+        cpu_plan = pol.learned_plan(cpu_task)
+        assert set(loaded) == {"cost_model_cpu.npz", "policy_cpu.npz"}
+    finally:
+        pol.use_weights(None)
+    # the plans' predicted costs are the GPU model's (with the all-to-all) and the CPU one's
+    gpu_est = cm.LearnedEstimator(os.path.join(out, "cost_model_gpu.npz"))
+    assert gpu_plan.meta["predicted_max_ms"] == pytest.approx(
+        1e3 * max(gpu_est.plan_costs(gpu_plan).values()), rel=1e-9)
+    cpu_est = cm.LearnedEstimator(cm.DEFAULT_WEIGHTS)
+    assert cpu_plan.meta["predicted_max_ms"] == pytest.approx(
+        1e3 * max(cpu_est.plan_costs(cpu_plan).values()), rel=1e-9)
+    # CPU tasks plan as with the shipped weights
+    assert cpu_plan.assignment == pol.learned_plan(cpu_task).assignment
+    # the out-of-range check reads the model of the task's profile
+    assert select.learned_cost_model(out, gpu_task).profile == "gpu"
+    assert select.learned_cost_model(out, cpu_task).profile == "cpu"
+    loaded.clear()
+    select.learned_out_of_range(gpu_task, out)
+    assert loaded == ["cost_model_gpu.npz"]
+
+
+def test_without_gpu_files_gpu_tasks_use_the_cpu_weights(tmp_path, pool, loaded):
+    for name in ("cost_model_cpu.npz", "policy_cpu.npz"):
+        shutil.copy(os.path.join(cm.DATA_DIR, name), tmp_path / name)
+    gpu_task = _task(pool[:12], 3, "/GPU:{i}")
+    try:
+        pol.use_weights(str(tmp_path))
+        plan = pol.learned_plan(gpu_task)
+    finally:
+        pol.use_weights(None)
+    assert set(loaded) == {"cost_model_cpu.npz", "policy_cpu.npz"}
+    assert plan.assignment == pol.plan_task(
+        gpu_task, pol.load_policy(), cm.load_cost_model(), samples=pol.BEST_OF).assignment
+    # the estimator likewise, with no all-to-all (a CPU model)
+    est = cm.LearnedEstimator(str(tmp_path))
+    shards = [Shard(pool[0], "/GPU:0")]
+    assert est.model_for(gpu_task) is est.model_for(None)
+    assert est.device_cost(shards, "/GPU:0", gpu_task) == pytest.approx(
+        cm.LearnedEstimator(cm.DEFAULT_WEIGHTS).device_cost(shards, "/GPU:0", gpu_task),
+        rel=1e-12)
+
+
+def test_shipped_gpu_weights_plan_and_score_gpu_tasks(pool):
+    gpu_task = _task(pool[:12], 3, "/GPU:{i}")
+    cpu_task = _task(pool[:12], 3, "/job:ps/task:{i}")
+    assert select.learned_cost_model(None, gpu_task).profile == "gpu"
+    assert select.learned_cost_model(None, gpu_task).meta["backend"] == "torch_cuda"
+    assert pol.weights_files(gpu_task)[1].endswith("policy_gpu.npz")
+    default = select.default_estimator(gpu_task)
+    assert default.name == "learned" and default.model_for(gpu_task).profile == "gpu"
+    assert select.default_estimator(cpu_task) == "analytic"
+
+
+def test_gpu_device_cost_adds_exactly_the_all_to_all(trained, pool):
+    out, _ = trained
+    gpu = cm.CostModel.load(os.path.join(out, "cost_model_gpu.npz"))
+    est = cm.LearnedEstimator(out)                 # a directory: per task's profile
+    shards = [Shard(pool[0], "/GPU:0"), Shard(pool[5], "/GPU:0", 1, 2),
+              Shard(pool[7], "/GPU:0", col_offset=0, col_width=pool[7].dim // 2)]
+    pooled = 65536 * sum(s.table.dim * s.table.bytes_per_value for s in shards)
+    assert comm.pooled_bytes(shards, 65536) == pooled
+    compute = float(gpu.total(sum(gpu.shard_embedding(s.table, s.index, s.num_slices)
+                                  for s in shards)))
+    for n in (1, 2, 8):
+        task = _task(pool, n, "/GPU:{i}")
+        want = compute + _comm_ms(pooled, n)
+        assert est.device_cost(shards, "/GPU:0", task) * 1e3 == pytest.approx(want, rel=1e-12)
+        assert cm.comm_ms(gpu, shards, task) == pytest.approx(_comm_ms(pooled, n), rel=1e-12)
+    assert est.device_cost([], "/GPU:0", task) == 0.0
+    # a CPU task gets the CPU model and no all-to-all; explicit weights win for any task
+    cpu_task = _task(pool, 8, "/job:ps/task:{i}")
+    cpu = cm.load_cost_model()
+    cpu_compute = float(cpu.total(sum(cpu.shard_embedding(s.table, s.index, s.num_slices)
+                                      for s in shards)))
+    assert est.device_cost(shards, "d", cpu_task) * 1e3 == pytest.approx(
+        cpu_compute * cpu.batch_factor(65536), rel=1e-12)
+    fixed = cm.LearnedEstimator(os.path.join(out, "cost_model_gpu.npz"))
+    assert fixed.device_cost(shards, "d", cpu_task) * 1e3 == pytest.approx(
+        compute + _comm_ms(pooled, 8), rel=1e-12)
+    # the parameters live in the model's meta; costs at another batch scale compute only
+    slow = cm.CostModel(gpu.params, dict(gpu.meta, comm={"bandwidth": 1e9, "latency": 1e-3}))
+    half = _task(pool, 4, "/GPU:{i}", batch_size=32768)
+    assert cm.LearnedEstimator(slow).device_cost(shards, "d", half) * 1e3 == pytest.approx(
+        compute / 2 + _comm_ms(pooled / 2, 4, 1e9, 1e-3), rel=1e-12)
+
+
+def test_the_policy_simulator_sees_the_all_to_all(trained, pool):
+    out, _ = trained
+    gpu = cm.CostModel.load(os.path.join(out, "cost_model_gpu.npz"))
+    # a slow network makes the all-to-all a large part of the cost
+    slow = cm.CostModel(gpu.params, dict(gpu.meta, comm={"bandwidth": 2e9, "latency": 1e-3}))
+    policy = pol.Policy.load(os.path.join(out, "policy_gpu.npz"))
+    task = _task(pool[:20], 4, "/GPU:{i}", batch_size=32768)
+    est = cm.LearnedEstimator(slow)
+    for hot_splits in ((None,), (0.5,)):
+        plan = pol.plan_task(task, policy, slow, samples=4, hot_splits=hot_splits)
+        costs = est.plan_costs(plan)
+        assert plan.meta["predicted_max_ms"] == pytest.approx(1e3 * max(costs.values()),
+                                                              rel=1e-9)
+    # per device: compute + all-to-all; no all-to-all (no latency) without pieces
+    problem = pol.Problem(task, slow)
+    one = problem.total_from_projection(problem.proj[:1].sum(axis=0))
+    piece = problem.items[0]
+    assert one * slow.batch_factor(task.batch_size) == pytest.approx(
+        1e3 * est.device_cost([piece], "d", task), rel=1e-9)
+    empty = np.zeros(problem.proj.shape[1])
+    assert problem.total_from_projection(empty) == slow.total_from_projection(empty[:-2])
+    assert problem.proj.shape[1] == pol.Problem(task, gpu).proj.shape[1] == \
+        pol.Problem(task, cm.load_cost_model()).proj.shape[1] + 2
+
+
+def test_plan_command_notes_out_of_range_by_the_gpu_model(capsys, tmp_path, trained):
+    out, _ = trained
+    gpu = cm.CostModel.load(os.path.join(out, "cost_model_gpu.npz"))
+    # a GPU model without a stored range reports z-scores; the CPU one range widths
+    meta = {k: v for k, v in gpu.meta.items() if k not in ("x_min", "x_max")}
+    for name in ("cost_model_cpu.npz", "policy_cpu.npz", "policy_gpu.npz"):
+        shutil.copy(os.path.join(out, name), tmp_path / name)
+    cm.CostModel(gpu.params, meta).save(str(tmp_path / "cost_model_gpu.npz"))
+    notes = {}
+    try:
+        for template in ("/GPU:{i}", "/job:ps/task:{i}"):
+            code = cli.main(["plan", "--pool", "12", "--devices", "2", "--device-template",
+                             template, "--strategy", "learned", "--weights", str(tmp_path),
+                             "--random", "0", "--out", str(tmp_path / "p.json")])
+            text = capsys.readouterr().out
+            assert code == 0, text
+            notes[template] = [line for line in text.splitlines() if line.startswith("note:")]
+    finally:
+        pol.use_weights(None)   # `plan --weights` set them for the process
+    assert len(notes["/GPU:{i}"]) == 1 and "standard deviations" in notes["/GPU:{i}"][0]
+    assert len(notes["/job:ps/task:{i}"]) == 1
+    assert "standard deviations" not in notes["/job:ps/task:{i}"][0]
+
+
+def test_gpu_evaluation_is_reproduced_from_the_shipped_measurement():
+    """benchmarks/placement_gpu.py without arguments plans the 10 unseen GPU tasks with the
+    shipped weights again and scores them by the shipped H200 measurement: every plan's
+    devices must be in it (the weights and the measurement belong together)."""
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
+                          "placement_gpu.py")
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
+                         check=True).stdout
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["tasks"] == 10 and summary["unmeasured_plans"] == 0
+    assert summary["learned"]["below_lookup_greedy"] > 0
+    assert set(summary["best_winners"].values()) <= {"learned", "cost-greedy", "lookup-greedy",
+                                                      "size-lookup-greedy", "column-greedy"}
