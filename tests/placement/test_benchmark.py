@@ -404,6 +404,15 @@ np.testing.assert_allclose(bag.weight.detach().numpy(), before - 0.01 * counts[:
 result = torch_cuda.benchmark_devices([shards, [a]], 16, warmup=1, repeat=3, device="cpu")
 assert [r["memory_bytes"] for r in result] == [(25 + 30) * 16, 50 * 16], result
 assert result[0]["pooled_bytes"] == 16 * 8 * 4 and result[1]["total_ms"] > 0
+# the estimator "measured-gpu": measured compute (cached by table set) + the modelled all-to-all
+from tfra_dynamic_embedding.placement.comm import AllToAll
+from tfra_dynamic_embedding.placement.types import Task, make_devices
+task = Task([a, b], make_devices(4, None, "/GPU:{i}"), batch_size=16)
+est = torch_cuda.MeasuredEstimator(warmup=1, repeat=3, device="cpu")
+cost = est.device_cost(shards, None, task)
+assert est.measurements == 1 and est.device_cost(shards, None, task) == cost
+compute = est.cache[torch_cuda.shard_key(shards, 16)]
+assert abs(cost * 1e3 - compute - AllToAll().step_ms(16 * 8 * 4, 4)) < 1e-9, (cost, compute)
 print("ok")
 """
 

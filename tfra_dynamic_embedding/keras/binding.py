@@ -120,6 +120,17 @@ def bound_class(cls, package, base="Layer", namespace="layers"):
     return _BOUND[key]
 
 
+def class_for(cls, args, kwargs, base="Layer", namespace="layers"):
+    """(class, package) an instance of `cls` constructed with `args` / `kwargs` is made of: `cls`
+    itself when it is already bound to a Keras, else its `bound_class` for the Keras `resolve`
+    chooses (what a logic class's `__new__` needs).
+
+    Example: klass, package = class_for(Embedding, args, kwargs)
+    """
+    package = resolve(cls, args, kwargs)
+    return (cls if package_of(cls) else bound_class(cls, package, base, namespace)), package
+
+
 def register(classes):
     """Makes (and so registers) the class of each of `classes` (pairs of a logic class and its
     Keras base name) for each installed Keras now, for a saved config loaded before any such

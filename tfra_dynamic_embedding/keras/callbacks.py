@@ -22,10 +22,7 @@ __all__ = ["ModelCheckpoint", "DEHvdModelCheckpoint", "DEHvdBroadcastGlobalVaria
 
 
 def _bound_instance(cls, base, args, kwargs):
-    package = binding.resolve(cls, args, kwargs)
-    klass = cls if binding.package_of(cls) else binding.bound_class(
-        cls, package, base=base, namespace="callbacks")
-    return object.__new__(klass)
+    return object.__new__(binding.class_for(cls, args, kwargs, base, "callbacks")[0])
 
 
 class DEHvdModelCheckpoint:

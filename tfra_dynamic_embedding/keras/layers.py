@@ -98,8 +98,7 @@ class Embedding:
     """
 
     def __new__(cls, *args, **kwargs):
-        package = binding.resolve(cls, args, kwargs)   # also checks `keras=`
-        layer_class = cls if binding.package_of(cls) else binding.bound_class(cls, package)
+        layer_class, package = binding.class_for(cls, args, kwargs)   # also checks `keras=`
         models.refuse_legacy_hdf5(package)
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
@@ -405,10 +404,8 @@ class LayerNormalization:
     """
 
     def __new__(cls, *args, **kwargs):
-        package = binding.resolve(cls, args, kwargs)
+        layer_class, _ = binding.class_for(cls, args, kwargs, base="LayerNormalization")
         kwargs.pop("keras", None)
-        layer_class = (cls if binding.package_of(cls)
-                       else binding.bound_class(cls, package, base="LayerNormalization"))
         return super(LayerNormalization, layer_class).__new__(layer_class, *args, **kwargs)
 
     def __init__(self, *args, keras=None, **kwargs):

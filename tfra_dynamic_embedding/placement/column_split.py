@@ -154,8 +154,7 @@ class ColumnSplitEmbedding:
     """
 
     def __new__(cls, *args, **kwargs):
-        package = binding.resolve(cls, args, kwargs)
-        layer_class = cls if binding.package_of(cls) else binding.bound_class(cls, package)
+        layer_class, _ = binding.class_for(cls, args, kwargs)
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(ColumnSplitEmbedding, layer_class).__new__(layer_class, *args, **kwargs)
 
