@@ -167,8 +167,10 @@ def add_plan_parser(subparsers):
     parser.add_argument("--verify-top", type=int, default=0, metavar="K",
                         help="--strategy best: measure the K cheapest distinct plans together "
                         "(--verify-estimator) and keep the cheapest measured one (0: off)")
-    parser.add_argument("--verify-estimator", default="measured-cpu",
-                        help="estimator of --verify-top (default measured-cpu: TF benchmarks)")
+    parser.add_argument("--verify-estimator", default=None,
+                        help="estimator of --verify-top (default: measured-gpu, PyTorch kernels "
+                        "on this machine's GPU, for tasks on GPUs; measured-cpu, TF benchmarks, "
+                        "otherwise)")
     parser.add_argument("--random", type=int, default=10, metavar="K",
                         help="random plans for the speedup figure (0: skip)")
     parser.add_argument("--out", required=True, help="plan JSON to write")
@@ -214,7 +216,8 @@ def _run_plan(args):
         raise CliError(f"--verify-top needs --strategy best; got --strategy {args.strategy}")
     if args.strategy == "best":
         choice = select.best_plan(task, estimator, seed=args.seed,
-                                  verify=args.verify_estimator if args.verify_top else None,
+                                  verify=(args.verify_estimator or select.default_verifier(task))
+                                  if args.verify_top else None,
                                   verify_top=args.verify_top or 1)
         plan = choice.plan
         best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)

@@ -203,6 +203,8 @@ def test_shipped_gpu_weights_plan_and_score_gpu_tasks(pool):
     default = select.default_estimator(gpu_task)
     assert default.name == "learned" and default.model_for(gpu_task).profile == "gpu"
     assert select.default_estimator(cpu_task) == "analytic"
+    assert select.default_verifier(gpu_task) == "measured-gpu"
+    assert select.default_verifier(cpu_task) == "measured-cpu"
 
 
 def test_gpu_device_cost_adds_exactly_the_all_to_all(trained, pool):

@@ -137,6 +137,12 @@ def default_estimator(task, weights_dir=None):
     return "analytic"
 
 
+def default_verifier(task):
+    """The measuring estimator `tfra-de plan --verify-top` uses unless told: "measured-gpu"
+    for a task on GPUs, "measured-cpu" otherwise."""
+    return "measured-gpu" if cm.profile_of(task) == "gpu" else "measured-cpu"
+
+
 def learned_cost_model(weights_dir=None, task=None):
     """The learned proposer's cost model for `task` (cached): cost_model_{profile}.npz of the
     task's profile (`cm.profile_of`; None: cpu) in `weights_dir` or the shipped data, the cpu
