@@ -530,3 +530,23 @@ def test_whole_plans_measure_every_device_of_a_plan_together(tmp_path, capsys, m
     assert len(records_lib.read_records(out)) >= len(records)
     with pytest.raises(ValueError, match="whole_plans"):
         collect.collect(out, 1, sources=("random", "task"), whole_plans=True)
+
+
+def test_collect_command_defaults_follow_the_backend(monkeypatch):
+    calls = []
+    monkeypatch.setattr(collect, "collect", lambda out, records, **kwargs: (
+        calls.append(kwargs), {"written": 0, "skipped": 0, "seconds": 0.0})[1])
+    assert run_cli(["benchmark", "collect", "--backend", "torch_cuda", "--records", "3",
+                    "--out", "gpu.jsonl"]) == 0
+    assert run_cli(["benchmark", "collect", "--records", "3", "--out", "cpu.jsonl",
+                    "--batch-size", "512"]) == 0
+    gpu, cpu = calls
+    from tfra_dynamic_embedding.placement import train   # the GPU weights' pool
+    pool = train.PROFILES["gpu"]["pool"]
+    assert (gpu["backend"], gpu["batch_size"], gpu["pool_tables"], gpu["row_scale"]) == (
+        "torch_cuda", pool["batch_size"], pool["num_tables"], pool["row_scale"])
+    assert gpu["task_memory"] == train.PROFILES["gpu"]["memory"]
+    assert gpu["max_shard_bytes"] == 16 * 2 ** 30 and gpu["max_tables"] == 12
+    assert (cpu["backend"], cpu["batch_size"], cpu["row_scale"], cpu["max_tables"]) == (
+        "tf_cpu", 512, collect.DEFAULT_ROW_SCALE, 8)
+    assert cpu["task_memory"] == collect.TASK_SHAPE["memory"]

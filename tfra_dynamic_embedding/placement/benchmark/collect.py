@@ -61,6 +61,16 @@ TASK_STRATEGIES = ("learned", "lookup-greedy", "learned", "random", "learned",
 TASK_SHAPE = {"tables": 80, "devices": 8, "memory": "256MiB"}
 # backend name -> module with shard_key and benchmark_devices (neither imports TF or torch).
 BACKENDS = {tf_cpu.BACKEND: tf_cpu, torch_cuda.BACKEND: torch_cuda}
+# Command-line defaults that depend on the backend: a CPU measures the down-scaled pool, a GPU
+# the full-size one (train.PROFILES' pools) with 80-table tasks on devices of 16 GiB.
+BACKEND_DEFAULTS = {
+    tf_cpu.BACKEND: {"batch_size": 1024, "pool_tables": DEFAULT_POOL_TABLES,
+                     "row_scale": DEFAULT_ROW_SCALE, "task_memory": TASK_SHAPE["memory"],
+                     "max_shard_gib": 4.0, "max_tables_per_shard": 8},
+    torch_cuda.BACKEND: {"batch_size": 65536, "pool_tables": 856, "row_scale": 1.0,
+                         "task_memory": "16GiB", "max_shard_gib": 16.0,
+                         "max_tables_per_shard": 12},
+}
 SLICE_COUNTS = (2, 3, 4, 6, 8)
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
@@ -373,15 +383,17 @@ def add_parser(subparsers):
     col.add_argument("--records", type=int, required=True, help="number of shard records")
     col.add_argument("--out", required=True, metavar="FILE", help="JSONL file (appended to)")
     col.add_argument("--pool-seed", type=int, default=0, help="seed of the table pool and shards")
-    col.add_argument("--batch-size", type=int, default=1024, help="batch size measured at")
-    col.add_argument("--max-tables-per-shard", type=int, default=8)
-    col.add_argument("--pool-tables", type=int, default=DEFAULT_POOL_TABLES)
+    by_backend = " (default: the backend's, BACKEND_DEFAULTS)"
+    col.add_argument("--batch-size", type=int, default=None,
+                     help="batch size measured at" + by_backend)
+    col.add_argument("--max-tables-per-shard", type=int, default=None, help=by_backend.strip())
+    col.add_argument("--pool-tables", type=int, default=None, help=by_backend.strip())
     col.add_argument("--half", choices=HALVES, default="all",
                      help="draw shards from this half of the pool (workloads.split_pool)")
     col.add_argument("--sources", default=",".join(SOURCES),
                      help=f"comma-separated shard sources to cycle through (of {','.join(SOURCES)})")
-    col.add_argument("--row-scale", type=float, default=DEFAULT_ROW_SCALE,
-                     help="hash sizes are MetaSyn's times this")
+    col.add_argument("--row-scale", type=float, default=None,
+                     help="hash sizes are MetaSyn's times this" + by_backend)
     col.add_argument("--threads", type=int, default=1, help="TF intra/inter-op threads")
     col.add_argument("--warmup", type=int, default=2)
     col.add_argument("--repeat", type=int, default=7)
@@ -402,16 +414,17 @@ def add_parser(subparsers):
     col.add_argument("--row-bands", default=None, metavar="LO-HI,...",
                      help="resize each drawn table to rows log-uniform in one of these bands, "
                      "e.g. 1e5-3e5,4e6-1.2e7 (with --fill: full-size tables)")
-    col.add_argument("--max-shard-gib", type=float, default=4.0,
-                     help="with --row-bands, or --backend torch_cuda: most GiB a shard may take")
+    col.add_argument("--max-shard-gib", type=float, default=None,
+                     help="with --row-bands, or --backend torch_cuda: most GiB a shard may take"
+                     + by_backend)
     col.add_argument("--split", choices=("train", "test"), default=None,
                      help="write this split into the records (cost_model.split_by_tables)")
     col.add_argument("--backend", choices=sorted(BACKENDS), default=tf_cpu.BACKEND,
-                     help="tf_cpu: this project's kernels with TensorFlow on the CPU; torch_cuda: "
-                     "fused EmbeddingBags with PyTorch on a GPU (full-size pools: --row-scale 1)")
+                     help="tf_cpu: this project's kernels with TensorFlow on the CPU, "
+                     "down-scaled pool; torch_cuda: fused EmbeddingBags with PyTorch on a GPU, "
+                     "full-size pool")
     col.add_argument("--task-memory", default=None,
-                     help=f"memory per device of the 'task' source's tasks (default "
-                     f"{TASK_SHAPE['memory']}; e.g. 16GiB for full-size GPU pools)")
+                     help="memory per device of the 'task' source's tasks" + by_backend)
     col.add_argument("--no-flush", action="store_true", help="skip the cache flush (tests)")
     col.add_argument("--quiet", action="store_true", help="no progress bar")
     col.set_defaults(run=_run_collect)
@@ -462,6 +475,9 @@ def _child_argv(args):
 
 
 def _run_collect(args):
+    for name, value in BACKEND_DEFAULTS[args.backend].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.out.endswith(".gz"):
         raise ValueError(f"--out must be a plain JSONL file (gzip it when done); got {args.out!r}")
     if args.records < 1:
