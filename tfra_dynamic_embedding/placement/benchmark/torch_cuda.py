@@ -3,8 +3,9 @@
 The same protocol as tf_cpu (`protocol.measure`): tables of one dimension are fused into one
 `torch.nn.EmbeddingBag(sum of rows, dim, mode="sum", sparse=True)` made on the GPU; their index
 batches are concatenated on the GPU into one (indices, offsets) pair, table-major, with each
-table's ids shifted by the rows of the tables before it (`ShardKernels`). A row slice holds its own rows only (keys with key % n == index,
-stored at row key // n); a column block is a table of the block's width. Stages:
+table's ids shifted by the rows of the tables before it (`ShardKernels`). A row slice holds its
+own rows only (keys with key % n == index, stored at row key // n); a column block is a table
+of the block's width. Stages:
   forward: one EmbeddingBag call per dimension group (lookup + sum pooling);
   step:    forward, backward of sum(pooled), and an SGD update of the touched rows.
 backward = step - forward. `torch.cuda.synchronize()` brackets every timed call and the L2
