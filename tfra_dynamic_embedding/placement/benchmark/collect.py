@@ -71,6 +71,9 @@ BACKEND_DEFAULTS = {
                          "task_memory": "16GiB", "max_shard_gib": 16.0,
                          "max_tables_per_shard": 12},
 }
+# Device names of the tasks a backend's shards are planned in: GPU names make the learned
+# strategy plan with the GPU weights (cost_model.profile_of), so its shards are that policy's.
+TASK_DEVICES = {tf_cpu.BACKEND: "/job:ps/task:{i}", torch_cuda.BACKEND: "/GPU:{i}"}
 SLICE_COUNTS = (2, 3, 4, 6, 8)
 HALVES = ("all", "train", "test")
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
@@ -96,10 +99,11 @@ def make_pool(pool_seed=0, batch_size=1024, pool_tables=DEFAULT_POOL_TABLES,
 
 
 def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=SOURCES,
-               task_memory=None):
+               task_memory=None, task_devices=TASK_DEVICES[tf_cpu.BACKEND]):
     """(source, [Shard]) of record `index`: a pure function of (pool, index, pool_seed,
     sources); record `index` draws from `sources[index % len(sources)]`. `task_memory`: the
-    devices' memory in the `task` source (default TASK_SHAPE's)."""
+    devices' memory in the `task` source (default TASK_SHAPE's); `task_devices`: the device
+    names (a template with {i}) of the tasks the planned sources place."""
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
     source = sources[index % len(sources)]
     if source in ("random", "sliced"):
@@ -113,11 +117,13 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
                           else Shard(pool[i], ""))
         return source, shards
     if source == "task":
-        return _task_shard(pool, index // len(sources), rng, batch_size, task_memory)
+        return _task_shard(pool, index // len(sources), rng, batch_size, task_memory,
+                           task_devices)
     devices = int(rng.integers(2, 7))
     count = int(rng.integers(devices, min(len(pool), devices * max_tables) + 1))
     chosen = sorted(rng.choice(len(pool), count, replace=False))
-    task = Task([pool[i] for i in chosen], make_devices(devices), batch_size=batch_size)
+    task = Task([pool[i] for i in chosen], make_devices(devices, None, task_devices),
+                batch_size=batch_size)
     strategy = {"heuristic": str(rng.choice(HEURISTICS)), "plan": "random",
                 "policy": "learned"}[source]
     plan = proposers.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
@@ -132,30 +138,33 @@ def draw_shard(pool, index, pool_seed=0, max_tables=8, batch_size=1024, sources=
     return f"{source}:{strategy}", shards
 
 
-def _task_shard(pool, turn, rng, batch_size, memory=None):
+def _task_shard(pool, turn, rng, batch_size, memory=None,
+                template=TASK_DEVICES[tf_cpu.BACKEND]):
     """("task:STRATEGY", [Shard]): every piece on one random device of an eval-shaped task
     planned by TASK_STRATEGIES[turn % len(TASK_STRATEGIES)] (`turn`: this source's n-th use)."""
-    source, devices = _task_plan(pool, turn, rng, batch_size, memory)
+    source, devices = _task_plan(pool, turn, rng, batch_size, memory, template)
     return source, devices[int(rng.integers(0, len(devices)))]
 
 
-def _task_plan(pool, turn, rng, batch_size, memory=None):
+def _task_plan(pool, turn, rng, batch_size, memory=None, template=TASK_DEVICES[tf_cpu.BACKEND]):
     """("task:STRATEGY", [[Shard] per non-empty device]) of an eval-shaped task planned by
     TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]."""
     task = workloads.make_tasks(pool, 1, min(TASK_SHAPE["tables"], len(pool)),
                                 TASK_SHAPE["devices"], memory or TASK_SHAPE["memory"],
-                                seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size)[0]
+                                seed=int(rng.integers(0, 2 ** 31 - 1)), batch_size=batch_size,
+                                device_template=template)[0]
     strategy = TASK_STRATEGIES[turn % len(TASK_STRATEGIES)]
     plan = proposers.propose(task, strategy, seed=int(rng.integers(0, 2 ** 31 - 1)))
     return f"task:{strategy}", [shards for shards in plan.shards_by_device().values() if shards]
 
 
-def draw_plan(pool, index, pool_seed=0, batch_size=1024, task_memory=None):
+def draw_plan(pool, index, pool_seed=0, batch_size=1024, task_memory=None,
+              task_devices=TASK_DEVICES[tf_cpu.BACKEND]):
     """(source, [[Shard] per device]): every non-empty device of the plan behind record
     `index` of the `task` source (`--whole-plans`; a pure function of its arguments, up to
     the learned policy's time-budgeted local search)."""
     rng = np.random.default_rng([int(pool_seed), int(index), 17])
-    return _task_plan(pool, index, rng, batch_size, task_memory)
+    return _task_plan(pool, index, rng, batch_size, task_memory, task_devices)
 
 
 def parse_bands(text):
@@ -333,10 +342,10 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
                 break
             if whole_plans:
                 source, devices = draw_plan(pool, r + offset, pool_seed, batch_size,
-                                            task_memory)
+                                            task_memory, TASK_DEVICES[backend])
             else:
                 source, shards = draw_shard(pool, r + offset, pool_seed, max_tables, batch_size,
-                                            sources, task_memory)
+                                            sources, task_memory, TASK_DEVICES[backend])
                 if row_bands:
                     rng = np.random.default_rng([int(pool_seed), int(r + offset), 29])
                     shards = size_shard(shards, row_bands, rng, batch_size, max_shard_bytes)
