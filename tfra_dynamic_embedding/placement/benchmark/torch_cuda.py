@@ -225,7 +225,7 @@ def prefetch(specs, batch_size, seed=0, device=0, processes=None):
 def benchmark_devices(devices, batch_size, seed=0, warmup=3, repeat=10, flush=None, device=0,
                       fill=True):
     """Measures each shard list of `devices` on the GPU, one after another (each alone on the
-    GPU, its memory handed back after); same result keys as `tf_cpu.benchmark_devices`, plus
+    GPU; its blocks stay in torch's allocator for the next); same result keys as `tf_cpu.benchmark_devices`, plus
     "memory_bytes" and "pooled_bytes" (`pooled_bytes`). `fill` is accepted for the collector's
     sake: GPU tables always hold every row. `device`: a CUDA ordinal, or "cpu" (tests)."""
     del fill
