@@ -1,7 +1,7 @@
 """Placement of full-size-like tables, scored by measured CPU costs of FILLED tables.
 
     python benchmarks/placement_full_size.py [--tasks 3] [--row-scale 0.125] [--memory 1GiB]
-        [--weights DIR] [--old-weights DIR] [--json F] [--records-out F]
+        [--weights DIR] [--old-weights DIR] [--json F] [--records-out F] [--half test|train]
 
 Tasks: 80 tables of the test half of a MetaSyn-like pool no record came from (seed 101, 256
 tables, batch 1024, dims 4-32, hash sizes x --row-scale) on 8 devices. Every device of every
@@ -17,6 +17,8 @@ Strategies: random, every heuristic, cost-greedy (the cost model's greedy), lear
 default `tfra-de plan`), "best-verified" = the same with its --verify-top cheapest plans
 measured and the cheapest measured kept (`tfra-de plan --verify-top`); with --old-weights also
 "learned-old" / "best-old" by other weights.
+`--half train` takes the tasks from the pool's training half instead, to collect training
+records of whole plans (`--records-out`).
 Prints a table (mean over tasks: max device cost, balance, speedup over random, gap to the
 measured bound: all tables on one device / devices), each task's max costs, and one JSON line
 with the issue's comparisons and the cost models' errors on the measured devices.
@@ -62,6 +64,9 @@ def main(argv=None):
     parser.add_argument("--memory", default="1GiB", help="memory per device")
     parser.add_argument("--json", dest="json_out", default=None, help="write rows and tasks")
     parser.add_argument("--records-out", default=None, help="append the measured devices")
+    parser.add_argument("--half", choices=["test", "train"], default="test",
+                        help="the pool half the tasks come from: test (unseen, the evaluation) "
+                             "or train (to collect training records with --records-out)")
     parser.add_argument("--verify-top", type=int, default=3,
                         help="best-verified: measure this many of best's cheapest plans (0: skip)")
     args = parser.parse_args(argv)
@@ -131,8 +136,8 @@ def main(argv=None):
 
     pool = workloads.generate_pool(256, seed=POOL_SEED, batch_size=1024,
                                    row_scale=args.row_scale, dims=(4, 8, 16, 32))
-    test = workloads.split_pool(pool, seed=POOL_SEED)[1]
-    tasks = workloads.make_tasks(test, args.first_task + args.tasks, 80, 8, args.memory, seed=0,
+    half = workloads.split_pool(pool, seed=POOL_SEED)[1 if args.half == "test" else 0]
+    tasks = workloads.make_tasks(half, args.first_task + args.tasks, 80, 8, args.memory, seed=0,
                                  batch_size=1024)[args.first_task:]
     print(f"{len(tasks)} tasks of 80 tables on 8 devices of {args.memory}: rows up to "
           f"{max(t.rows for task in tasks for t in task.tables):,}, "
@@ -141,8 +146,9 @@ def main(argv=None):
     records, per_task, where = [], [], {}
 
     def keep(shards, batch, result):
-        records.append(collect.make_record(shards, result, batch, 0, split="test",
-                                           source="eval-full-size", pool_seed=POOL_SEED,
+        records.append(collect.make_record(shards, result, batch, 0, split=args.half,
+                                           source=f"full-size-plans:{args.half}",
+                                           pool_seed=POOL_SEED,
                                            row_scale=args.row_scale))
 
     # One fresh child per task (isolate=1): a task's filled tables are handed back with it.
@@ -171,7 +177,7 @@ def main(argv=None):
         mest.worker.close()
         if vest is not None:
             vest.worker.close()
-    print(f"\n== {len(tasks)} unseen 80/8 tasks (row scale {args.row_scale}), MEASURED filled "
+    print(f"\n== {len(tasks)} {'unseen' if args.half == 'test' else 'TRAINING-half'} 80/8 tasks (row scale {args.row_scale}), MEASURED filled "
           f"CPU costs ({mest.measurements} devices, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
     for k, costs in enumerate(per_task):
