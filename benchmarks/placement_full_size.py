@@ -177,7 +177,8 @@ def main(argv=None):
         mest.worker.close()
         if vest is not None:
             vest.worker.close()
-    print(f"\n== {len(tasks)} {'unseen' if args.half == 'test' else 'TRAINING-half'} 80/8 tasks (row scale {args.row_scale}), MEASURED filled "
+    kind = "unseen" if args.half == "test" else "TRAINING-half"
+    print(f"\n== {len(tasks)} {kind} 80/8 tasks (row scale {args.row_scale}), MEASURED filled "
           f"CPU costs ({mest.measurements} devices, {time.time() - t0:.0f}s) ==")
     print(evaluate.format_rows(rows))
     for k, costs in enumerate(per_task):

@@ -181,7 +181,7 @@ def test_shipped_cost_model_costs_devices_of_many_filled_tables():
     # such devices of unseen tasks at 0.77 of their measured cost (median), so its policy piled
     # tables there. These devices are the evaluation's (split "test": never fitted).
     records = [r for r in records_lib.read_records(DATA)
-               if r["source"] == "eval-full-size" and 20 <= len(r["tables"]) < 80]
+               if r["source"] == "full-size-plans:test" and 20 <= len(r["tables"]) < 80]
     assert len(records) >= 8 and all(r["filled"] and r["split"] == "test" for r in records)
     train = [r for r in records_lib.read_records(DATA) if r["source"] == "full-size-plans:train"]
     assert len(train) >= 400 and sum(len(r["tables"]) >= 20 for r in train) >= 20
