@@ -13,8 +13,10 @@ devices holding it, so the whole task must fit in memory (its tables ~4.4 GiB at
 1/8, ~8.8 GiB at 1/4, plus ~75 MB of TensorFlow per device).
 
 Strategies: random, every heuristic, cost-greedy (the cost model's greedy), learned, and
-"best" = `select.best_plan` over learned and the heuristics scored by the cost model (the
-default `tfra-de plan`), "best-verified" = the same with its --verify-top cheapest plans
+"best" = `select.best_plan` over learned and the heuristics scored by
+`select.default_estimator` (the learned cost model: the default `tfra-de plan`),
+"best-analytic" the same scored by the analytic estimator (the default on CPU tasks before),
+"best-verified" = the same with its --verify-top cheapest plans
 measured and the cheapest measured kept (`tfra-de plan --verify-top`); with --old-weights also
 "learned-old" / "best-old" by other weights.
 `--half train` takes the tasks from the pool's training half instead, to collect training
@@ -75,16 +77,24 @@ def main(argv=None):
     model_est = cm.LearnedEstimator(
         os.path.join(args.weights, "cost_model_cpu.npz") if args.weights else None)
     candidates = ["learned"] + HEURISTICS
-    winners = {"best": [], "best-old": []}
+    winners = {"best": [], "best-analytic": [], "best-old": []}
 
-    @proposers.register_strategy("best", "select.best_plan by the cost model")
+    @proposers.register_strategy("best", "select.best_plan by the default estimator")
     def best(task, seed=0, estimator=None):
         del estimator
-        choice = select.best_plan(task, model_est, seed, strategies=candidates)
+        choice = select.best_plan(task, select.default_estimator(task, args.weights), seed,
+                                  strategies=candidates)
         winners["best"].append(choice.plan.strategy)
         return choice.plan
 
-    strategies = ["random"] + HEURISTICS + ["learned", "best"]
+    @proposers.register_strategy("best-analytic", "select.best_plan by the analytic estimator")
+    def best_analytic(task, seed=0, estimator=None):
+        del estimator
+        choice = select.best_plan(task, "analytic", seed, strategies=candidates)
+        winners["best-analytic"].append(choice.plan.strategy)
+        return choice.plan
+
+    strategies = ["random"] + HEURISTICS + ["learned", "best", "best-analytic"]
     # best-verified: best's `verify_top` cheapest distinct plans measured (filled, in a child of
     # their own) and the cheapest measured one kept, as `tfra-de plan --verify-top`. The
     # evaluation below measures its plan again with all the others, so picking the least of
@@ -144,12 +154,17 @@ def main(argv=None):
           f"{tf_cpu.filled_bytes(tasks[0].tables) / 2 ** 30:.1f} GiB filled per task",
           flush=True)
     records, per_task, where = [], [], {}
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def keep(shards, batch, result):
+        # A task's devices are measured in one interleaved run: they share that run's drift
+        # (`cost_model.measurement_group`), which another run of the same task does not.
+        group = (f"full-size-plans:{args.half}:{args.row_scale}:task"
+                 f"{args.first_task + len(per_task) - 1}:{started}")
         records.append(collect.make_record(shards, result, batch, 0, split=args.half,
                                            source=f"full-size-plans:{args.half}",
-                                           pool_seed=POOL_SEED,
-                                           row_scale=args.row_scale))
+                                           pool_seed=POOL_SEED, row_scale=args.row_scale,
+                                           group=group))
 
     # One fresh child per task (isolate=1): a task's filled tables are handed back with it.
     mest = tf_cpu.MeasuredEstimator(batch_size=1024, repeat=5, threads=1, isolate=1, fill=True,
@@ -190,6 +205,7 @@ def main(argv=None):
                "best_vs_lookup_greedy": by["best"] / by["lookup-greedy"] - 1,
                "learned_vs_lookup_greedy": by["learned"] / by["lookup-greedy"] - 1,
                "best_heuristic": top, "best_vs_best_heuristic": by["best"] / heuristics[top] - 1,
+               "best_analytic_vs_best_heuristic": by["best-analytic"] / heuristics[top] - 1,
                "best_no_worse_than_best_heuristic_per_task": int(sum(
                    np.mean(t["best"]) <= min(np.mean(t[s]) for s in HEURISTICS) + 1e-12
                    for t in per_task)),

@@ -163,7 +163,8 @@ def add_plan_parser(subparsers):
                         "weights)")
     parser.add_argument("--estimator", default=None,
                         help="cost estimator that scores the candidates and the report (default: "
-                        "learned for tasks on GPUs, with GPU weights; analytic otherwise)")
+                        "learned, the cost model of the task's profile; analytic where "
+                        "--weights holds none)")
     parser.add_argument("--verify-top", type=int, default=0, metavar="K",
                         help="--strategy best: measure the K cheapest distinct plans together "
                         "(--verify-estimator) and keep the cheapest measured one (0: off)")

@@ -49,7 +49,7 @@ def test_plan_then_evaluate_then_rescore_an_edited_plan(capsys, pool_dir, tmp_pa
                        "--memory", "1GiB", "--batch-size", "4096", "--strategy", "lookup-greedy",
                        "--out", str(plan_path), "--plot", str(png), "--random", "3")
     assert code == 0, out
-    assert "strategy lookup-greedy, estimator analytic, 48 tables on 4 devices" in out
+    assert "strategy lookup-greedy, estimator learned, 48 tables on 4 devices" in out
     assert "speedup over random" in out and f"wrote {plan_path}" in out
     assert png.read_bytes()[:4] == b"\x89PNG"
     plan = Plan.load(plan_path)
@@ -106,7 +106,7 @@ def test_plan_by_default_keeps_the_cheapest_proposal(capsys, pool_dir, tmp_path)
     assert "learned" in costs and "lookup-greedy" in costs and "random" not in costs
     plan = Plan.load(plan_path)
     assert costs[plan.strategy] == min(costs.values())
-    assert f"best: {plan.strategy} (by the analytic estimator" in out
+    assert f"best: {plan.strategy} (by the learned estimator" in out
 
 
 def test_cli_errors_are_clear(capsys, pool_dir, tmp_path):

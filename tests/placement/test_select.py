@@ -37,6 +37,22 @@ def test_best_is_no_worse_than_any_candidate(seed):
     assert choice.margin is None or choice.margin >= 0
 
 
+def test_default_scores_with_the_learned_cost_model_and_analytic_without_weights(tmp_path):
+    # The analytic estimator ranks lookup-greedy first, which measured ~30% above the learned
+    # default on filled CPU shards (docs/learned_placement.md): CPU tasks default to learned too.
+    task = _task(5, row_scale=1 / 64)
+    default = select.default_estimator(task)
+    assert default.name == "learned" and default.model_for(task).profile == "cpu"
+    choice = select.best_plan(task)
+    assert choice.estimator == "learned"
+    learned = cm.LearnedEstimator()
+    for candidate in choice.candidates:
+        plan = proposers.propose(task, candidate.strategy, estimator=learned)
+        assert max(learned.plan_costs(plan).values()) == pytest.approx(candidate.max_cost)
+    assert select.default_estimator(task, str(tmp_path)) == "analytic"   # no weights there
+    assert select.best_plan(task, estimator="analytic").estimator == "analytic"
+
+
 class _FavoursStrategy(estimators.CostEstimator):
     """A second opinion: the analytic cost, but plans of `favoured` strategy's placement cost
     half (the proposed plans carry their strategy's name)."""
@@ -113,7 +129,7 @@ def test_plan_cli_verify_top_prints_the_verified_costs(capsys, tmp_path):
     assert cli.main(args + ["--verify-top", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count(", measured-cpu ") == 2
-    assert "(by the measured-cpu estimator of the 2 cheapest by the analytic estimator" in out
+    assert "(by the measured-cpu estimator of the 2 cheapest by the learned estimator" in out
     assert cli.main(args + ["--verify-top", "-1"]) != 0
     assert "--verify-top must be >= 0; got -1" in capsys.readouterr().err
     assert cli.main(args + ["--verify-top", "2", "--strategy", "lookup-greedy"]) != 0

@@ -10,14 +10,15 @@ cheapest distinct plans with a second estimator, e.g. "measured-cpu" (benchmarks
 at the price of measuring those plans together), and the cheapest by it wins.
 
 Example:
-    choice = best_plan(task, "analytic")
-    choice.plan.strategy           # e.g. 'lookup-greedy'
+    choice = best_plan(task)       # scored by default_estimator(task): the learned cost model
+    choice.plan.strategy           # e.g. 'learned'
     choice.margin                  # the runner-up's max cost / the winner's - 1
     for c in choice.candidates: print(c.strategy, c.max_cost, c.error)
     best_plan(task, "learned", verify="measured-cpu", verify_top=3)
 """
 
 import dataclasses
+import os
 from typing import List, Optional
 
 import numpy as np
@@ -64,9 +65,10 @@ class Choice:
         return costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0 else None
 
 
-def best_plan(task, estimator="analytic", seed=0, strategies=None, verify=None, verify_top=3):
+def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify_top=3):
     """Proposes `task` with every registered strategy but random (or `strategies`), scores
-    each plan's max device cost with `estimator`, returns a `Choice` holding the cheapest plan.
+    each plan's max device cost with `estimator` (None: `default_estimator(task)`), returns a
+    `Choice` holding the cheapest plan.
 
     verify: None, or an estimator (name or instance) that re-scores the `verify_top` cheapest
     distinct plans (strategies that proposed the same placement count once); the cheapest by it
@@ -76,7 +78,7 @@ def best_plan(task, estimator="analytic", seed=0, strategies=None, verify=None, 
     """
     if verify is not None and int(verify_top) < 1:
         raise ValueError(f"verify_top must be >= 1; got {verify_top!r}")
-    est = estimators.get_estimator(estimator)
+    est = estimators.get_estimator(default_estimator(task) if estimator is None else estimator)
     names = list(strategies) if strategies else [
         s for s in proposers.list_strategies() if s not in SKIPPED]
     unknown = [s for s in names if s not in proposers.list_strategies()]
@@ -124,16 +126,19 @@ def _placement_key(plan):
 
 
 def default_estimator(task, weights_dir=None):
-    """The estimator `tfra-de plan` scores with unless told: "learned" for a task on GPUs when
-    GPU weights exist (trained on measured GPU kernels, they rank plans as measured; the
-    analytic estimator favours lookup-greedy, which measured worse), else "analytic".
+    """The estimator `tfra-de plan` and `best_plan` score with unless told: the learned cost
+    model of the task's profile (`learned_cost_model`) when `weights_dir` (None: the shipped
+    data) has one, else "analytic".
 
-    Example: default_estimator(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # "learned"
+    Why learned: the analytic estimator counts bytes and ranks lookup-greedy first, which
+    measured worst among the usual heuristics on filled CPU shards and on GPU kernels
+    (docs/learned_placement.md); the cost models are trained on those measurements.
+
+    Example: default_estimator(task).name   # "learned"
     """
-    if cm.profile_of(task) == "gpu":
-        path = cm.weights_file("cost_model", "gpu", weights_dir)
-        if path.endswith("_gpu.npz"):
-            return estimators.get_estimator("learned", weights=weights_dir)
+    path = cm.weights_file("cost_model", cm.profile_of(task), weights_dir)
+    if os.path.exists(path):
+        return estimators.get_estimator("learned", weights=weights_dir)
     return "analytic"
 
 
