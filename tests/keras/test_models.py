@@ -12,6 +12,9 @@ import tensorflow as tf
 import tensorflow_recommenders_addons.dynamic_embedding as de
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A model's outputs computed by two graphs (predict, a SavedModel's signature, a reloaded model)
+# differ by float32 rounding: outputs near zero need atol besides rtol (rtol=1e-6 alone failed
+# on 2 of 16 outputs of ~0.03 in 4 of 10 runs). A wrong row moves outputs by >> 1e-5.
 
 
 def _trained_model(backend="native", epochs=1, **layer_kwargs):
@@ -73,8 +76,8 @@ def test_keras3_model_serves_its_rows_with_and_without_the_optimizer(tmp_path, b
     with_opt, without = str(tmp_path / "with"), str(tmp_path / "without")
     de.keras.models.save_model(model, with_opt)
     de.keras.models.save_model(model, without, include_optimizer=False)
-    np.testing.assert_allclose(_served(with_opt, ids[:16]), want, rtol=1e-6)
-    np.testing.assert_allclose(_served(without, ids[:16]), want, rtol=1e-6)
+    np.testing.assert_allclose(_served(with_opt, ids[:16]), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_served(without, ids[:16]), want, rtol=1e-5, atol=1e-6)
     assert _saved_keys(with_opt) == [[distinct]] * 3    # rows, Adam's m and v
     assert _saved_keys(without) == [[distinct]]         # rows only
 
@@ -90,8 +93,8 @@ def test_a_model_saved_again_after_training_serves_the_new_rows(tmp_path):
     assert np.abs(after - before).max() > 1e-4
     de.keras.models.save_model(model, second, include_optimizer=False)
     tf.saved_model.save(model, str(tmp_path / "3"))     # and through TF itself
-    np.testing.assert_allclose(_served(first, ids[:16]), before, rtol=1e-6)
-    np.testing.assert_allclose(_served(second, ids[:16]), after, rtol=1e-6)
+    np.testing.assert_allclose(_served(first, ids[:16]), before, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_served(second, ids[:16]), after, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_arguments(tmp_path):
@@ -125,7 +128,7 @@ def test_bad_arguments(tmp_path):
                                signatures={"serving_default": serve}, options=options)
     assert options.namespace_whitelist == ["Mine", "TFRA"]
     np.testing.assert_allclose(_served(str(tmp_path / "z"), [[1, 2]]),
-                               sub(tf.constant([[1, 2]], tf.int64)).numpy(), rtol=1e-6)
+                               sub(tf.constant([[1, 2]], tf.int64)).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
@@ -149,9 +152,9 @@ def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
         de.keras.models.save_model(model, path)
         serve = tf.saved_model.load(path).signatures["serving_default"]
         got = list(serve(tf.constant(ids[:16], tf.int64)).values())[0].numpy()
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         loaded = tf_keras.models.load_model(path)
-        np.testing.assert_allclose(loaded.predict(ids[:16], verbose=0), want, rtol=1e-6)
+        np.testing.assert_allclose(loaded.predict(ids[:16], verbose=0), want, rtol=1e-5, atol=1e-6)
         # The legacy HDF5 format cannot hold the tables: it refuses instead of losing them.
         for save in (lambda p: model.save(p), lambda p: model.save_weights(p)):
             try:
@@ -164,7 +167,7 @@ def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
         fresh = tf_keras.Model(fresh_in, tf_keras.layers.Dense(1)(tf_keras.layers.Flatten()(
             de.keras.layers.Embedding(4, name="emb")(fresh_in))))
         fresh.load_weights({str(tmp_path / "model.weights.h5")!r})
-        np.testing.assert_allclose(fresh.predict(ids[:16], verbose=0), want, rtol=1e-6)
+        np.testing.assert_allclose(fresh.predict(ids[:16], verbose=0), want, rtol=1e-5, atol=1e-6)
         # The optimizer comes back wrapped, so the loaded model trains on. (tf_keras restores
         # no optimizer state from a SavedModel, ours or its own: Adam starts over.)
         assert type(loaded.optimizer) is type(model.optimizer), type(loaded.optimizer).__mro__
@@ -230,7 +233,7 @@ def test_set_weights_copies_the_tables_between_models():
     np.testing.assert_array_equal(_table(other_layer)[0], np.unique(ids))
     np.testing.assert_array_equal(_table(other_layer)[1], _table(layer)[1])
     for m in (other, model):
-        np.testing.assert_allclose(m.predict(ids[:32], verbose=0), want, rtol=1e-6)
+        np.testing.assert_allclose(m.predict(ids[:32], verbose=0), want, rtol=1e-5, atol=1e-6)
 
 
 def test_tf_keras_saved_model_loads_in_a_new_process(tmp_path):
@@ -262,7 +265,7 @@ def test_tf_keras_saved_model_loads_in_a_new_process(tmp_path):
         saved = np.load({ids_file!r})
         model = tf.keras.models.load_model({path!r})
         np.testing.assert_allclose(model.predict(saved[:, :3].astype(np.int64), verbose=0),
-                                   saved[:, 3:], rtol=1e-6)
+                                   saved[:, 3:], rtol=1e-5, atol=1e-6)
         assert isinstance(model.optimizer, tf.keras.optimizers.legacy.Adam)
         assert type(model.optimizer).__mro__[1].__name__ == "_LegacyKerasMixin"
         new = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
@@ -287,7 +290,7 @@ def test_best_weights_checkpoint_loads_into_a_fresh_model(tmp_path):
         fresh.load_weights(path)
     np.testing.assert_array_equal(_table(fresh_layer)[1], _table(layer)[1])
     np.testing.assert_allclose(fresh.predict(ids[:32], verbose=0),
-                               model.predict(ids[:32], verbose=0), rtol=1e-6)
+                               model.predict(ids[:32], verbose=0), rtol=1e-5, atol=1e-6)
     fresh.fit(ids, labels, batch_size=64, epochs=1, verbose=0)   # trains on from there
 
 
@@ -380,7 +383,7 @@ def test_online_learning_state_does_not_stop_an_export(tmp_path, feature, backen
     model.export(exported, verbose=False)
     de.keras.models.save_model(model, saved)
     for path in (exported, saved):
-        np.testing.assert_allclose(_served(path, ids[:32]), want, rtol=1e-6)
+        np.testing.assert_allclose(_served(path, ids[:32]), want, rtol=1e-5, atol=1e-6)
 
 
 def test_keras3_legacy_h5_refuses_a_model_with_tables(tmp_path):
