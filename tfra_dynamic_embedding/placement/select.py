@@ -130,8 +130,8 @@ def default_estimator(task, weights_dir=None):
     model of the task's profile (`learned_cost_model`) when `weights_dir` (None: the shipped
     data) has one, else "analytic".
 
-    Why learned: the analytic estimator counts bytes and ranks lookup-greedy first, which
-    measured worst among the usual heuristics on filled CPU shards and on GPU kernels
+    Why learned: the analytic estimator counts bytes and ranks lookup-greedy first, whose
+    plans measured well above the learned default's on filled CPU shards and on GPU kernels
     (docs/learned_placement.md); the cost models are trained on those measurements.
 
     Example: default_estimator(task).name   # "learned"
