@@ -2,9 +2,10 @@
 
 Planning and training need no GPU and a GPU's time is short, so this runs in three steps:
 
-    python benchmarks/placement_gpu.py plans --out gpu_plans.json [--tasks 10] [--weights DIR]
+    python benchmarks/placement_gpu.py plans --out gpu_plans.json [--tasks 10] [--weights DIR] \
+        [--old-weights DIR]
     python benchmarks/placement_gpu.py measure --plans gpu_plans.json --out gpu_measured.json \
-        [--records gpu_eval.jsonl] [--time-limit S]          # on the GPU (PyTorch + CUDA)
+        [--records gpu_eval.jsonl] [--time-limit S] [--passes 2]   # on the GPU (PyTorch + CUDA)
     python benchmarks/placement_gpu.py report --plans gpu_plans.json --measured gpu_measured.json
     python benchmarks/placement_gpu.py      # report: the shipped weights' plans, made again, scored
                                             # by the shipped measurement (results/, one H200)
@@ -13,13 +14,17 @@ Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU p
 (`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
 registered strategy (cost-greedy and column-greedy score with the learned GPU cost model),
 `random` (3 seeds), and `best` (what `tfra-de plan` does by default: every strategy proposes,
-the learned estimator picks). Measured cost of a device: its pieces as fused EmbeddingBags,
+the learned estimator picks); with --old-weights also "learned-old" / "best-old" planned with
+other weights (e.g. the shipped ones beside retrained ones, measured in the same run).
+Measured cost of a device: its pieces as fused EmbeddingBags,
 forward + backward + SGD (`torch_cuda.benchmark_devices`), plus the modelled all-to-all of its
 pooled rows (`comm.AllToAll`); a plan's cost is its most expensive device.
 Bound: all of a task's tables measured together on one GPU, / 8, plus the all-to-all of an
 eighth of the pooled rows -- a bound when sharing a GPU never costs more than running apart.
 Balance: cheapest / most expensive device. `measure` also writes every measured device as a
-benchmark record (`--records`): cost-model data on tables it never saw.
+benchmark record (`--records`): cost-model data on tables it never saw. `--passes N` measures
+every device N times, pass after pass; a device's cost is then the median of its passes, and
+`report` gives the spread between passes (the GPU's timing noise) and each pass's table.
 
 Prints a table and one JSON line (`report`).
 """
@@ -45,15 +50,17 @@ RANDOM_SEEDS = (0, 1, 2)
 GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
 
 
-def make_plans(num_tasks, weights=None):
-    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks."""
+def make_plans(num_tasks, weights=None, old_weights=None):
+    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks;
+    `old_weights`: also "learned-old" / "best-old" planned and picked with those weights."""
     from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
-    policy.use_weights(weights)
     tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=TASK_SEED)
     learned = estimators.get_estimator("learned", weights=weights)
+    old = estimators.get_estimator("learned", weights=old_weights) if old_weights else None
     out = {"tasks": [t.to_dict() for t in tasks], "plans": []}
     for k, task in enumerate(tasks):
         began = time.time()
+        policy.use_weights(weights)
         for name in proposers.list_strategies():
             seeds = RANDOM_SEEDS if name == "random" else (0,)
             for seed in seeds:
@@ -63,8 +70,17 @@ def make_plans(num_tasks, weights=None):
         choice = select.best_plan(task, learned)
         out["plans"].append({"task": k, "strategy": "best", "seed": 0, "winner":
                              choice.plan.strategy, "plan": choice.plan.to_dict()})
+        if old is not None:
+            policy.use_weights(old_weights)
+            plan = proposers.propose(task, "learned", seed=0, estimator=old)
+            out["plans"].append({"task": k, "strategy": "learned-old", "seed": 0,
+                                 "plan": plan.to_dict()})
+            choice = select.best_plan(task, old)
+            out["plans"].append({"task": k, "strategy": "best-old", "seed": 0, "winner":
+                                 choice.plan.strategy, "plan": choice.plan.to_dict()})
         print(f"task {k}: {len(out['plans'])} plans so far ({time.time() - began:.1f}s)",
               file=sys.stderr)
+    policy.use_weights(None)
     return out
 
 
@@ -89,9 +105,12 @@ def device_sets(data):
     return out
 
 
-def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, device=0):
-    """Measures every device set on the GPU (`device`: "cpu" for a dry run); writes
-    {key: result} at the end, also after an error, and the records as it goes."""
+def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, device=0,
+            passes=1):
+    """Measures every device set on the GPU (`device`: "cpu" for a dry run), `passes` times
+    over, pass after pass (a set's "total_ms" is the median of its passes, all of them kept in
+    "passes_ms"); writes {key: result} at the end, also after an error or the time limit, and
+    the first pass's records as it goes."""
     import torch  # pylint: disable=import-outside-toplevel
     batch = Task.from_dict(data["tasks"][0]).batch_size
     sets = device_sets(data)
@@ -106,31 +125,40 @@ def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, d
     results = {}
     rec_file = open(records, "w", encoding="utf-8") if records else None
     try:
-        for k, label, shards in sets:
-            if time_limit and time.time() - began > time_limit:
-                break
-            key = torch_cuda.shard_key(shards, batch)
-            if torch_cuda.piece_bytes(shards) > max_bytes:
-                results[key] = {"skipped": "memory"}
-                continue
-            try:
-                result = torch_cuda.benchmark_devices([shards], batch, device=device)[0]
-            except torch.cuda.OutOfMemoryError:
-                results[key] = {"skipped": "out of GPU memory"}
-                torch.cuda.empty_cache()
-                continue
-            results[key] = result
-            if rec_file and label != "all-tables":
-                rec = collect.make_record(shards, result, batch, 0, torch_cuda.BACKEND,
-                                          source=f"eval:{label}", index=k, pool_seed=0,
-                                          pool_tables=856, row_scale=1, half="test",
-                                          warmup=3, repeat=10)
-                rec_file.write(json.dumps(rec) + "\n")
+        for done in range(passes):
+            for k, label, shards in sets:
+                if time_limit and time.time() - began > time_limit:
+                    break
+                key = torch_cuda.shard_key(shards, batch)
+                if "skipped" in results.get(key, {}):
+                    continue
+                if torch_cuda.piece_bytes(shards) > max_bytes:
+                    results[key] = {"skipped": "memory"}
+                    continue
+                try:
+                    result = torch_cuda.benchmark_devices([shards], batch, device=device)[0]
+                except torch.cuda.OutOfMemoryError:
+                    results[key] = {"skipped": "out of GPU memory"}
+                    torch.cuda.empty_cache()
+                    continue
+                if key in results:
+                    first = results[key]
+                    first["passes_ms"].append(result["total_ms"])
+                    first["total_ms"] = float(np.median(first["passes_ms"]))
+                    continue
+                results[key] = dict(result, passes_ms=[result["total_ms"]])
+                if rec_file and label != "all-tables":
+                    rec = collect.make_record(shards, result, batch, 0, torch_cuda.BACKEND,
+                                              source=f"eval:{label}", index=k, pool_seed=0,
+                                              pool_tables=856, row_scale=1, half="test",
+                                              warmup=3, repeat=10)
+                    rec_file.write(json.dumps(rec) + "\n")
+            print(f"pass {done + 1}: {time.time() - began:.1f}s", file=sys.stderr)
     finally:
         if rec_file:
             rec_file.close()
         with open(out, "w", encoding="utf-8") as f:
-            json.dump({"seconds": time.time() - began, "results": results}, f)
+            json.dump({"seconds": time.time() - began, "passes": passes, "results": results}, f)
     print(f"measured {len(results)} of {len(sets)} device sets in {time.time() - began:.1f}s",
           file=sys.stderr)
 
@@ -162,9 +190,9 @@ def bound(task, results, comm):
             + comm.step_ms(pooled_bytes(shards, task.batch_size) / n, n))
 
 
-def report(data, measured):
-    results = measured["results"]
-    comm = AllToAll()
+def strategy_table(data, results, comm):
+    """(table {strategy: {max_ms, balance, bound_ratio, per_task_ms}} over the tasks whose
+    every plan is measured, number of those tasks, "best"'s winner per task, plans unmeasured)."""
     tasks = [Task.from_dict(t) for t in data["tasks"]]
     rows, winners, unmeasured = {}, {}, 0
     for entry in data["plans"]:
@@ -190,17 +218,42 @@ def report(data, measured):
                        "bound_ratio": float(np.nanmean(arr[:, 2])) if np.isfinite(
                            arr[:, 2]).any() else None,
                        "per_task_ms": [round(float(x), 4) for x in arr[:, 0]]}
-    heuristics = [s for s in table if s not in ("learned", "best", "random")]
+    return table, len(complete), winners, unmeasured
+
+
+def pass_noise(results):
+    """None for a one-pass measurement; else the relative spread of a device's passes
+    ((max - min) / median: median and 90th percentile over devices) and each pass's results."""
+    spreads, count = [], 0
+    for r in results.values():
+        ms = r.get("passes_ms", [])
+        count = max(count, len(ms))
+        if len(ms) > 1:
+            spreads.append((max(ms) - min(ms)) / np.median(ms))
+    if not spreads:
+        return None
+    per_pass = [{key: {"total_ms": r["passes_ms"][i]} for key, r in results.items()
+                 if len(r.get("passes_ms", [])) > i} for i in range(count)]
+    return {"devices": len(spreads), "median_spread": float(np.median(spreads)),
+            "p90_spread": float(np.percentile(spreads, 90))}, per_pass
+
+
+def report(data, measured):
+    results = measured["results"]
+    comm = AllToAll()
+    table, complete, winners, unmeasured = strategy_table(data, results, comm)
+    heuristics = [s for s in table
+                  if s not in ("learned", "best", "random", "learned-old", "best-old")]
     best_h = min(heuristics, key=lambda s: table[s]["max_ms"]) if heuristics else None
-    print(f"{len(complete)} task(s) fully measured: 80 unseen full-size tables on 8 GPUs, "
+    print(f"{complete} task(s) fully measured: 80 unseen full-size tables on 8 GPUs, "
           "max device ms (measured compute + modelled all-to-all)")
     print(f"{'strategy':20s} {'max ms':>9s} {'balance':>8s} {'x bound':>8s}")
     for name, row in sorted(table.items(), key=lambda kv: kv[1]["max_ms"]):
         ratio = "-" if row["bound_ratio"] is None else f"{row['bound_ratio']:.3f}"
         print(f"{name:20s} {row['max_ms']:9.3f} {row['balance']:8.3f} {ratio:>8s}")
-    summary = {"tasks": len(complete), "unmeasured_plans": unmeasured, "best_heuristic": best_h,
+    summary = {"tasks": complete, "unmeasured_plans": unmeasured, "best_heuristic": best_h,
                "best_winners": winners, "table": table}
-    for name in ("learned", "best"):
+    for name in ("learned", "best", "learned-old", "best-old"):
         if name in table and "lookup-greedy" in table:
             row = table[name]
             summary[name] = {
@@ -215,6 +268,18 @@ def report(data, measured):
                                    and ok["balance"] >= GOALS["balance"]
                                    and ok["bound_ratio"] is not None
                                    and ok["bound_ratio"] <= GOALS["bound_ratio"])
+    noise = pass_noise(results)
+    if noise is not None:
+        spread, per_pass = noise
+        summary["noise"] = dict(spread, passes=[])
+        for i, one in enumerate(per_pass):
+            t = strategy_table(data, one, comm)[0]
+            summary["noise"]["passes"].append(
+                {name: round(t[name]["max_ms"], 3) for name in
+                 ("learned", "best", "learned-old", "best-old", "lookup-greedy", best_h)
+                 if name in t})
+            print(f"pass {i + 1}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in summary["noise"]["passes"][-1].items()))
     print(json.dumps({k: v for k, v in summary.items() if k != "table"}))
     return summary
 
@@ -231,12 +296,15 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--tasks", type=int, default=10)
     p.add_argument("--weights", default=None, help="directory of *_gpu.npz (default shipped)")
+    p.add_argument("--old-weights", default=None,
+                   help="also plan learned-old / best-old with these weights")
     m = sub.add_parser("measure")
     m.add_argument("--plans", required=True)
     m.add_argument("--out", required=True)
     m.add_argument("--records", default=None)
     m.add_argument("--time-limit", type=float, default=None)
     m.add_argument("--device", default="0", help="CUDA ordinal, or cpu (a dry run)")
+    m.add_argument("--passes", type=int, default=1, help="measure every device this often")
     r = sub.add_parser("report")
     r.add_argument("--plans", default=None, help="default: make the 10 tasks' plans again")
     r.add_argument("--measured", default=SHIPPED_MEASUREMENT)
@@ -244,7 +312,7 @@ def main(argv=None):
     if args.step is None:
         args = parser.parse_args(["report"])
     if args.step == "plans":
-        data = make_plans(args.tasks, args.weights)
+        data = make_plans(args.tasks, args.weights, args.old_weights)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(data, f)
         print(f"wrote {len(data['plans'])} plans of {len(data['tasks'])} tasks to {args.out}")
@@ -252,7 +320,8 @@ def main(argv=None):
         with open(args.plans, encoding="utf-8") as f:
             data = json.load(f)
         measure(data, args.out, args.records, args.time_limit,
-                device=int(args.device) if args.device.isdigit() else args.device)
+                device=int(args.device) if args.device.isdigit() else args.device,
+                passes=args.passes)
     else:
         data = _read_json(args.plans) if args.plans else make_plans(10)
         report(data, _read_json(args.measured))

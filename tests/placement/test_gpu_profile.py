@@ -208,6 +208,35 @@ def test_shipped_gpu_weights_plan_and_score_gpu_tasks(pool):
     assert select.default_verifier(cpu_task) == "measured-cpu"
 
 
+def test_a_directory_of_gpu_weights_alone_plans_and_scores_gpu_tasks(trained, pool, tmp_path,
+                                                                   capsys):
+    """`train-planner --profile gpu` writes GPU files only: `tfra-de plan --weights` with that
+    directory scores a GPU task with its GPU model (no CPU file is needed to construct the
+    estimator); a CPU task then fails with the missing CPU file named."""
+    out, _ = trained
+    gpu_only = tmp_path / "gpu_only"
+    gpu_only.mkdir()
+    for name in ("cost_model_gpu.npz", "policy_gpu.npz"):
+        shutil.copy(os.path.join(out, name), gpu_only / name)
+    gpu_task = _task(pool[:12], 3, "/GPU:{i}")
+    est = select.default_estimator(gpu_task, str(gpu_only))
+    assert est.name == "learned"
+    expected = cm.LearnedEstimator(str(gpu_only / "cost_model_gpu.npz"))
+    shards = [Shard(t, "") for t in pool[:3]]
+    assert est.device_cost(shards, "/GPU:0", gpu_task) == pytest.approx(
+        expected.device_cost(shards, "/GPU:0", gpu_task))
+    try:
+        code = cli.main(["plan", "--pool", "12", "--devices", "3", "--device-template",
+                         "/GPU:{i}", "--weights", str(gpu_only), "--random", "0",
+                         "--out", str(tmp_path / "p.json")])
+    finally:
+        pol.use_weights(None)
+    assert code == 0, capsys.readouterr().out
+    cpu_task = _task(pool[:12], 3, "/job:ps/task:{i}")
+    with pytest.raises(FileNotFoundError, match="cost_model_cpu.npz"):
+        est.device_cost(shards, "/job:ps/task:0", cpu_task)
+
+
 def test_gpu_device_cost_adds_exactly_the_all_to_all(trained, pool):
     out, _ = trained
     gpu = cm.CostModel.load(os.path.join(out, "cost_model_gpu.npz"))
@@ -303,3 +332,61 @@ def test_gpu_evaluation_is_reproduced_from_the_shipped_measurement():
     assert summary["learned"]["below_lookup_greedy"] > 0
     assert set(summary["best_winners"].values()) <= {"learned", "cost-greedy", "lookup-greedy",
                                                       "size-lookup-greedy", "column-greedy"}
+
+
+def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monkeypatch):
+    """`placement_gpu.py measure --passes 3` measures every device three times (each device's
+    cost is the median of its passes) and `report` gives each pass's table and the spread
+    between passes. The GPU is replaced by a fake whose device cost is known per pass."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    import types as pytypes  # pylint: disable=import-outside-toplevel
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "placement_gpu.py")
+    spec = importlib.util.spec_from_file_location("placement_gpu_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fake_torch = pytypes.ModuleType("torch")
+    fake_torch.cuda = pytypes.SimpleNamespace(OutOfMemoryError=MemoryError)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    calls = []
+
+    def fake_benchmark(devices, batch, device=0):
+        (shards,) = devices
+        key = bench.torch_cuda.shard_key(shards, batch)
+        calls.append(key)
+        seen = calls.count(key)          # pass 1, 2, 3: x 1.0, 1.3, 0.9 of the true cost
+        true_ms = sum(s.table.dim * s.table.pooling_factor for s in shards) / 100
+        return [{"total_ms": true_ms * {1: 1.0, 2: 1.3, 3: 0.9}[seen], "forward_ms": 0.0,
+                 "backward_ms": 0.0, "step_ms": 0.0, "threads": 0, "lookups": 1,
+                 "filled": True, "memory_bytes": 0, "pooled_bytes": 0}]
+
+    monkeypatch.setattr(bench.torch_cuda, "prefetch", lambda *a, **k: None)
+    monkeypatch.setattr(bench.torch_cuda, "benchmark_devices", fake_benchmark)
+    # no modelled all-to-all, so that a plan's cost scales with its devices' measured ones
+    monkeypatch.setattr(bench, "AllToAll", lambda: pytypes.SimpleNamespace(
+        step_ms=lambda pooled, n: 0.0))
+    tables = workloads.generate_pool(24, seed=5, batch_size=65536, row_scale=1 / 64)[:12]
+    task = _task(tables, 3, "/GPU:{i}")
+    plans = []
+    for name in ("lookup-greedy", "size-greedy"):
+        from tfra_dynamic_embedding.placement import proposers  # pylint: disable=import-outside-toplevel
+        plans.append({"task": 0, "strategy": name, "seed": 0,
+                      "plan": proposers.propose(task, name).to_dict()})
+    data = {"tasks": [task.to_dict()], "plans": plans}
+    out = tmp_path / "measured.json"
+    bench.measure(data, str(out), passes=3)
+    measured = json.loads(out.read_text())
+    sets = bench.device_sets(data)
+    assert len(calls) == 3 * len(sets) and measured["passes"] == 3
+    for result in measured["results"].values():
+        assert len(result["passes_ms"]) == 3
+        assert result["total_ms"] == pytest.approx(result["passes_ms"][0])   # the median
+        assert result["passes_ms"][1] == pytest.approx(1.3 * result["passes_ms"][0])
+    summary = bench.report(data, measured)
+    noise = summary["noise"]
+    assert noise["devices"] == len(sets)
+    assert noise["median_spread"] == pytest.approx(0.4) and noise["p90_spread"] == pytest.approx(0.4)
+    first, second, third = noise["passes"]
+    assert second["lookup-greedy"] == pytest.approx(1.3 * first["lookup-greedy"], rel=1e-3)
+    assert third["lookup-greedy"] == pytest.approx(0.9 * first["lookup-greedy"], rel=1e-3)
+    assert summary["table"]["lookup-greedy"]["max_ms"] == pytest.approx(
+        first["lookup-greedy"], rel=1e-3)

@@ -412,15 +412,19 @@ class LearnedEstimator(estimators.CostEstimator):
                                             and os.path.isdir(weights))
         self._directory = weights if per_profile else None
         self._per_profile = per_profile
-        self.model = load_cost_model(weights_file("cost_model", "cpu", weights)
-                                     if per_profile else weights)
+        # a directory is loaded per profile on first use (one of GPU weights alone is fine)
+        self._one = None if per_profile else load_cost_model(weights)
+
+    @property
+    def model(self):
+        """The CPU profile's CostModel (or the one model given)."""
+        return self._one if self._one is not None else self.model_for(None)
 
     def model_for(self, task):
-        """The CostModel that costs `task`'s devices."""
-        profile = profile_of(task)
-        if not self._per_profile or profile == "cpu":
-            return self.model
-        return load_cost_model(weights_file("cost_model", profile, self._directory))
+        """The CostModel that costs `task`'s devices (task None: the CPU profile's)."""
+        if self._one is not None:
+            return self._one
+        return load_cost_model(weights_file("cost_model", profile_of(task), self._directory))
 
     def device_cost(self, shards, device, task):
         if not shards:
