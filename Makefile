@@ -1,7 +1,7 @@
 # tfra_dynamic_embedding: environment, native ops, tests, demo. Details: DEVELOPERS.md.
 #
 #   make venv    .venv/ with TensorFlow (CPU), tf-keras, test tools, the package (editable) + its ops
-#   make test    make venv, then the pytest suite, then `bazel test //...`
+#   make test    make venv, then the pytest suite, then `bazel test //...` (less the exclusive ones)
 #   make demo    run the end-to-end demo of the command line tool
 #   make demo-cluster  the demo on a local cluster: tables on 2 PS processes, 2 asynchronous
 #                      workers (tfra-de demo --ps 2 --workers 2; about 2 minutes)
@@ -64,9 +64,12 @@ configure: | $(INSTALL_STAMP)
 
 # --- tests ---------------------------------------------------------------------------------------
 
+# pytest has just run every test file, so Bazel runs them again as its targets except the
+# "exclusive" multi-process ones (each runs alone: ~10 minutes on 2 cores, which kept CI near its
+# time limit). `bazel test //...` or `make bazel-test` runs them all.
 test: venv
 	@$(MAKE) --no-print-directory pytest
-	@$(MAKE) --no-print-directory bazel-test
+	@$(MAKE) --no-print-directory bazel-test BAZEL_ARGS="--test_tag_filters=-exclusive $(BAZEL_ARGS)"
 
 # pytest exits 5 when it collects no test at all; that is not a failure of the build.
 pytest: | $(INSTALL_STAMP)

@@ -3,12 +3,13 @@
 Planning and training need no GPU and a GPU's time is short, so this runs in three steps:
 
     python benchmarks/placement_gpu.py plans --out gpu_plans.json [--tasks 10] [--weights DIR] \
-        [--old-weights DIR]
+        [--old-weights DIR] [--task-seed 7]
     python benchmarks/placement_gpu.py measure --plans gpu_plans.json --out gpu_measured.json \
         [--records gpu_eval.jsonl] [--time-limit S] [--passes 2]   # on the GPU (PyTorch + CUDA)
     python benchmarks/placement_gpu.py report --plans gpu_plans.json --measured gpu_measured.json
     python benchmarks/placement_gpu.py      # report: the shipped weights' plans, made again, scored
                                             # by the shipped measurement (results/, one H200)
+    python benchmarks/placement_gpu.py report --task-seed 11    # the second set of unseen tasks
 
 Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU pool
 (`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
@@ -43,18 +44,22 @@ from tfra_dynamic_embedding.placement.benchmark import collect, torch_cuda
 from tfra_dynamic_embedding.placement.comm import AllToAll, pooled_bytes
 from tfra_dynamic_embedding.placement.types import Plan, Shard, Task
 
-SHIPPED_MEASUREMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   "placement_gpu_measured.json.gz")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 TASK_SEED = 7
+# the shipped H200 measurement of each task seed's plans (the shipped weights were chosen on 7;
+# 11 is a second set of unseen tasks, measured after that choice)
+SHIPPED_MEASUREMENTS = {7: os.path.join(RESULTS, "placement_gpu_measured.json.gz"),
+                        11: os.path.join(RESULTS, "placement_gpu_measured_seed11.json.gz")}
 RANDOM_SEEDS = (0, 1, 2)
 GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
 
 
-def make_plans(num_tasks, weights=None, old_weights=None):
-    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks;
-    `old_weights`: also "learned-old" / "best-old" planned and picked with those weights."""
+def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED):
+    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks drawn
+    with `task_seed`; `old_weights`: also "learned-old" / "best-old" planned and picked with
+    those weights."""
     from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
-    tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=TASK_SEED)
+    tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=task_seed)
     learned = estimators.get_estimator("learned", weights=weights)
     old = estimators.get_estimator("learned", weights=old_weights) if old_weights else None
     out = {"tasks": [t.to_dict() for t in tasks], "plans": []}
@@ -298,6 +303,7 @@ def main(argv=None):
     p.add_argument("--weights", default=None, help="directory of *_gpu.npz (default shipped)")
     p.add_argument("--old-weights", default=None,
                    help="also plan learned-old / best-old with these weights")
+    p.add_argument("--task-seed", type=int, default=TASK_SEED, help="draws the unseen tasks")
     m = sub.add_parser("measure")
     m.add_argument("--plans", required=True)
     m.add_argument("--out", required=True)
@@ -307,12 +313,15 @@ def main(argv=None):
     m.add_argument("--passes", type=int, default=1, help="measure every device this often")
     r = sub.add_parser("report")
     r.add_argument("--plans", default=None, help="default: make the 10 tasks' plans again")
-    r.add_argument("--measured", default=SHIPPED_MEASUREMENT)
+    r.add_argument("--measured", default=None,
+                   help="default: the shipped measurement of --task-seed's plans")
+    r.add_argument("--task-seed", type=int, default=TASK_SEED,
+                   help="with no --plans: the tasks to plan again (7 or 11 are shipped)")
     args = parser.parse_args(argv)
     if args.step is None:
         args = parser.parse_args(["report"])
     if args.step == "plans":
-        data = make_plans(args.tasks, args.weights, args.old_weights)
+        data = make_plans(args.tasks, args.weights, args.old_weights, args.task_seed)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(data, f)
         print(f"wrote {len(data['plans'])} plans of {len(data['tasks'])} tasks to {args.out}")
@@ -323,8 +332,12 @@ def main(argv=None):
                 device=int(args.device) if args.device.isdigit() else args.device,
                 passes=args.passes)
     else:
-        data = _read_json(args.plans) if args.plans else make_plans(10)
-        report(data, _read_json(args.measured))
+        measured = args.measured or SHIPPED_MEASUREMENTS.get(args.task_seed)
+        if measured is None:
+            parser.error(f"no shipped measurement for --task-seed {args.task_seed}; "
+                         f"pass --measured (shipped: {sorted(SHIPPED_MEASUREMENTS)})")
+        data = _read_json(args.plans) if args.plans else make_plans(10, task_seed=args.task_seed)
+        report(data, _read_json(measured))
     return 0
 
 

@@ -319,14 +319,16 @@ def test_plan_command_notes_out_of_range_by_the_gpu_model(capsys, tmp_path, trai
     assert "standard deviations" not in notes["/job:ps/task:{i}"][0]
 
 
-def test_gpu_evaluation_is_reproduced_from_the_shipped_measurement():
-    """benchmarks/placement_gpu.py without arguments plans the 10 unseen GPU tasks with the
-    shipped weights again and scores them by the shipped H200 measurement: every plan's
-    devices must be in it (the weights and the measurement belong together)."""
+@pytest.mark.parametrize("args", [[], ["report", "--task-seed", "11"]])
+def test_gpu_evaluation_is_reproduced_from_the_shipped_measurement(args):
+    """benchmarks/placement_gpu.py (without arguments: task seed 7; or the second set of unseen
+    tasks, seed 11) plans the 10 unseen GPU tasks with the shipped weights again and scores
+    them by the shipped H200 measurement: every plan's devices must be in it (the weights and
+    the measurement belong together)."""
     script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
                           "placement_gpu.py")
-    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
-                         check=True).stdout
+    out = subprocess.run([sys.executable, script] + args, capture_output=True, text=True,
+                         timeout=300, check=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["tasks"] == 10 and summary["unmeasured_plans"] == 0
     assert summary["learned"]["below_lookup_greedy"] > 0
