@@ -128,11 +128,14 @@ def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, d
     print(f"prefetched {len(specs)} tables' batches in {time.time() - began:.1f}s",
           file=sys.stderr)
     results = {}
+    out_of_time = lambda: time_limit and time.time() - began > time_limit   # noqa: E731
     rec_file = open(records, "w", encoding="utf-8") if records else None
     try:
         for done in range(passes):
+            if out_of_time():
+                break
             for k, label, shards in sets:
-                if time_limit and time.time() - began > time_limit:
+                if out_of_time():
                     break
                 key = torch_cuda.shard_key(shards, batch)
                 if "skipped" in results.get(key, {}):

@@ -19,7 +19,7 @@ from tfra_dynamic_embedding import cli
 from tfra_dynamic_embedding.placement import comm
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement import policy as pol
-from tfra_dynamic_embedding.placement import select, train, types, workloads
+from tfra_dynamic_embedding.placement import proposers, select, train, types, workloads
 from tfra_dynamic_embedding.placement.types import DeviceSpec, Shard, Task
 
 GPU_POOL = {"num_tables": 856, "seed": 0, "batch_size": 65536, "row_scale": 1}
@@ -370,7 +370,6 @@ def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monk
     task = _task(tables, 3, "/GPU:{i}")
     plans = []
     for name in ("lookup-greedy", "size-greedy"):
-        from tfra_dynamic_embedding.placement import proposers  # pylint: disable=import-outside-toplevel
         plans.append({"task": 0, "strategy": name, "seed": 0,
                       "plan": proposers.propose(task, name).to_dict()})
     data = {"tasks": [task.to_dict()], "plans": plans}
