@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfra_dynamic_embedding as de
 from tfra_dynamic_embedding.placement import (apply, column_split, estimators, evaluate, pieces,
-                                              proposers, select)
+                                              policy, proposers, select)
 from tfra_dynamic_embedding.placement.cost_model import LearnedEstimator
 from tfra_dynamic_embedding.placement.types import (PLAN_FORMAT, PLAN_FORMAT_COLUMNS, DeviceCost,
                                                     DeviceSpec, Plan, Shard, TableSpec, Task,
@@ -262,6 +262,62 @@ def test_column_blocks_go_only_where_they_fit():
     plan = proposers.propose(task, "column-greedy")
     assert plan.columns == {} and plan.assignment == proposers.propose(
         task, "cost-greedy").assignment
+
+
+def _wide_gpu_task(dim=512):
+    """One wide, hot table among 30 narrow ones on 8 GPUs: row slices of it would each still
+    send its full-width partial sums through the all-to-all; column blocks send their width."""
+    tables = [TableSpec("hot", rows=10**6, dim=dim, pooling_factor=10.0)] + [
+        TableSpec(f"n{i:02d}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(30)]
+    return Task(tables, make_devices(8, "16GiB", "/GPU:{i}"), batch_size=65536)
+
+
+def _rows_only_learned(task, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(policy, "column_splits", lambda *args, **kwargs: [])
+        return proposers.propose(task, "learned")
+
+
+def test_learned_cuts_a_hot_wide_table_by_columns(monkeypatch):
+    task = _wide_gpu_task()
+    est = LearnedEstimator()
+    plan = proposers.propose(task, "learned")
+    widths = plan.columns["hot"]
+    assert len(widths) >= 2 and sum(widths) == 512 and len(set(widths)) == 1
+    assert len(set(plan.devices_for("hot"))) == len(widths)          # blocks on distinct GPUs
+    assert plan.meta["column_split_tables"] == ["hot"] and plan.meta["by_columns"]
+    learned_max = max(est.plan_costs(plan).values())
+    assert learned_max == pytest.approx(plan.meta["predicted_max_ms"] / 1e3, rel=1e-6)
+    rows_only = _rows_only_learned(task, monkeypatch)
+    assert rows_only.columns == {}
+    assert learned_max < (1 - policy.COLUMN_MARGIN) * max(est.plan_costs(rows_only).values())
+    for name in ("cost-greedy", "column-greedy"):
+        other = proposers.propose(task, name, estimator=est)
+        assert learned_max < max(est.plan_costs(other).values()), name
+    choice = select.best_plan(task)
+    assert choice.plan.strategy == "learned" and choice.plan.columns == plan.columns
+    again = Plan.from_json(plan.to_json())
+    assert again.columns == plan.columns and again.assignment == plan.assignment
+    # the blocks are what the Shards of the plan cost: one block per device, of its width
+    blocks = [s for s in plan.shards() if s.source.name == "hot"]
+    assert sorted(s.col_offset for s in blocks) == [sum(widths[:j]) for j in range(len(widths))]
+    assert all(s.table.dim == widths[0] for s in blocks)
+
+
+def test_learned_keeps_column_blocks_only_past_the_margin(monkeypatch):
+    task = _wide_gpu_task()
+    est = LearnedEstimator()
+    cut = proposers.propose(task, "learned")
+    rows_only = _rows_only_learned(task, monkeypatch)
+    gain = 1 - max(est.plan_costs(cut).values()) / max(est.plan_costs(rows_only).values())
+    assert gain > policy.COLUMN_MARGIN
+    monkeypatch.setattr(policy, "COLUMN_MARGIN", min(gain + 0.01, 1.0))
+    plan = proposers.propose(task, "learned")
+    assert plan.columns == {} and plan.assignment == rows_only.assignment
+    # narrow tables (dim < pieces.MIN_COLUMN_DIM) are never cut by columns, however hot
+    narrow = Task([dataclasses.replace(task.tables[0], dim=32)] + task.tables[1:],
+                  task.devices, batch_size=task.batch_size)
+    assert proposers.propose(narrow, "learned").columns == {}
 
 
 # -- applying ------------------------------------------------------------------------------------

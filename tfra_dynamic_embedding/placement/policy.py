@@ -1,7 +1,8 @@
 """RL placement policy: places tables one by one, scoring every legal device with a shared MLP.
 
-An episode places the pieces of a task (whole tables, or row slices of tables larger than any
-device) largest predicted cost first. At each step the state of device d is
+An episode places the pieces of a task (whole tables, row slices of tables larger than any
+device or costlier than a share of the load, or column blocks of hot wide tables; see
+`plan_task`) largest predicted cost first. At each step the state of device d is
   - the piece's 32-d representation e (the cost model's per-table embedding),
   - the device's representation S_d (sum of its placed pieces' embeddings),
   - its predicted cost now and after adding the piece (the cost model's heads on S_d, S_d + e),
@@ -10,7 +11,7 @@ device) largest predicted cost first. At each step the state of device d is
 all costs divided by the task's scale L = (sum of the pieces' standalone costs) / devices and
 embeddings by their mean, so one policy serves any number of tables and devices. The score is
   logit_d = alpha * prior_d + MLP(state_d),   prior_d = -(cost after adding) / L,
-softmax over the legal (memory-feasible, slice-distinct) devices. The prior makes the untrained
+softmax over the legal (memory-feasible, slice- and block-distinct) devices. The prior makes the untrained
 policy the longest-processing-time greedy of the cost model; training (REINFORCE with a greedy
 self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 
@@ -34,7 +35,8 @@ import numpy as np
 
 from tfra_dynamic_embedding.placement import comm as comm_lib
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement.pieces import Partition, split_pieces
+from tfra_dynamic_embedding.placement.pieces import (Partition, column_pieces, column_splits,
+                                                     largest_memory, split_pieces)
 from tfra_dynamic_embedding.placement.types import PlacementError, Shard
 
 DEFAULT_WEIGHTS = os.path.join(cm.DATA_DIR, "policy_cpu.npz")
@@ -45,6 +47,10 @@ BEST_OF = 16
 SEARCH_EVALUATIONS = 60_000        # local-search budget (candidate moves scored), see improve
 BIG_TASK_SEARCH_EVALUATIONS = 15_000   # for tasks over 200 tables: planning time first
 HOT_SPLITS = (None, 1.0, 0.7, 0.5)   # see plan_task: also try cutting tables costlier than h * L
+# A plan with column blocks must be predicted this much cheaper than the best without: a
+# column-split table runs as several variables whose lookups concatenate, and smaller predicted
+# gains lie within the cost model's error on a device (a few percent).
+COLUMN_MARGIN = 0.05
 FAILED_REWARD = -3.0   # reward (in units of L) of an episode that ran out of memory
 
 
@@ -122,8 +128,10 @@ class Problem:
     piece's linear ms, and 1 to count pieces) and device sums stay additive.
     """
 
-    def __init__(self, task, model, order="cost", hot_split=None, items=None):
-        """`items`: the task's `pieces.split_pieces` when already known."""
+    def __init__(self, task, model, order="cost", hot_split=None, items=None, columns=False):
+        """`items`: the task's `pieces.split_pieces` when already known. `hot_split` h: pieces
+        costlier than h * L are cut (`columns`: hot wide tables by columns first,
+        `split_hot_columns`; then the others by rows, `split_hot_items`)."""
         self.task = task
         self.model = model
         comm = model.comm if task.num_devices > 1 else None
@@ -139,8 +147,12 @@ class Problem:
         self.items = list(items) if items is not None else split_pieces(task)
         self._embed_items()
         if hot_split is not None and self.items:
-            self.items = split_hot_items(self.items, self.solo, model, task.num_devices,
-                                         hot_split * float(self.solo.sum()) / task.num_devices,
+            limit = hot_split * float(self.solo.sum()) / task.num_devices
+            if columns:
+                self.items = split_hot_columns(self.items, self.solo, task, limit,
+                                               self.piece_costs)
+                self._embed_items()
+            self.items = split_hot_items(self.items, self.solo, model, task.num_devices, limit,
                                          costs=self.piece_costs)
             self._embed_items()
         self.bytes = np.array([it.size_bytes for it in self.items], dtype=float)
@@ -212,7 +224,8 @@ def split_hot_items(items, solo, model, num_devices, limit, costs=None):
             [model.shard_embedding(p.table, p.index, p.num_slices) for p in pieces]))
     out = []
     for item, cost in zip(items, solo):
-        if item.num_slices > 1 or cost <= limit or num_devices < 2 or item.table.rows < 2:
+        if (item.num_slices > 1 or item.is_column_block or cost <= limit or num_devices < 2
+                or item.table.rows < 2):
             out.append(item)
             continue
         table = item.table
@@ -220,6 +233,34 @@ def split_hot_items(items, solo, model, num_devices, limit, costs=None):
             if costs([Shard(table, "", i, n) for i in range(n)]).max() <= limit:
                 break
         out.extend(Shard(table, "", i, n) for i in range(n))
+    return out
+
+
+def split_hot_columns(items, solo, task, limit, costs):
+    """`items` with every whole table whose predicted standalone cost `solo` exceeds `limit`
+    (ms) and that `pieces.column_splits` allows cut into equal column blocks (TorchRec's
+    column-wise sharding; blocks go to distinct devices): the fewest blocks that each cost at
+    most `limit`, else the number whose block costs least, among the numbers n for which n
+    devices have room for a block. `costs`: [Shard] -> [n] ms of each alone
+    (`Problem.piece_costs`). Each block probes every key, so more blocks cost more in total.
+
+    Example: split_hot_columns(items, solo, task, 0.5 * solo.sum() / 8, problem.piece_costs)
+    """
+    largest = largest_memory(task)
+    out = []
+    for item, cost in zip(items, solo):
+        table = item.table
+        options = [] if item.num_slices > 1 or item.is_column_block or cost <= limit else [
+            n for n in column_splits(table, task, largest) if n <= sum(
+                d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes
+                for d in task.devices)]
+        if not options:
+            out.append(item)
+            continue
+        block = dict(zip(options, costs([column_pieces(table, n)[0] for n in options])))
+        within = [n for n in options if block[n] <= limit]
+        out.extend(column_pieces(table, within[0] if within else
+                                 min(options, key=lambda n: (block[n], n))))
     return out
 
 
@@ -315,7 +356,7 @@ def rollout(problem, policy, n=1, greedy=True, rng=None, keep=False, force=None)
         used[ok, d] += problem.bytes[i]
         count[ok, d] += 1
         top = cost.max(axis=1)
-        if problem.items[i].num_slices > 1:
+        if problem.items[i].num_slices > 1 or problem.items[i].is_column_block:
             mask = on_table.setdefault(problem.table_id[i], np.zeros((n, D), dtype=bool))
             mask[ok, d] = True
     final = np.where(failed, np.inf, top)
@@ -431,7 +472,11 @@ def _extreme_of_rest(cost, a, b, largest):
 
 def _to_plan(problem, choices, seed, meta):
     slices = {it.table.name: it.num_slices for it in problem.items}
-    state = Partition(problem.task, slices)
+    columns = {}
+    for it in sorted((it for it in problem.items if it.is_column_block),
+                     key=lambda it: it.col_offset):
+        columns.setdefault(it.table.name, []).append(it.col_width)
+    state = Partition(problem.task, slices, columns)
     for item, device in zip(problem.items, choices):
         if device < 0:
             state.unplaced.append(item)
@@ -480,7 +525,10 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     candidate moves (0: none).
     This runs once per entry of `hot_splits` -- None: tables whole (row-sliced only where they
     fit no device); h: tables predicted to cost more than h * L also cut into row slices
-    (`split_hot_items`) -- and the plan with the lowest predicted max cost wins.
+    (`split_hot_items`), and, where a task has tables wide enough, once more with those of them
+    cut into column blocks instead (`split_hot_columns`) -- and the plan with the lowest
+    predicted max cost wins; one with column blocks only when it is COLUMN_MARGIN below the
+    best without.
     A dead end (memory) is retried in bytes-first order; if that fails too, the
     Partition's PlacementError is raised.
     `policy` / `model` None: the weights of the task's profile (`weights_files`)."""
@@ -490,16 +538,28 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     whole = Problem(task, model)
     if not whole.items:
         return _to_plan(whole, np.zeros(0, dtype=np.int64), seed, {})
-    best, tried = None, set()   # best: (max cost, problem, choices, meta)
-    for hot in hot_splits:
+    largest = largest_memory(task)
+    wide = any(column_splits(t, task, largest) for t in task.tables)
+    variants = [(hot, by_columns) for hot in hot_splits
+                for by_columns in ((False, True) if hot is not None and wide else (False,))]
+    found, tried = {}, set()   # by_columns -> (max cost, problem, choices, meta)
+    for hot, by_columns in variants:
         problem = whole if hot is None else Problem(task, model, hot_split=hot,
-                                                    items=whole.items)
-        if len(problem.items) in tried:
-            continue   # the same pieces as a variant already decoded (lower h cuts more)
-        tried.add(len(problem.items))
+                                                    items=whole.items, columns=by_columns)
+        pieces_key = tuple((it.table.name, it.index, it.num_slices, it.col_offset)
+                           for it in problem.items)
+        if pieces_key in tried:
+            continue   # the same pieces as a variant already decoded
+        tried.add(pieces_key)
         choices, cost, meta = _decode(problem, policy, samples, seed, search_evaluations)
-        if choices is not None and (best is None or cost < best[0]):
-            best = (cost, problem, choices, dict(meta, hot_split=hot))
+        if choices is not None and (by_columns not in found or cost < found[by_columns][0]):
+            found[by_columns] = (cost, problem, choices,
+                                 dict(meta, hot_split=hot, by_columns=by_columns))
+    best = found.get(False)
+    cut = found.get(True)
+    if cut is not None and any(it.is_column_block for it in cut[1].items) and (
+            best is None or cut[0] < (1.0 - COLUMN_MARGIN) * best[0]):
+        best = cut
     if best is None:   # report like the heuristics do: the pieces left without room
         whole.set_order("bytes")
         choices, _, _ = rollout(whole, policy, 1, greedy=True)
@@ -507,6 +567,8 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     cost, problem, choices, meta = best
     meta["predicted_max_ms"] = float(cost) * model.batch_factor(task.batch_size)
     meta["split_tables"] = sorted({it.table.name for it in problem.items if it.num_slices > 1})
+    meta["column_split_tables"] = sorted({it.table.name for it in problem.items
+                                          if it.is_column_block})
     return _to_plan(problem, choices, seed, meta)
 
 
@@ -542,7 +604,7 @@ def learned_plan(task, seed=0, estimator=None):
     The shipped RL policy over the shipped neural cost model (the GPU ones for tasks on GPUs
     once shipped, `weights_files`): greedy decode, plus the best of 16 sampled plans (by the
     cost model) for tasks of up to 200 tables, each with tables whole and with hot tables
-    cut at 1.0, 0.7 and 0.5 x L; bigger tasks decode once, cutting
+    cut at 1.0, 0.7 and 0.5 x L (by rows, and the wide ones by columns); bigger tasks decode once, cutting
     tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and
     800/80 tasks) with a smaller local-search budget, to keep planning fast."""
     del estimator

@@ -21,7 +21,8 @@ A proposer is `fn(task, seed=0, estimator=None) -> Plan`. The built-in ones are 
 Greedy ties go to the device with less memory used, then the lower index. Every strategy
 respects device memory; a table bigger than the largest device is split row-wise into the
 fewest slices that fit (slice i: keys with key % n == i), slices on distinct devices
-(pieces.py). Only column-greedy cuts tables by columns (blocks on distinct devices). When a
+(pieces.py). Only column-greedy and learned cut tables by columns (blocks on distinct
+devices). When a
 task cannot fit, `PlacementError` names the tables left over and the shortfall.
 
 Example:
