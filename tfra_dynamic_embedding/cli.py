@@ -142,6 +142,13 @@ def _print_report(plan, report, scale=1e3):
     if report.gap is not None:
         line += f", lower bound {report.lower_bound * scale:.3f} ms (gap {report.gap:.1%})"
     print(line)
+    rows = [f"{name} ({len(devices)} slices)" for name, devices in plan.assignment.items()
+            if len(devices) > 1 and name not in plan.columns]
+    if rows:
+        print("cut by rows (plan.scope() gives de.get_variable their devices): " + ", ".join(rows))
+    if plan.columns:
+        print("cut by columns (build them with placement.column_split): " + ", ".join(
+            f"{name} (widths {widths})" for name, widths in plan.columns.items()))
 
 
 # -- plan ------------------------------------------------------------------------------------------

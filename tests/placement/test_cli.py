@@ -109,6 +109,26 @@ def test_plan_by_default_keeps_the_cheapest_proposal(capsys, pool_dir, tmp_path)
     assert f"best: {plan.strategy} (by the learned estimator" in out
 
 
+def test_plan_names_the_tables_it_cuts(capsys, tmp_path):
+    """One wide hot table among narrow ones on 8 GPUs: the default plan cuts it by columns (the
+    learned proposer's column blocks) and says how to build it."""
+    tables = [{"name": "hot", "rows": 1_000_000, "dim": 512, "pooling_factor": 10.0}] + [
+        {"name": f"n{i:02d}", "rows": 100_000, "dim": 32, "pooling_factor": 2.0}
+        for i in range(30)]
+    path, plan_path = tmp_path / "tables.json", tmp_path / "plan.json"
+    path.write_text(json.dumps({"tables": tables}))
+    code, out, _ = run(capsys, "plan", "--tables", str(path), "--devices", "8", "--memory",
+                       "16GiB", "--device-template", "/GPU:{i}", "--random", "0",
+                       "--out", str(plan_path))
+    assert code == 0, out
+    plan = Plan.load(plan_path)
+    widths = plan.columns["hot"]
+    assert len(widths) >= 2 and sum(widths) == 512
+    assert (f"cut by columns (build them with placement.column_split): hot (widths {widths})"
+            in out)
+    assert "cut by rows" not in out
+
+
 def test_cli_errors_are_clear(capsys, pool_dir, tmp_path):
     tables = str(pool_dir / "tables.json")
     code, _, err = run(capsys, "plan", "--tables", tables, "--strategy", "nope", "--out",
