@@ -146,6 +146,16 @@ def test_column_split_rule():
     with pytest.raises(ValueError, match=r"num_blocks of table 'big' must be >= 2 and divide "
                                          r"its dim 128; got 3"):
         pieces.column_pieces(task.tables[0], 3)
+    # Blocks need distinct devices with room: a 40 KiB table (dim 128 x 80 rows) on 2 devices
+    # of 1 MiB and 6 of 4 KiB: 2 blocks of 20 KiB fit; 4 of 10 KiB or 8 of 5 KiB do not.
+    table = TableSpec("w", rows=80, dim=128)
+    roomy = Task([table], [DeviceSpec(f"/CPU:{i}", "1MiB" if i < 2 else "4KiB")
+                           for i in range(8)])
+    assert pieces.column_splits(table, roomy) == [2, 4, 8]
+    assert pieces.column_options(table, roomy) == [2]
+    # the fewest blocks whose block costs at most the limit, else the cheapest block
+    assert pieces.fewest_blocks([2, 4, 8], {2: 5.0, 4: 3.0, 8: 2.5}, 3.2) == 4
+    assert pieces.fewest_blocks([2, 4, 8], {2: 5.0, 4: 3.0, 8: 3.1}, 1.0) == 4
 
 
 # -- estimators ----------------------------------------------------------------------------------

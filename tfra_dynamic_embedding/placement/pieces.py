@@ -73,6 +73,26 @@ def column_splits(table, task, largest=None):
             if table.dim % n == 0]
 
 
+def column_options(table, task, largest=None):
+    """The `column_splits` of `table` into n blocks for which n devices of `task` have room
+    for a block (blocks go to distinct devices).
+
+    Example: column_options(TableSpec("ad", rows=10**6, dim=128), task)   # [2, 4, 8]
+    """
+    return [n for n in column_splits(table, task, largest) if n <= sum(
+        d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes for d in task.devices)]
+
+
+def fewest_blocks(options, block_cost, limit):
+    """Of the block counts `options`, the fewest whose block costs at most `limit`
+    (`block_cost`: {n: cost of one of n equal blocks}), else the one whose block costs least.
+
+    Example: fewest_blocks([2, 4, 8], {2: 5.0, 4: 3.0, 8: 2.5}, 3.2)   # 4
+    """
+    within = [n for n in options if block_cost[n] <= limit]
+    return within[0] if within else min(options, key=lambda n: (block_cost[n], n))
+
+
 def column_pieces(table, num_blocks):
     """The `num_blocks` equal column blocks of `table`, unplaced, left to right."""
     if num_blocks < 2 or table.dim % num_blocks:

@@ -35,8 +35,9 @@ import numpy as np
 
 from tfra_dynamic_embedding.placement import comm as comm_lib
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement.pieces import (Partition, column_pieces, column_splits,
-                                                     largest_memory, split_pieces)
+from tfra_dynamic_embedding.placement.pieces import (Partition, column_options, column_pieces,
+                                                     column_splits, fewest_blocks, largest_memory,
+                                                     split_pieces)
 from tfra_dynamic_embedding.placement.types import PlacementError, Shard
 
 DEFAULT_WEIGHTS = os.path.join(cm.DATA_DIR, "policy_cpu.npz")
@@ -249,18 +250,13 @@ def split_hot_columns(items, solo, task, limit, costs):
     largest = largest_memory(task)
     out = []
     for item, cost in zip(items, solo):
-        table = item.table
-        options = [] if item.num_slices > 1 or item.is_column_block or cost <= limit else [
-            n for n in column_splits(table, task, largest) if n <= sum(
-                d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes
-                for d in task.devices)]
+        whole = item.num_slices == 1 and not item.is_column_block
+        options = column_options(item.table, task, largest) if whole and cost > limit else []
         if not options:
             out.append(item)
             continue
-        block = dict(zip(options, costs([column_pieces(table, n)[0] for n in options])))
-        within = [n for n in options if block[n] <= limit]
-        out.extend(column_pieces(table, within[0] if within else
-                                 min(options, key=lambda n: (block[n], n))))
+        block = dict(zip(options, costs([column_pieces(item.table, n)[0] for n in options])))
+        out.extend(column_pieces(item.table, fewest_blocks(options, block, limit)))
     return out
 
 

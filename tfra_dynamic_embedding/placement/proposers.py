@@ -36,8 +36,8 @@ import math
 import numpy as np
 
 from tfra_dynamic_embedding.placement import estimators
-from tfra_dynamic_embedding.placement.pieces import (Partition, column_pieces, column_splits,
-                                                     largest_memory, split_pieces)
+from tfra_dynamic_embedding.placement.pieces import (Partition, column_options, column_pieces,
+                                                     fewest_blocks, largest_memory, split_pieces)
 from tfra_dynamic_embedding.placement.types import PlacementError
 
 
@@ -262,15 +262,12 @@ def hot_column_splits(task, estimator=None):
     largest = largest_memory(task)
     out = {}
     for table in task.tables:
-        options = [n for n in column_splits(table, task, largest) if n <= sum(
-            d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes
-            for d in task.devices)]
+        options = column_options(table, task, largest)
         if not options or solo[table.name] <= average:
             continue
         # equal blocks cost the same: cost the first
         block = {n: est.device_cost(column_pieces(table, n)[:1], None, task) for n in options}
-        within = [n for n in options if block[n] <= average]
-        out[table.name] = within[0] if within else min(options, key=lambda n: (block[n], n))
+        out[table.name] = fewest_blocks(options, block, average)
     return out
 
 
