@@ -11,9 +11,9 @@ device or costlier than a share of the load, or column blocks of hot wide tables
 all costs divided by the task's scale L = (sum of the pieces' standalone costs) / devices and
 embeddings by their mean, so one policy serves any number of tables and devices. The score is
   logit_d = alpha * prior_d + MLP(state_d),   prior_d = -(cost after adding) / L,
-softmax over the legal (memory-feasible, slice- and block-distinct) devices. The prior makes the untrained
-policy the longest-processing-time greedy of the cost model; training (REINFORCE with a greedy
-self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
+softmax over the legal (memory-feasible, slice- and block-distinct) devices. The prior makes
+the untrained policy the longest-processing-time greedy of the cost model; training (REINFORCE
+with a greedy self-critical baseline, `train.train_policy`) learns the residual MLP and alpha.
 
 Inference is numpy only: greedy decode, optionally best-of-k samples scored by the cost model,
 then a local search (moves and swaps off the most expensive device while the predicted max
@@ -600,9 +600,9 @@ def learned_plan(task, seed=0, estimator=None):
     The shipped RL policy over the shipped neural cost model (the GPU ones for tasks on GPUs
     once shipped, `weights_files`): greedy decode, plus the best of 16 sampled plans (by the
     cost model) for tasks of up to 200 tables, each with tables whole and with hot tables
-    cut at 1.0, 0.7 and 0.5 x L (by rows, and the wide ones by columns); bigger tasks decode once, cutting
-    tables costlier than 0.5 x L (the best single choice by the cost model on 400/40 and
-    800/80 tasks) with a smaller local-search budget, to keep planning fast."""
+    cut at 1.0, 0.7 and 0.5 x L (by rows, and the wide ones by columns); bigger tasks decode
+    once, cutting tables costlier than 0.5 x L (the best single choice by the cost model on
+    400/40 and 800/80 tasks) with a smaller local-search budget, to keep planning fast."""
     del estimator
     small = len(task.tables) <= 200
     return plan_task(task, seed=seed, samples=BEST_OF if small else 0,
