@@ -538,7 +538,9 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     wide = any(column_splits(t, task, largest) for t in task.tables)
     variants = [(hot, by_columns) for hot in hot_splits
                 for by_columns in ((False, True) if hot is not None and wide else (False,))]
-    found, tried = {}, set()   # by_columns -> (max cost, problem, choices, meta)
+    # by_columns -> (max cost, problem, choices, meta); a column variant is decoded only when
+    # it cut some table by columns (otherwise its pieces are its row variant's, already tried)
+    found, tried = {}, set()
     for hot, by_columns in variants:
         problem = whole if hot is None else Problem(task, model, hot_split=hot,
                                                     items=whole.items, columns=by_columns)
@@ -551,10 +553,8 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
         if choices is not None and (by_columns not in found or cost < found[by_columns][0]):
             found[by_columns] = (cost, problem, choices,
                                  dict(meta, hot_split=hot, by_columns=by_columns))
-    best = found.get(False)
-    cut = found.get(True)
-    if cut is not None and any(it.is_column_block for it in cut[1].items) and (
-            best is None or cut[0] < (1.0 - COLUMN_MARGIN) * best[0]):
+    best, cut = found.get(False), found.get(True)
+    if cut is not None and (best is None or cut[0] < (1.0 - COLUMN_MARGIN) * best[0]):
         best = cut
     if best is None:   # report like the heuristics do: the pieces left without room
         whole.set_order("bytes")

@@ -22,8 +22,8 @@ Greedy ties go to the device with less memory used, then the lower index. Every 
 respects device memory; a table bigger than the largest device is split row-wise into the
 fewest slices that fit (slice i: keys with key % n == i), slices on distinct devices
 (pieces.py). Only column-greedy and learned cut tables by columns (blocks on distinct
-devices). When a
-task cannot fit, `PlacementError` names the tables left over and the shortfall.
+devices). When a task cannot fit, `PlacementError` names the tables left over and the
+shortfall.
 
 Example:
     plan = propose(task, "lookup-greedy")
