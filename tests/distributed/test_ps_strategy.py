@@ -194,3 +194,25 @@ def test_a_killed_ps_fails_the_coordinator_fast_and_a_restart_resumes(make_clust
     resumed = procs.run_script(cluster, "psst_ps_kill.py", tmp_path, "--resume", timeout=180)
     assert resumed["restored"] == checkpointed
     assert resumed["size"] == 8 and resumed["new_rows"] == [[0.5, 0.5], [0.5, 0.5]]
+
+
+def test_eviction_and_admission_under_the_strategy_equal_one_process(make_cluster, tmp_path):
+    """A capacity-bounded, count-admitted de.keras.layers.Embedding trained by steps scheduled
+    on 2 workers keeps the keys, rows and slots of the same steps in one process; its
+    checkpoint restores in a local process."""
+    cluster = make_cluster(ps=2, worker=2, chief=1)
+    report = procs.run_script(cluster, "psst_online.py", "ps", tmp_path, timeout=300)
+    env = dict(os.environ, TF_CONFIG="", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, procs.script("psst_online.py"), "local",
+                             str(tmp_path)], capture_output=True, text=True, env=env,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    local = json.loads(result.stdout.strip().splitlines()[-1])
+    bound = 30   # as in psst_online.py
+    assert len(report["admitted_ever"]) > bound + 10     # the bound had to evict
+    assert sum(report["worker_steps"]) == len(report["sizes"])
+    assert report["devices"] == PS
+    assert report["sizes"] == local["sizes"] and max(report["sizes"]) == bound
+    assert set(report["table"]["keys"]) <= set(report["admitted_ever"])
+    assert report["table"] == local["table"] and report["slots"] == local["slots"]
+    assert local["restored"] == report["table"]

@@ -151,3 +151,27 @@ def test_ps_killed_mid_training_fails_fast_naming_it_and_a_restart_resumes(make_
     assert len(checkpointed["slots"]) == 2 and checkpointed["emb"]["keys"]
     assert resumed["grew"] == len(np.unique(np.random.default_rng(100).integers(0, 50, size=16)))
     print(f"PS kill -> client error in {elapsed:.2f} s")
+
+
+def test_eviction_and_admission_on_remote_tables_equal_one_process(make_cluster, tmp_path):
+    """A capacity bound (LRU native, LFU built-in) with count admission, trained on 2 PS tasks,
+    checkpointed mid-way and restored: the same keys, rows and slots as in one process."""
+    cluster = make_cluster(ps=2, servers=("ps",))
+    remote = _run(cluster, "remote_online.py", "remote", tmp_path / "remote")
+    local = _run(cluster, "remote_online.py", "local", tmp_path / "local")
+    bound = 24   # as in remote_online.py
+    assert remote["admitted_ever"] > bound + 10          # the bound had to evict
+    assert remote["sizes"] == local["sizes"]
+    assert max(max(s) for s in remote["sizes"]) == bound  # reached, never exceeded
+    assert remote["state"] == local["state"]              # exact: rows and slots
+    for backend in ("native", "builtin"):
+        state = remote["state"][backend]
+        assert len(state["emb"]["keys"]) == bound and len(state["slots"]) == 1
+        assert state["slots"][0]["keys"] == state["emb"]["keys"]
+    # Restored from the mid-way checkpoint (recency, counts, admission counts included), the
+    # next steps evict and admit exactly as the run that went on.
+    assert remote["restored_sizes"] == remote["sizes"][-len(remote["restored_sizes"]):]
+    assert remote["restored_state"] == remote["state"]
+    assert remote["devices"] == [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)]
+    for shards in remote["placement"].values():
+        _assert_on_owner(shards, 2)
