@@ -197,8 +197,8 @@ class _DynamicEmbeddingMixin:
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
             online = {w.ref(): self._de_online(w) for w in wrappers}
-            keep = {ref: mask for ref, (mask, _) in online.items()}
-            room = [op for _, ops in online.values() for op in ops if op is not None]
+            keep = {ref: mask for ref, (mask, _, _) in online.items()}
+            room = [op for _, ops, _ in online.values() for op in ops if op is not None]
         with tf.control_dependencies(after + room):
             writes = []
             for w in wrappers:
@@ -216,6 +216,8 @@ class _DynamicEmbeddingMixin:
                     with tf.control_dependencies([row_write] if shared else []):
                         writes += [b.write_back(keep=keep[w.ref()]) for b in buffers]
             writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers]
+        with tf.control_dependencies([op for op in writes if op is not None]):
+            writes += [trim() for _, _, trim in online.values() if trim is not None]
         if tf.compat.v1.executing_eagerly_outside_functions():
             return result  # eager runs in order; tf.function orders and runs stateful ops itself
         # A tf.compat.v1 graph: the returned op must also run the write-back.
@@ -223,14 +225,15 @@ class _DynamicEmbeddingMixin:
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
 
     def _de_online(self, wrapper):
-        """(keep mask over the batch ids or None, ops to run before the write-back): the
-        variable's admission filter (held and newly admitted ids are written) and its
-        `de.Eviction` (room made in the variable, its slot tables and its restrict status),
-        sharing one presence lookup of the step's ids."""
+        """(keep mask over the batch ids or None, ops to run before the write-back, None or
+        a function making the op to run after it): the variable's admission filter (held and
+        newly admitted ids are written) and its `de.Eviction` (room made in the variable, its
+        slot tables and its restrict status, sharing one presence lookup of the step's ids;
+        after the write-back, the bound restored where concurrent steps went over it)."""
         params = wrapper.params
         admission, eviction = params.admission_filter, params.eviction_state
         if admission is None and eviction is None:
-            return None, []
+            return None, [], None
         ids, exists, keep, ops = wrapper.batch_ids(), None, None, []
         if admission is not None or eviction.caps is not None:
             exists = params.contains(ids)
@@ -245,7 +248,9 @@ class _DynamicEmbeddingMixin:
             if params.restrict_policy is not None:
                 companions.append(params.restrict_policy.status)
             ops.append(eviction.make_room(ids, companions, exists))
-        return keep, ops
+            if eviction.caps is not None:
+                return keep, ops, lambda: eviction.trim(ids, companions)
+        return keep, ops, None
 
     def _de_restrict_update(self, wrapper, keep=None):
         """Updates the restrict policy's status of the trained ids (None without a policy; its

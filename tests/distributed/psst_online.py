@@ -8,7 +8,8 @@ process (the reference).
 
 Each step is joined before the next is scheduled, so the steps run in the reference's order
 (on whichever worker is free). Prints one JSON line last: the size after every step, the
-table and its slot, and (local) the ps run's checkpoint restored here.
+table and its slot, and (local) the ps run's checkpoint restored here. The ps run then
+schedules steps without joining in between (they overlap) and reports the sizes.
 """
 
 import json
@@ -23,6 +24,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders_addons.dynamic_embedding as de  # noqa: E402
 
 BOUND = 30
+ASYNC_BOUND = 400
 BATCHES = [np.random.default_rng(200 + i).zipf(1.3, size=24) % 100 for i in range(16)]
 
 
@@ -33,11 +35,11 @@ def table(var):
             "values": values.numpy()[order].astype(np.float64).tolist()}
 
 
-def build(devices=None):
+def build(devices=None, name="user", bound=BOUND):
     layer = de.keras.layers.Embedding(4, initializer=tf.keras.initializers.Zeros(),
-                                      name="user", devices=devices,
-                                      eviction=de.Eviction(max_size=BOUND, order="lru"),
-                                      admission=de.CountAdmission(2))
+                                      name=name, devices=devices,
+                                      eviction=de.Eviction(max_size=bound, order="lru"),
+                                      admission=de.CountAdmission(2) if name == "user" else None)
     dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(0.5))
     dense.build([None, 4])
     optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.1))
@@ -87,7 +89,27 @@ def run_ps(work_dir):
     tf.train.Checkpoint(layer=layer, optimizer=optimizer).write(os.path.join(work_dir, "ckpt"))
     result = state(layer, optimizer, sizes)
     result["worker_steps"] = [int(c.numpy()) for c in worker_steps.read_all()]
+    result["async_sizes"] = run_async(strategy, coordinator)
     return result
+
+
+def run_async(strategy, coordinator):
+    """Steps of new ids scheduled without joining in between (both workers' steps overlap):
+    the sizes of the table, polled while they run and after they end."""
+    with strategy.scope():
+        layer, dense, optimizer = build(name="item", bound=ASYNC_BOUND)
+
+    @tf.function
+    def step(ids):
+        return strategy.run(lambda ids: replica_step(layer, dense, optimizer, ids), args=(ids,))
+
+    for i in range(40):
+        coordinator.schedule(step, args=(tf.range(50 * i, 50 * i + 50, dtype=tf.int64),))
+    polled = []
+    while not coordinator.done():
+        polled.append(int(layer.params.size()))
+    coordinator.join()
+    return {"polled": polled, "final": int(layer.params.size())}
 
 
 def run_local(work_dir):

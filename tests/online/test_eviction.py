@@ -192,6 +192,55 @@ def test_graph_mode_session(kv_creator):
             assert sorted(keys.tolist()) == list(range(32, 40))
 
 
+def test_a_step_ends_back_under_the_bound_that_concurrent_writes_overran(kv_creator):
+    """Asynchronous workers: each step makes room for its own new keys only, so keys written
+    meanwhile by another step can take the table over the bound. The step's `trim`, run
+    after its write-back, evicts that excess again, never the step's own keys."""
+    var = de.Variable(dim=1, initializer=0.0, kv_creator=kv_creator,
+                      eviction=de.Eviction(max_size=20, slack=0.0))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)))
+    step(tf.constant(np.arange(20, dtype=np.int64)))
+    state = var.eviction_state
+    state.trim(tf.constant(np.arange(20, dtype=np.int64)))   # within the bound: a no-op
+    assert keys_of(var) == set(range(20))
+    # Another step's 10 new keys land (as its write-back would) after this step made room.
+    mine = np.arange(100, 110, dtype=np.int64)
+    var.upsert(tf.constant(mine), tf.ones([10, 1]))
+    assert int(var.size()) == 30
+    state.trim(tf.constant(mine))
+    kept = keys_of(var)
+    assert len(kept) == 20 and set(mine.tolist()) <= kept
+    assert len(kept & set(range(20))) == 10
+
+
+def test_concurrent_steps_leave_the_table_within_the_bound(kv_creator):
+    """Two threads train the same variable at once on their own new keys (steps overlap
+    as asynchronous workers' do); once they are done, the table is within its bound."""
+    import threading   # pylint: disable=import-outside-toplevel
+    cap = 200
+    var = de.Variable(dim=4, initializer=0.0, kv_creator=kv_creator,
+                      eviction=de.Eviction(max_size=cap, slack=0.0))
+    step = train_step(var, de.DynamicEmbeddingOptimizer(keras.optimizers.Adagrad(0.1)))
+    step(tf.constant(np.arange(40, dtype=np.int64)))   # traced before the threads start
+    errors = []
+
+    def worker(offset):
+        try:
+            for i in range(30):
+                start = offset + 40 * i
+                step(tf.constant(np.arange(start, start + 40, dtype=np.int64)))
+        except Exception as e:   # pylint: disable=broad-except
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(offset,)) for offset in (10**6, 2 * 10**6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert 0 < int(var.size()) <= cap
+
+
 def test_keras_layer_fit_stays_bounded(kv_creator):
     inputs = keras.Input(shape=(3,), dtype="int64")
     layer = de.keras.layers.Embedding(4, combiner="sum", kv_creator=kv_creator,

@@ -8,7 +8,9 @@ new keys would not fit -- the least recently updated first ("lru") or the least 
 not every step. `ttl_steps=T` also drops keys not updated in the last T training steps (checked
 every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused); `ttl_seconds=S` drops
 keys not updated in the last S seconds of wall-clock time (checked every `S // 10` seconds at
-the next step).
+the next step). Steps that run at the same time (asynchronous workers) each make room for their
+own new keys, so together they may take the table over the bound by the others' new keys; each
+step ends by evicting such an excess again.
 
 The clock is the variable's own count of training steps, or with `ttl_seconds` Unix seconds (then
 "lru" orders by the second of the last update). Per-key recency and counts come from the native
@@ -155,6 +157,19 @@ class EvictionState:
                 stamps = tf.fill(tf.shape(counts), now)
                 return tf.group(self.status.upsert(ids, tf.concat([stamps, counts + 1], 1)))
             return tf.group(sweeps)
+
+    def trim(self, ids, companions=()):
+        """The op run after a training step wrote the rows of `ids`: brings back under the
+        bound any shard that steps running at the same time (asynchronous workers) took over
+        it, each having made room for its own keys only. Never evicts `ids`; reads one size
+        per shard and sweeps only a shard over its bound."""
+        if self.caps is None:
+            return tf.no_op()
+        now = (tf.cast(tf.timestamp(), tf.int64) if self.seconds
+               else self.step.read_value())
+        zero, no_ttl = tf.constant(0, tf.int32), tf.constant(False)
+        return tf.group([self._sweep_if_needed(i, now, zero, ids, companions, no_ttl)
+                         for i in range(self._var.shard_num)])
 
     def _incoming_per_shard(self, ids, exists=None):
         """How many of `ids` each shard does not hold yet (the step would add them)."""
