@@ -256,10 +256,12 @@ def test_inference_mode_builds_plain_table_reads_in_graphs():
         de.enable_inference_mode()
         try:
             assert de.get_model_mode() == de.ModelMode.INFERENCE
+            assert de.ModelMode.CURRENT_SETTING == de.ModelMode.INFERENCE   # TFRA reads this
             rows = de.embedding_lookup(emb, ids)
             assert len(emb._trainable_store) == 1  # no new wrapper  # pylint: disable=protected-access
         finally:
             de.enable_train_mode()
+        assert de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN
         with tf.compat.v1.Session() as sess:
             np.testing.assert_array_equal(sess.run(rows), np.full([2, DIM], 0.5))
 

@@ -470,27 +470,29 @@ def _step_marker():
 
 
 class ModelMode:
-    """What lookups are built for: `TRAIN` (trainable reads) or `INFERENCE` (table reads only)."""
+    """What lookups are built for: `TRAIN` (trainable reads) or `INFERENCE` (table reads only).
+
+    `CURRENT_SETTING` is the mode in force, as in TFRA (code may read it directly);
+    `de.enable_train_mode()` / `de.enable_inference_mode()` set it.
+    """
     TRAIN = "train"
     INFERENCE = "inference"
-
-
-_mode = {"current": ModelMode.TRAIN}
+    CURRENT_SETTING = TRAIN
 
 
 def enable_train_mode():
     """Lookups of trainable variables may read through TrainableWrappers (the default)."""
-    _mode["current"] = ModelMode.TRAIN
+    ModelMode.CURRENT_SETTING = ModelMode.TRAIN
 
 
 def enable_inference_mode():
     """Lookups read the tables directly, e.g. to build a tf.compat.v1 serving graph."""
-    _mode["current"] = ModelMode.INFERENCE
+    ModelMode.CURRENT_SETTING = ModelMode.INFERENCE
 
 
 def get_model_mode():
-    """The current `ModelMode` value."""
-    return _mode["current"]
+    """The current `ModelMode` value (`ModelMode.CURRENT_SETTING`)."""
+    return ModelMode.CURRENT_SETTING
 
 
 def needs_wrapper(params, return_trainable=False):
@@ -501,7 +503,7 @@ def needs_wrapper(params, return_trainable=False):
     Keras `fit`), unless inference mode is on. Plain inference (`predict`, serving signatures)
     reads the tables directly, so an exported SavedModel holds no wrapper.
     """
-    if not params.trainable or _mode["current"] == ModelMode.INFERENCE:
+    if not params.trainable or ModelMode.CURRENT_SETTING == ModelMode.INFERENCE:
         return False
     return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
             or _tf_private.could_possibly_record())
