@@ -242,6 +242,17 @@ REGISTER_OP("TfraDeSetStep")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Sets the stamp written with rows from now on (< 0: wall-clock seconds).");
 
+REGISTER_OP("TfraDeSetBound")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("max_rows: int64")
+    .Input("extra_rows: int64")
+    .Input("lfu: bool")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Bounds the keys training writes may leave in the table (max_rows 0: no bound); a "
+         "new key over it first evicts its shard's lowest-scoring rows not written at the "
+         "current stamp (extra_rows more over all shards).");
+
 REGISTER_OP("TfraDeEvict")
     .Input("table: resource")
     .SetIsStateful()
@@ -763,6 +774,23 @@ class SetStepOp : public TableOp {
   }
 };
 
+class SetBoundOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckScalar("max_rows", ctx->input(1)));
+    OP_REQUIRES_OK(ctx, CheckScalar("extra_rows", ctx->input(2)));
+    OP_REQUIRES_OK(ctx, CheckScalar("lfu", ctx->input(3)));
+    const int64_t max_rows = ctx->input(1).scalar<int64_t>()();
+    const int64_t extra_rows = ctx->input(2).scalar<int64_t>()();
+    OP_REQUIRES(ctx, max_rows >= 0 && extra_rows >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "set_bound: max_rows and extra_rows must be >= 0, got ", max_rows, " and ",
+                    extra_rows)));
+    t->SetBound(max_rows, extra_rows, ctx->input(3).scalar<bool>()());
+  }
+};
+
 class EvictOp : public TableOp {
  public:
   using TableOp::TableOp;
@@ -945,6 +973,7 @@ TFRA_DE_KERNEL("TfraDeMemory", MemoryOp);
 TFRA_DE_KERNEL("TfraDeExport", ExportOp);
 TFRA_DE_KERNEL("TfraDeImport", ImportOp);
 TFRA_DE_KERNEL("TfraDeSetStep", SetStepOp);
+TFRA_DE_KERNEL("TfraDeSetBound", SetBoundOp);
 TFRA_DE_KERNEL("TfraDeEvict", EvictOp);
 TFRA_DE_KERNEL("TfraDeSaveToFile", SaveToFileOp);
 TFRA_DE_KERNEL("TfraDeLoadFromFile", LoadFromFileOp);

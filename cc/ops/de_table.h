@@ -156,10 +156,23 @@ class TableBase : public tensorflow::ResourceBase {
   // a negative step restores the default, wall-clock seconds.
   virtual void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   uint32_t CurrentStamp() const;
+  // Capacity bound of training writes (Insert, Accum, UpsertGroups): a new
+  // key that would take the table over `max_rows` (> 0; 0: no bound) first
+  // evicts the lowest-scoring rows of its shard not written at the current
+  // stamp (LRU: oldest stamp; LFU: fewest writes, then oldest), `extra_rows`
+  // more over all shards, so concurrent writers never exceed it together.
+  virtual void SetBound(int64_t max_rows, int64_t extra_rows, bool lfu) {
+    bound_extra_.store(extra_rows, std::memory_order_relaxed);
+    bound_lfu_.store(lfu, std::memory_order_relaxed);
+    bound_.store(max_rows, std::memory_order_relaxed);
+  }
 
  protected:
   TableConfig cfg_;
   std::atomic<int64_t> step_{-1};
+  std::atomic<int64_t> bound_{0};
+  std::atomic<int64_t> bound_extra_{0};
+  std::atomic<bool> bound_lfu_{false};
 };
 
 // One column group of a table, seen as a table of its own (an optimizer slot
@@ -243,6 +256,9 @@ class GroupView : public TableBase {
     return Unsupported("upsert_groups");
   }
   void SetStep(int64_t step) override { table_->SetStep(step); }
+  void SetBound(int64_t max_rows, int64_t extra_rows, bool lfu) override {
+    table_->SetBound(max_rows, extra_rows, lfu);
+  }
 
  private:
   // A view has one group of its own, group 0 (its table's group group_).

@@ -72,6 +72,7 @@ class Table : public TableBase {
     uint32_t high_water = 0;     // rows ever handed out
     size_t faulted_rows = 0;     // rows [0, faulted_rows) have their pages faulted in
     std::vector<uint32_t> free_rows;
+    uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1)
   };
 
   // A batch of keys bucketed by shard.
@@ -111,6 +112,17 @@ class Table : public TableBase {
 
   ~Table() override {
     for (int i = 0; i < num_shards_; ++i) FreeShard(&shards_[i]);
+  }
+
+  void SetBound(int64_t max_rows, int64_t extra_rows, bool lfu) override {
+    if (max_rows > 0 && !Bounded()) {
+      // The count starts here: taken with every shard locked, so no write is half-counted.
+      auto locks = LockAll();
+      total_.store(Size(), std::memory_order_relaxed);
+      TableBase::SetBound(max_rows, extra_rows, lfu);
+      return;
+    }
+    TableBase::SetBound(max_rows, extra_rows, lfu);
   }
 
   // Allocates every shard's initial index; separate from the constructor so
@@ -575,7 +587,8 @@ class Table : public TableBase {
         const bool fresh = row < 0;
         if (fresh) {
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, whole ? kAllGroupsWritten : -1));
+          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r,
+                                              whole ? kAllGroupsWritten : -1));
           row = r;
         }
         for (size_t j = 0; j < n; ++j) {
@@ -1036,7 +1049,10 @@ class Table : public TableBase {
       }
       const int64_t i = b.order[p];
       int64_t row = cand[p & (kRing - 1)];
-      if (row < 0 || !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
+      // A candidate found ahead may have been evicted (freed, or reused for
+      // another key) by a bounded write of an earlier key: check it again.
+      if (row < 0 || Freq(s.slab + size_t(row) * rec_bytes_) == 0 ||
+          !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
         row = FindRow(s, b.keys[i], b.hash[p]);
       }
       TF_RETURN_IF_ERROR(fn(i, b.hash[p], row));
@@ -1066,7 +1082,7 @@ class Table : public TableBase {
         const V* src = in + i * dim;
         if (row < 0) {
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, group));
+          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r, group));
           std::memcpy(GVals(s, r, group), src, row_bytes_);
           SetMeta(s, r, stamp, 1);
           return absl::OkStatus();
@@ -1138,7 +1154,86 @@ class Table : public TableBase {
   }
 
   // Adds `key` (known absent) with a fresh row; values/meta are the caller's.
-  Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out, int written = 0) {
+  // A training write's new key (Upsert, UpsertGroups): in a table with a bound
+  // (SetBound) its place is counted first and, over the bound, rows go before it
+  // is added (MakeRoom), so writers running at the same time never take the
+  // table past the bound together.
+  Status InsertNewBounded(Shard& s, const Batch& b, const KIn& key, uint64_t h, uint32_t now,
+                          uint32_t* row_out, int written) {
+    const int64_t bound = bound_.load(std::memory_order_relaxed);
+    if (bound <= 0) return InsertNew(s, key, h, row_out, written);
+    const int64_t after = total_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (after > bound) {
+      const int64_t extra = bound_extra_.load(std::memory_order_relaxed) / num_shards_;
+      MakeRoom(s, b, now, after - bound + extra);
+    }
+    Status st = InsertNew(s, key, h, row_out, written, /*counted=*/true);
+    if (!st.ok()) total_.fetch_sub(1, std::memory_order_relaxed);
+    return st;
+  }
+
+  // Evicts up to `n` rows for a bounded write holding `s`: from `s` first, then
+  // from other shards whose lock is free at once (never waiting while holding
+  // one: no lock order to keep). A shard found without a row to evict is
+  // skipped for the rest of the stamp.
+  void MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n) {
+    const int home = static_cast<int>(&s - shards_.get());
+    if (s.barren_stamp != now + 1) {
+      const int64_t got = EvictLowest(s, home, b, now, n);
+      if (got < n) s.barren_stamp = now + 1;
+      n -= got;
+    }
+    for (int d = 1; n > 0 && d < num_shards_; ++d) {
+      const int si = (home + d) & (num_shards_ - 1);
+      Shard& t = shards_[si];
+      std::unique_lock<std::shared_mutex> l(t.mu, std::try_to_lock);
+      if (!l.owns_lock() || t.barren_stamp == now + 1) continue;
+      const int64_t got = EvictLowest(t, si, b, now, n);
+      if (got < n) t.barren_stamp = now + 1;
+      n -= got;
+    }
+  }
+
+  // Erases up to `n` live rows of shard `s` (index `si`, locked), the
+  // lowest-scoring of those not written at stamp `now` or later and not holding
+  // a key of the batch `b` (LRU: oldest stamp first; LFU: fewest writes, then
+  // oldest); returns how many. Reads the shard's records once.
+  int64_t EvictLowest(Shard& s, int si, const Batch& b, uint32_t now, int64_t n) {
+    if (n <= 0) return 0;
+    std::vector<uint32_t> keep;  // rows of the batch's keys in this shard
+    for (int64_t p = b.start[si]; p < b.start[si + 1]; ++p) {
+      const int64_t r = FindRow(s, b.keys[b.order[p]], b.hash[p]);
+      if (r >= 0) keep.push_back(static_cast<uint32_t>(r));
+    }
+    std::sort(keep.begin(), keep.end());
+    const bool lfu = bound_lfu_.load(std::memory_order_relaxed);
+    std::vector<std::pair<uint64_t, uint32_t>> scored;  // (score, row)
+    for (uint32_t row = 0; row < s.high_water; ++row) {
+      const char* rec = s.slab + size_t{row} * rec_bytes_;
+      const uint32_t f = Freq(rec);
+      if (f == 0) continue;
+      const uint32_t stamp = Stamp(rec);
+      if (stamp >= now || std::binary_search(keep.begin(), keep.end(), row)) continue;
+      scored.emplace_back(lfu ? (uint64_t{f} << 32 | stamp) : uint64_t{stamp}, row);
+    }
+    if (scored.empty()) return 0;
+    const size_t take = std::min(scored.size(), static_cast<size_t>(n));
+    std::nth_element(scored.begin(), scored.begin() + (take - 1), scored.end());
+    int64_t count = 0;
+    for (size_t j = 0; j < take; ++j) {
+      const KS& k = *reinterpret_cast<const KS*>(s.slab + size_t{scored[j].second} * rec_bytes_);
+      const int64_t slot = FindSlotStored(s, k, KO::HashStored(k));
+      if (slot >= 0) {
+        EraseSlot(s, slot);
+        ++count;
+      }
+    }
+    return count;
+  }
+
+  // `counted`: the caller already added the key to total_ (InsertNewBounded).
+  Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out, int written = 0,
+                   bool counted = false) {
     if (s.cap == 0) TF_RETURN_IF_ERROR(Rehash(s, kGroupWidth));
     size_t slot = FirstNonFull(s.slots, s.cap, h);
     if (s.growth_left == 0 && s.slots[slot] != kDeletedSlot) {
@@ -1162,6 +1257,7 @@ class Table : public TableBase {
     if (s.slots[slot] == kEmptySlot) --s.growth_left;
     s.slots[slot] = FullSlot(h, row);
     s.size.fetch_add(1, std::memory_order_relaxed);
+    if (!counted && Bounded()) total_.fetch_add(1, std::memory_order_relaxed);
     *row_out = row;
     return absl::OkStatus();
   }
@@ -1182,6 +1278,7 @@ class Table : public TableBase {
       s.slots[slot] = kDeletedSlot;
     }
     s.size.fetch_sub(1, std::memory_order_relaxed);
+    if (Bounded()) total_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   Status Rehash(Shard& s, size_t new_cap) {
@@ -1268,6 +1365,7 @@ class Table : public TableBase {
     s->slots = nullptr;
     s->cap = 0;
     s->growth_left = 0;
+    if (Bounded()) total_.fetch_sub(s->size.load(std::memory_order_relaxed), std::memory_order_relaxed);
     s->size.store(0, std::memory_order_relaxed);
   }
 
@@ -1305,6 +1403,10 @@ class Table : public TableBase {
   int shard_bits_ = 0;
   int num_shards_ = 1;
   std::unique_ptr<Shard[]> shards_;
+  // Keys in all shards, kept (with the shards' sizes, under their locks) only
+  // while the table has a bound: unbounded writers share no counter.
+  std::atomic<int64_t> total_{0};
+  bool Bounded() const { return bound_.load(std::memory_order_relaxed) > 0; }
   size_t stamp_off_ = 0, freq_off_ = 0, val_off_ = 0, row_bytes_ = 0, rec_bytes_ = 0;
   size_t init_rows_ = 0;
   size_t prefetch_bytes_ = 0;  // leading record bytes worth prefetching

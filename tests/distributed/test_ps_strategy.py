@@ -216,7 +216,10 @@ def test_eviction_and_admission_under_the_strategy_equal_one_process(make_cluste
     assert set(report["table"]["keys"]) <= set(report["admitted_ever"])
     assert report["table"] == local["table"] and report["slots"] == local["slots"]
     assert local["restored"] == report["table"]
-    # Overlapping steps: a step makes room for its own new keys only, so another's may take
-    # the table over the bound while both run; each step ends by evicting that excess.
+    # Overlapping steps: a step makes room for its own new keys only. On the native backend
+    # (slots in the records) the write-back itself evicts over the bound, so no poll of the
+    # size exceeds it; elsewhere each step ends by evicting what others took over it.
     async_sizes = report["async_sizes"]
     assert 0 < async_sizes["final"] <= 400
+    if native.is_available():
+        assert max(async_sizes["polled"], default=0) <= 400, async_sizes["polled"]

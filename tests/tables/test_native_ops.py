@@ -382,6 +382,71 @@ def test_metadata_stamps_freqs_and_evict():
     assert stamps.numpy().max() > 1_600_000_000
 
 
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES)
+@pytest.mark.parametrize("order", ["lru", "lfu"])
+def test_bound_evicts_in_the_write_lowest_score_first(key_dtype, order):
+    t = table(key_dtype, dim=1, num_shards=1)   # one shard: the order is global
+    for i in range(20):   # key i: stamp i + 1
+        t.set_step(i + 1)
+        t.insert(keys_of(key_dtype, [i]), tf.fill([1, 1], float(i)))
+    t.set_step(30)
+    t.insert(keys_of(key_dtype, [0, 1]), tf.ones([2, 1]))   # LRU: newest; LFU: 2 writes
+    t.set_bound(20, 0, order)
+    t.set_step(31)
+    t.insert(keys_of(key_dtype, [2, 100, 101, 102]), tf.ones([4, 1]))
+    held = set(content(t))
+    assert len(held) == 20 and {2, 100, 101, 102} <= held   # key 2: in the batch, kept
+    gone = set(range(20)) - held
+    assert gone == {3, 4, 5}   # the lowest scores: oldest stamps, 1 write each
+    t.set_bound(0, 0, order)   # no bound
+    t.insert(keys_of(key_dtype, [500]), tf.ones([1, 1]))
+    assert int(t.size()) == 21
+
+
+def test_bound_keeps_rows_of_the_current_stamp_and_evicts_extra_rows():
+    t = table(dim=1, num_shards=1)
+    t.set_step(1)
+    t.insert(tf.constant(np.arange(5), tf.int64), tf.zeros([5, 1]))
+    t.set_bound(5, 2, "lru")
+    # Every row was written at this stamp (by this step, or one running beside it): none
+    # goes, the table is over the bound until a later stamp's write.
+    t.insert(tf.constant(np.arange(5, 10), tf.int64), tf.zeros([5, 1]))
+    assert int(t.size()) == 10
+    t.set_step(2)
+    t.insert(tf.constant([10], tf.int64), tf.zeros([1, 1]))   # 6 over + 2 extra go
+    assert int(t.size()) == 3 and 10 in content(t)
+
+
+def test_bound_holds_under_concurrent_writers():
+    """Writers in threads, each adding new keys: the table never passes the bound."""
+    import threading   # pylint: disable=import-outside-toplevel
+    t = table(dim=4)
+    t.set_step(1)
+    t.insert(tf.constant(np.arange(1000), tf.int64), tf.zeros([1000, 4]))
+    t.set_step(2)
+    t.set_bound(1000, 50, "lru")
+    sizes, errors = [], []
+
+    def writer(base):
+        try:
+            for j in range(10):   # 1,000 new keys in all: as many as there are old rows
+                ids = np.arange(base + 25 * j, base + 25 * j + 25)
+                t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
+                sizes.append(int(t.size()))
+        except Exception as e:   # pylint: disable=broad-except
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(10**6 * (k + 1),)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors and len(sizes) == 40
+    assert max(sizes) <= 1000 and int(t.size()) <= 1000
+    keys = t.export()[0].numpy()
+    assert len(np.unique(keys)) == len(keys)
+
+
 def test_import_without_clear_extends():
     t = table(dim=1)
     t.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0], [2.0]]))

@@ -9,8 +9,10 @@ not every step. `ttl_steps=T` also drops keys not updated in the last T training
 every `ttl_steps // 10` steps, so a key lives at most 1.1 T steps unused); `ttl_seconds=S` drops
 keys not updated in the last S seconds of wall-clock time (checked every `S // 10` seconds at
 the next step). Steps that run at the same time (asynchronous workers) each make room for their
-own new keys, so together they may take the table over the bound by the others' new keys; each
-step ends by evicting such an excess again.
+own new keys. On the native backend, with the optimizer's slots in the records, the write-back
+itself also holds the bound (`set_bound`: a new key over it evicts old rows first), so
+together they never pass it; otherwise they may, by the others' new keys, and each step ends by
+evicting such an excess again.
 
 The clock is the variable's own count of training steps, or with `ttl_seconds` Unix seconds (then
 "lru" orders by the second of the last update). Per-key recency and counts come from the native
@@ -139,6 +141,12 @@ class EvictionState:
             now = step
             if self.native:
                 ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
+        if self.native and self.caps is not None and not companions:
+            # Nothing beside the records to evict with: the write-back itself holds the
+            # bound (set every step, so a restarted PS task gets it back).
+            ev = self.eviction
+            ops += [t.set_bound(cap, int(ev.slack * cap), ev.order)
+                    for t, cap in zip(var._tables, self.caps)]  # pylint: disable=protected-access
         with tf.control_dependencies(ops):
             incoming = self._incoming_per_shard(ids, exists)
             ttl_sweep = self._ttl_sweep_due(now)

@@ -275,7 +275,7 @@ class NativeKVTable(base.KVTable):
     """A shard table on the native kernels (see `KVTable` for the interface methods).
 
     Extra methods: `lookup_or_init`, `export_with_meta`, `export_chunks`, `import_with_meta`,
-    `save_to`, `load_from`, `set_step`, `evict`.
+    `save_to`, `load_from`, `set_step`, `set_bound`, `evict`.
     """
 
     def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None,
@@ -517,6 +517,19 @@ class NativeKVTable(base.KVTable):
         """Records `step` as the stamp of rows written from now on (step < 0: Unix seconds)."""
         with tf.device(self.device):
             return self._gen.tfra_de_set_step(self.resource_handle, tf.cast(step, tf.int64))
+
+    def set_bound(self, max_rows, extra_rows=0, order="lru"):
+        """Bounds the keys that training writes (`insert`, `accum`, `upsert_groups`) leave in
+        the table: a new key that would take it over `max_rows` (0: no bound) first evicts
+        the lowest-scoring rows of its lock stripe not written at the current stamp ("lru":
+        oldest stamp; "lfu": fewest writes, then oldest) and not among the batch's keys,
+        `extra_rows` more over the table. Concurrent writers never exceed it together."""
+        if order not in ("lru", "lfu"):
+            raise ValueError(f"order must be 'lru' or 'lfu'; got {order!r}")
+        with tf.device(self.device):
+            return self._gen.tfra_de_set_bound(self.resource_handle, tf.cast(max_rows, tf.int64),
+                                               tf.cast(extra_rows, tf.int64),
+                                               tf.constant(order == "lfu"))
 
     def evict(self, min_stamp=0, min_freq=0):
         """Removes keys with stamp < min_stamp or freq < min_freq; returns how many."""
