@@ -7,6 +7,7 @@ clock (and the built-in status).
 """
 
 import os
+import threading
 import time
 
 import keras
@@ -216,7 +217,6 @@ def test_a_step_ends_back_under_the_bound_that_concurrent_writes_overran(kv_crea
 def test_concurrent_steps_leave_the_table_within_the_bound(kv_creator):
     """Two threads train the same variable at once on their own new keys (steps overlap
     as asynchronous workers' do); once they are done, the table is within its bound."""
-    import threading   # pylint: disable=import-outside-toplevel
     cap = 200
     var = de.Variable(dim=4, initializer=0.0, kv_creator=kv_creator,
                       eviction=de.Eviction(max_size=cap, slack=0.0))

@@ -1,6 +1,7 @@
 """Native table ops against a Python dict reference: every op, dtype, execution mode, bad input."""
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -419,7 +420,6 @@ def test_bound_keeps_rows_of_the_current_stamp_and_evicts_extra_rows():
 
 def test_bound_holds_under_concurrent_writers():
     """Writers in threads, each adding new keys: the table never passes the bound."""
-    import threading   # pylint: disable=import-outside-toplevel
     t = table(dim=4)
     t.set_step(1)
     t.insert(tf.constant(np.arange(1000), tf.int64), tf.zeros([1000, 4]))
