@@ -10,13 +10,17 @@ Planning and training need no GPU and a GPU's time is short, so this runs in thr
     python benchmarks/placement_gpu.py      # report: the shipped weights' plans, made again, scored
                                             # by the shipped measurement (results/, one H200)
     python benchmarks/placement_gpu.py report --task-seed 11    # the second set of unseen tasks
+    python benchmarks/placement_gpu.py plans --out wide.json --wide-dim 512 --task-seed 13 \
+        --tasks 8     # the two hottest tables of each task 512 wide: column splits and a shape
+                      # the learned weights never saw (docs/learned_placement.md)
 
 Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU pool
 (`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
 registered strategy (cost-greedy and column-greedy score with the learned GPU cost model),
 `random` (3 seeds), and `best` (what `tfra-de plan` does by default: every strategy proposes,
-the learned estimator picks); with --old-weights also "learned-old" / "best-old" planned with
-other weights (e.g. the shipped ones beside retrained ones, measured in the same run).
+the learned estimator picks, or the analytic one where a table's shape lies far outside what
+the weights saw: `select.default_judge`); with --old-weights also "learned-old" / "best-old"
+planned with other weights (e.g. the shipped ones beside retrained ones, measured in the same run).
 Measured cost of a device: its pieces as fused EmbeddingBags,
 forward + backward + SGD (`torch_cuda.benchmark_devices`), plus the modelled all-to-all of its
 pooled rows (`comm.AllToAll`); a plan's cost is its most expensive device.
@@ -31,6 +35,7 @@ Prints a table and one JSON line (`report`).
 """
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -54,12 +59,27 @@ RANDOM_SEEDS = (0, 1, 2)
 GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
 
 
-def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED):
+def widen(task, dim, count=2):
+    """`task` with its `count` hottest tables (by lookups per sample) widened to `dim` columns,
+    among those that still fit an eighth of a device at that width: tasks where column splits
+    matter (the pool's tables are at most 128 wide)."""
+    room = task.devices[0].memory_bytes / 8
+    fits = [t for t in task.tables
+            if t.dim < dim and t.rows * dim * t.bytes_per_value <= room]
+    hot = {t.name for t in sorted(fits, key=lambda t: -t.pooling_factor)[:count]}
+    tables = [dataclasses.replace(t, dim=dim) if t.name in hot else t for t in task.tables]
+    return dataclasses.replace(task, tables=tables)
+
+
+def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, wide_dim=None):
     """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks drawn
     with `task_seed`; `old_weights`: also "learned-old" / "best-old" planned and picked with
-    those weights."""
+    those weights; `wide_dim`: every task's two hottest tables widened to it (`widen`), and
+    "learned-rows" beside "learned": the learned plan that cuts tables by rows only."""
     from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
     tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=task_seed)
+    if wide_dim:
+        tasks = [widen(t, wide_dim) for t in tasks]
     learned = estimators.get_estimator("learned", weights=weights)
     old = estimators.get_estimator("learned", weights=old_weights) if old_weights else None
     out = {"tasks": [t.to_dict() for t in tasks], "plans": []}
@@ -72,9 +92,18 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED):
                 plan = proposers.propose(task, name, seed=seed, estimator=learned)
                 out["plans"].append({"task": k, "strategy": name, "seed": seed,
                                      "plan": plan.to_dict()})
-        choice = select.best_plan(task, learned)
+        choice = select.best_plan(task, learned,
+                                  judge=select.default_judge(task, learned, weights))
         out["plans"].append({"task": k, "strategy": "best", "seed": 0, "winner":
                              choice.plan.strategy, "plan": choice.plan.to_dict()})
+        if wide_dim:
+            margin, policy.COLUMN_MARGIN = policy.COLUMN_MARGIN, 1.0   # keeps no column blocks
+            try:
+                plan = proposers.propose(task, "learned", seed=0, estimator=learned)
+            finally:
+                policy.COLUMN_MARGIN = margin
+            out["plans"].append({"task": k, "strategy": "learned-rows", "seed": 0,
+                                 "plan": plan.to_dict()})
         if old is not None:
             policy.use_weights(old_weights)
             plan = proposers.propose(task, "learned", seed=0, estimator=old)
@@ -251,7 +280,8 @@ def report(data, measured):
     comm = AllToAll()
     table, complete, winners, unmeasured = strategy_table(data, results, comm)
     heuristics = [s for s in table
-                  if s not in ("learned", "best", "random", "learned-old", "best-old")]
+                  if s not in ("learned", "best", "random", "learned-old", "best-old",
+                                 "learned-rows")]
     best_h = min(heuristics, key=lambda s: table[s]["max_ms"]) if heuristics else None
     print(f"{complete} task(s) fully measured: 80 unseen full-size tables on 8 GPUs, "
           "max device ms (measured compute + modelled all-to-all)")
@@ -261,7 +291,7 @@ def report(data, measured):
         print(f"{name:20s} {row['max_ms']:9.3f} {row['balance']:8.3f} {ratio:>8s}")
     summary = {"tasks": complete, "unmeasured_plans": unmeasured, "best_heuristic": best_h,
                "best_winners": winners, "table": table}
-    for name in ("learned", "best", "learned-old", "best-old"):
+    for name in ("learned", "best", "learned-old", "best-old", "learned-rows"):
         if name in table and "lookup-greedy" in table:
             row = table[name]
             summary[name] = {
@@ -284,7 +314,8 @@ def report(data, measured):
             t = strategy_table(data, one, comm)[0]
             summary["noise"]["passes"].append(
                 {name: round(t[name]["max_ms"], 3) for name in
-                 ("learned", "best", "learned-old", "best-old", "lookup-greedy", best_h)
+                 ("learned", "best", "learned-old", "best-old", "learned-rows",
+                  "lookup-greedy", best_h)
                  if name in t})
             print(f"pass {i + 1}: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in summary["noise"]["passes"][-1].items()))
@@ -307,6 +338,8 @@ def main(argv=None):
     p.add_argument("--old-weights", default=None,
                    help="also plan learned-old / best-old with these weights")
     p.add_argument("--task-seed", type=int, default=TASK_SEED, help="draws the unseen tasks")
+    p.add_argument("--wide-dim", type=int, default=None,
+                   help="widen each task's two hottest tables to this dim (column splits)")
     m = sub.add_parser("measure")
     m.add_argument("--plans", required=True)
     m.add_argument("--out", required=True)
@@ -324,7 +357,8 @@ def main(argv=None):
     if args.step is None:
         args = parser.parse_args(["report"])
     if args.step == "plans":
-        data = make_plans(args.tasks, args.weights, args.old_weights, args.task_seed)
+        data = make_plans(args.tasks, args.weights, args.old_weights, args.task_seed,
+                          args.wide_dim)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(data, f)
         print(f"wrote {len(data['plans'])} plans of {len(data['tasks'])} tasks to {args.out}")

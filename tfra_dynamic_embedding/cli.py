@@ -203,7 +203,7 @@ def _out_of_range_text(item, weights, task=None):
 
 
 def _run_plan(args):
-    from tfra_dynamic_embedding.placement import evaluate, proposers  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import estimators, evaluate, proposers  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
     policy.use_weights(args.weights)  # the "learned" strategy's weights; None: the shipped ones
     task = _make_task(args, _load_tables(args))
@@ -223,10 +223,17 @@ def _run_plan(args):
     if args.verify_top and args.strategy != "best":
         raise CliError(f"--verify-top needs --strategy best; got --strategy {args.strategy}")
     if args.strategy == "best":
+        estimator = estimators.get_estimator(estimator)
+        scorer = estimator if args.estimator else select.default_judge(task, estimator,
+                                                                        args.weights)
+        if scorer is not estimator:
+            print(f"note: tables lie more than {select.EXTRAPOLATION_LIMIT} training ranges "
+                  f"beyond what the learned cost model saw, so the {scorer.name} estimator "
+                  f"scores the candidates (pass --estimator to choose)")
         choice = select.best_plan(task, estimator, seed=args.seed,
                                   verify=(args.verify_estimator or select.default_verifier(task))
                                   if args.verify_top else None,
-                                  verify_top=args.verify_top or 1)
+                                  verify_top=args.verify_top or 1, judge=scorer)
         plan = choice.plan
         best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)
         for candidate in choice.candidates:
@@ -238,10 +245,11 @@ def _run_plan(args):
             print(f"  candidate {candidate.strategy:<20s} {cost}")
         margin = ("" if choice.margin is None else ", tied with the runner-up"
                   if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
-        judge = (f"the {choice.verified_by} estimator of the {args.verify_top} cheapest by the "
-                 f"{choice.estimator} estimator" if choice.verified_by
-                 else f"the {choice.estimator} estimator")
-        print(f"best: {plan.strategy} (by {judge}{margin})")
+        judged_by = (f"the {choice.verified_by} estimator of the {args.verify_top} cheapest by "
+                     f"the {choice.estimator} estimator" if choice.verified_by
+                     else f"the {choice.estimator} estimator")
+        print(f"best: {plan.strategy} (by {judged_by}{margin})")
+        estimator = scorer   # the report scores the plan as the choice did
     else:
         plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=estimator)
     report = evaluate.evaluate_plan(plan, estimator, num_random=args.random, seed=args.seed)

@@ -103,8 +103,7 @@ Status Table<K, V>::LoadFromFile(const std::string& path, int group, int64_t* lo
     if (group == 0 && groups_.load() == 1) {
       for (int i = 0; i < num_shards_; ++i) SwapShard(&shards_[i], &staged->shards_[i]);
       *loaded = Size();
-      // The shards changed tables: so did their counts.
-      staged->total_.store(staged->Size(), std::memory_order_relaxed);
+      // The shards changed tables, so the count follows them (`staged` is freed below).
       total_.store(*loaded, std::memory_order_relaxed);
       return absl::OkStatus();  // `staged` now holds the old content and frees it here
     }

@@ -279,3 +279,72 @@ def test_plan_notes_the_worst_table_outside_the_training_range(capsys, tmp_path)
     text = cli._out_of_range_text(   # pylint: disable=protected-access
         ("t13", 20, float("inf")), None)
     assert text == "t13, feature reuse(32768, inf), which was 0 throughout training"
+
+
+def _wide_gpu_task(dim=512):
+    """One hot table wider than any the GPU weights saw (they saw dims up to 128) among 30
+    narrow ones on 8 GPUs."""
+    tables = [types.TableSpec("hot", rows=10**6, dim=dim, pooling_factor=10.0)] + [
+        types.TableSpec(f"n{i:02d}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(30)]
+    return types.Task(tables, types.make_devices(8, "16GiB", "/GPU:{i}"), batch_size=65536)
+
+
+def test_default_scores_with_analytic_where_a_shape_lies_far_outside_the_weights():
+    # Measured on GPUs, the learned model predicted devices with 256-512 wide tables well
+    # below their cost, so there the analytic estimator picks among the candidates.
+    task = _wide_gpu_task()
+    learned = select.default_estimator(task)
+    assert learned.name == "learned"
+    flagged = select.learned_out_of_range(task)
+    assert flagged[0][:2] == ("hot", 0) and flagged[0][2] > select.EXTRAPOLATION_LIMIT
+    assert select.default_judge(task, learned).name == "analytic"
+    choice = select.best_plan(task)
+    assert choice.estimator == "analytic"
+    analytic = estimators.get_estimator("analytic")
+    names = [c.strategy for c in choice.candidates]
+    assert "learned" in names            # the learned proposer still proposes
+    for candidate in choice.candidates:  # proposed with the learned model, scored analytically
+        plan = proposers.propose(task, candidate.strategy, estimator=learned)
+        assert max(analytic.plan_costs(plan).values()) == pytest.approx(candidate.max_cost)
+    assert max(analytic.plan_costs(choice.plan).values()) == choice.candidates[0].max_cost
+    # an estimator the caller names scores as named
+    assert select.best_plan(task, learned).estimator == "learned"
+    assert select.best_plan(task, learned, judge="analytic").estimator == "analytic"
+    # dim 128 lies inside what the GPU weights saw
+    assert select.default_judge(_wide_gpu_task(128), learned).name == "learned"
+
+
+def test_default_keeps_learned_where_only_reuse_shares_lie_outside():
+    # The 1-row table's reuse share lies far outside the training range, but shares are bounded
+    # in [0, 1]: only a table's shape makes the learned scores extrapolate without bound.
+    task = _task(3, row_scale=1 / 64)
+    flagged = select.learned_out_of_range(task)
+    assert flagged and flagged[0][2] > select.EXTRAPOLATION_LIMIT
+    assert features.FEATURE_NAMES[flagged[0][1]] not in select.SHAPE_FEATURES
+    assert select.default_judge(task, select.default_estimator(task)).name == "learned"
+    assert select.best_plan(task).estimator == "learned"
+    # full size, two tables are above the trained size (3 GB): far only past EXTRAPOLATION_LIMIT
+    big = _task(3)
+    sizes = {name: d for name, j, d in select.learned_out_of_range(big)
+             if features.FEATURE_NAMES[j] == "size_gb"}
+    assert max(sizes.values()) > select.EXTRAPOLATION_LIMIT
+    assert select.default_judge(big, select.default_estimator(big)).name == "analytic"
+    assert select.default_judge(big, select.default_estimator(big),
+                                limit=max(sizes.values()) + 0.01).name == "learned"
+    # any other estimator is returned as is
+    assert select.default_judge(big, "analytic").name == "analytic"
+
+
+def test_plan_says_when_analytic_scores_the_candidates(capsys, tmp_path):
+    task = _wide_gpu_task()
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps({"tables": [t.to_dict() for t in task.tables]}))
+    common = ["plan", "--tables", str(path), "--devices", "8", "--device-template", "/GPU:{i}",
+              "--memory", "16GiB", "--batch-size", "65536", "--random", "0"]
+    assert cli.main(common + ["--out", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "so the analytic estimator scores the candidates" in out
+    assert "(by the analytic estimator" in out and "estimator analytic" in out
+    assert cli.main(common + ["--estimator", "learned", "--out", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "scores the candidates" not in out and "(by the learned estimator" in out

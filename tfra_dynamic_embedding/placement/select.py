@@ -3,7 +3,10 @@
 A learned policy is only as good as the tasks its weights saw, and each heuristic wins on some
 tasks and loses on others; scoring all of them with the estimator in use and keeping the best
 means the default never loses to any of them (by that estimator). `learned_out_of_range` says
-when a task's tables lie outside the training range of the learned proposer's cost model.
+when a task's tables lie outside the training range of the learned proposer's cost model; when
+their shapes lie far outside it (`default_judge`), the default scores with the analytic
+estimator instead: the learned one extrapolates there (it predicted GPUs holding tables wider
+than any it saw well below their measured cost; docs/learned_placement.md).
 
 An estimate can rank two close plans the wrong way round. `verify=` re-scores the `verify_top`
 cheapest distinct plans with a second estimator, e.g. "measured-cpu" (benchmarks: ground truth,
@@ -24,7 +27,7 @@ from typing import List, Optional
 import numpy as np
 
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import estimators, proposers
+from tfra_dynamic_embedding.placement import estimators, features, proposers
 
 # Proposers skipped by default: random is a baseline, not a proposal.
 SKIPPED = ("random",)
@@ -34,6 +37,12 @@ OUT_OF_RANGE_MARGIN = 0.1
 # Weights without a stored training range: a feature this many training standard deviations
 # from its training mean is outside what they saw.
 OUT_OF_RANGE_SIGMAS = 4.0
+# A table whose shape lies this many training-range widths beyond the (widened) range is too far
+# for the learned cost model's scores to pick among plans (`default_judge`).
+EXTRAPOLATION_LIMIT = 0.5
+# The features that say a table's shape (`features.FEATURE_NAMES`), unbounded unlike the reuse
+# shares.
+SHAPE_FEATURES = ("dim", "hash_size", "pooling_factor", "size_gb")
 
 
 @dataclasses.dataclass
@@ -65,10 +74,14 @@ class Choice:
         return costs[1] / costs[0] - 1.0 if len(costs) > 1 and costs[0] > 0 else None
 
 
-def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify_top=3):
+def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify_top=3,
+              judge=None):
     """Proposes `task` with every registered strategy but random (or `strategies`), scores
-    each plan's max device cost with `estimator` (None: `default_estimator(task)`), returns a
-    `Choice` holding the cheapest plan.
+    each plan's max device cost with `judge`, returns a `Choice` holding the cheapest plan.
+
+    estimator: what the proposers use (cost-greedy, column-greedy); None:
+    `default_estimator(task)`. judge: what scores the candidates; None: `estimator` when one
+    was given, else `default_judge(task, ...)` (the default's own rule).
 
     verify: None, or an estimator (name or instance) that re-scores the `verify_top` cheapest
     distinct plans (strategies that proposed the same placement count once); the cheapest by it
@@ -79,6 +92,9 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
     if verify is not None and int(verify_top) < 1:
         raise ValueError(f"verify_top must be >= 1; got {verify_top!r}")
     est = estimators.get_estimator(default_estimator(task) if estimator is None else estimator)
+    if judge is None:
+        judge = est if estimator is not None else default_judge(task, est)
+    judge = estimators.get_estimator(judge)
     names = list(strategies) if strategies else [
         s for s in proposers.list_strategies() if s not in SKIPPED]
     unknown = [s for s in names if s not in proposers.list_strategies()]
@@ -93,7 +109,7 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
             candidates.append(Candidate(name, error=f"{type(error).__name__}: {error}"))
             continue
         plans[name] = plan
-        candidates.append(Candidate(name, max_cost=max(est.plan_costs(plan).values())))
+        candidates.append(Candidate(name, max_cost=max(judge.plan_costs(plan).values())))
     scored = sorted((c for c in candidates if c.max_cost is not None),
                     key=lambda c: (c.max_cost, names.index(c.strategy)))
     if not scored:
@@ -102,7 +118,7 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
                          f"(and {len(candidates) - 1} other strategies failed too)")
     failed = [c for c in candidates if c.max_cost is None]
     if verify is None:
-        return Choice(plans[scored[0].strategy], scored + failed, est.name)
+        return Choice(plans[scored[0].strategy], scored + failed, judge.name)
     checker = estimators.get_estimator(verify)
     top, seen = [], set()
     for candidate in scored:
@@ -116,7 +132,7 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
         candidate.verified_cost = max(checker.plan_costs(plans[candidate.strategy]).values())
     top.sort(key=lambda c: (c.verified_cost, names.index(c.strategy)))
     rest = [c for c in scored if c.verified_cost is None]
-    return Choice(plans[top[0].strategy], top + rest + failed, est.name, checker.name)
+    return Choice(plans[top[0].strategy], top + rest + failed, judge.name, checker.name)
 
 
 def _placement_key(plan):
@@ -140,6 +156,34 @@ def default_estimator(task, weights_dir=None):
     if os.path.exists(path):
         return estimators.get_estimator("learned", weights=weights_dir)
     return "analytic"
+
+
+def default_judge(task, estimator, weights_dir=None, limit=EXTRAPOLATION_LIMIT):
+    """The estimator that scores the default's candidates: `estimator`, except a learned one
+    on a task with a table whose shape (`SHAPE_FEATURES`: dim, rows, pooling, size) lies more
+    than `limit` training-range widths beyond the (widened) range its weights saw -- or, for
+    weights without a stored range, more than `OUT_OF_RANGE_SIGMAS` from the training mean
+    -- which gives "analytic". Reuse shares are bounded in [0, 1], so the learned model's
+    error there is bounded too; shapes are not. The learned proposer's plan stays a candidate.
+
+    Example: default_judge(task, default_estimator(task)).name   # "learned" on seen shapes
+    """
+    est = estimators.get_estimator(estimator)
+    if est.name != "learned" or not task.tables:
+        return est
+    model = learned_cost_model(weights_dir, task)
+    x = np.stack([cm.shard_features(table, 1.0, model.scales, task.batch_size)
+                  for table in task.tables])
+    shape = np.isin(features.FEATURE_NAMES, SHAPE_FEATURES)
+    if model.has_range:
+        lo, hi = (np.asarray(model.meta[k], float) for k in ("x_min", "x_max"))
+        middle = (lo + hi) / 2   # stands in for the reuse shares: only shapes count here
+        _, distance = model.range_distance(np.where(shape, x, middle), OUT_OF_RANGE_MARGIN)
+        far = distance > limit
+    else:
+        z = (x - model.params["x_mean"]) / model.params["x_std"]
+        far = np.abs(z[:, shape]).max(axis=1) > OUT_OF_RANGE_SIGMAS
+    return estimators.get_estimator("analytic") if far.any() else est
 
 
 def default_verifier(task):
@@ -189,4 +233,5 @@ def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
     return sorted(out, key=lambda item: -abs(item[2]))
 
 
-__all__ = ["Candidate", "Choice", "best_plan", "learned_cost_model", "learned_out_of_range"]
+__all__ = ["Candidate", "Choice", "best_plan", "default_judge", "learned_cost_model",
+           "learned_out_of_range"]
