@@ -90,7 +90,8 @@ class Variable(_tf_private.AutoTrackable):
       short_file_name: TFRA's switch for short names: optimizer slot variables are named
         `<name>/<slot>` without the optimizer's name (`de.get_variable` also drops the scope).
       eviction: None or a `de.Eviction`: a capacity bound (LRU / LFU) and/or a time to live
-        that `de.DynamicEmbeddingOptimizer` enforces at every training step.
+        that `de.DynamicEmbeddingOptimizer` enforces at every training step; None on a
+        trainable variable: the bound of `kv_creator` if it has one (`de.HkvHashTableCreator`).
       admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`:
         new keys get rows only once admitted (until then training does not write them).
     """
@@ -178,8 +179,12 @@ class Variable(_tf_private.AutoTrackable):
         # The primary variable when this one holds an optimizer slot (set by the optimizer).
         self._slot_of = None
         self._eviction_state = None
-        if eviction is not None:
+        bound = self._kv_creator.shard_bound() if eviction is None and trainable else None
+        if eviction is not None or bound is not None:
             from tfra_dynamic_embedding.online import eviction as eviction_lib  # pylint: disable=import-outside-toplevel
+            if bound is not None:   # e.g. de.HkvHashTableCreator: max_capacity keys per shard
+                eviction = eviction_lib.Eviction(max_size=bound[0] * len(self._devices),
+                                                 order=bound[1], slack=0.0)
             if not isinstance(eviction, eviction_lib.Eviction):
                 raise TypeError(f"eviction must be a de.Eviction; got {eviction!r}")
             self._eviction_state = eviction.attach(self)

@@ -169,6 +169,11 @@ class KVCreator(metaclass=abc.ABCMeta):
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         """Return a new `KVTable` whose resource lives on `device`."""
 
+    def shard_bound(self):
+        """None, or (keys, "lru" | "lfu"): the bound each shard of a trainable variable made
+        with this creator holds when the variable is given no `eviction` (TFRA's HKV)."""
+        return None
+
 
 def op_name(name):
     """A valid TF op name from a table or variable name (which may hold scope slashes)."""

@@ -1,0 +1,168 @@
+"""The table creators of TFRA's API: `default_kv_creator`, `de.CuckooHashTableCreator`
+(this package's default tables) and `de.HkvHashTableCreator` (the same tables, bounded).
+
+TFRA's HKV table keeps its rows in GPU (and host) memory and, when an insert finds a table at
+`max_capacity`, evicts the keys with the lowest scores. Here the rows live in this package's
+tables (native when built, else built-in), and a trainable variable made with
+`de.HkvHashTableCreator` holds a `de.Eviction(max_size=max_capacity x shards, order="lru" |
+"lfu", slack=0)` unless it is given an eviction of its own: every training step keeps each shard
+within `max_capacity` (docs/online.md). GPU memory settings (`init_capacity`,
+`max_hbm_for_values`, `reserved_key_start_bit`) are checked and kept for `get_config` but place
+nothing on a GPU.
+
+Example:
+    config = de.HkvHashTableConfig(max_capacity=1 << 20, evict_strategy=de.HkvEvictStrategy.LFU)
+    w = de.get_variable("w", dim=16, kv_creator=de.HkvHashTableCreator(config=config))
+"""
+
+import enum
+
+import tensorflow as tf
+
+from tfra_dynamic_embedding import checkpoint
+from tfra_dynamic_embedding.tables import native
+from tfra_dynamic_embedding.tables.base import KVCreator
+from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator
+
+
+def default_kv_creator(value_dtype=None, key_dtype=None):
+    """The native backend when its op library loads and the dtypes (when given) are ones it
+    holds -- floating values, int32/int64/string keys -- else the built-in one."""
+    fits = ((value_dtype is None or tf.as_dtype(value_dtype) in native.VALUE_DTYPES)
+            and (key_dtype is None or tf.as_dtype(key_dtype) in native.KEY_DTYPES))
+    return native.NativeKVCreator() if native.is_available() and fits else BuiltinKVCreator()
+
+
+class CuckooHashTableConfig:
+    """TFRA's config of its default table. It has no settings; it exists so that TFRA code
+    (`de.CuckooHashTableCreator(config=de.CuckooHashTableConfig())`) runs unchanged."""
+
+
+class CuckooHashTableCreator(KVCreator):
+    """TFRA's name for the default backend: this project's native table when its op library
+    is built, else the built-in one (`default_kv_creator`).
+
+    Example:
+        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(de.CuckooHashTableConfig()))
+        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+    """
+
+    def __init__(self, config=None, saver=None):
+        if config is not None and not isinstance(config, CuckooHashTableConfig):
+            raise TypeError(f"config must be a de.CuckooHashTableConfig; got {config!r}")
+        if saver is not None and not isinstance(saver, checkpoint.DynamicEmbeddingSaver):
+            raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
+        self.config = config or CuckooHashTableConfig()
+        # With a de.FileSystemSaver, checkpoints write the variable's tables to files
+        # (checkpoint.py).
+        self.saver = saver
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        return default_kv_creator(value_dtype, key_dtype).create(
+            key_dtype, value_dtype, dim, name, device, shared_name, init_size)
+
+
+KHkvHashTableInitCapacity = 1024 * 1024
+KHkvHashTableMaxCapacity = 1024 * 1024
+KHkvHashTableMaxHbmForValuesByBytes = 1024 * 1024 * 1024
+
+
+@enum.unique
+class HkvEvictStrategy(enum.IntEnum):
+    """TFRA's eviction scores. LRU: last write time; LFU: write count; EPOCHLRU: (epoch, time),
+    which orders keys as LRU does; EPOCHLFU: (epoch, count); CUSTOMIZED: scores from a function.
+    The last two have no equivalent in this package's per-row metadata and are refused."""
+
+    LRU = 0
+    LFU = 1
+    EPOCHLRU = 2
+    EPOCHLFU = 3
+    CUSTOMIZED = 4
+
+
+# The `de.Eviction` order of each supported strategy.
+_ORDERS = {HkvEvictStrategy.LRU: "lru", HkvEvictStrategy.LFU: "lfu",
+           HkvEvictStrategy.EPOCHLRU: "lru"}
+
+
+def _count(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+    return value
+
+
+class HkvHashTableConfig:
+    """The settings of TFRA's HKV table (see the module docstring for what each means here).
+
+    Example: de.HkvHashTableConfig(max_capacity=100_000, evict_strategy=de.HkvEvictStrategy.LRU)
+    """
+
+    def __init__(self, init_capacity=KHkvHashTableInitCapacity,
+                 max_capacity=KHkvHashTableMaxCapacity,
+                 max_hbm_for_values=KHkvHashTableMaxHbmForValuesByBytes,
+                 evict_strategy=HkvEvictStrategy.LRU, step_per_epoch=0, gen_scores_fn=None,
+                 reserved_key_start_bit=0):
+        self.init_capacity = _count("init_capacity", init_capacity, 1)
+        self.max_capacity = _count("max_capacity", max_capacity, 1)
+        if init_capacity > max_capacity:
+            raise ValueError(f"init_capacity must be <= max_capacity; got init_capacity="
+                             f"{init_capacity}, max_capacity={max_capacity}")
+        self.max_hbm_for_values = _count("max_hbm_for_values", max_hbm_for_values, 0)
+        try:
+            strategy = HkvEvictStrategy(evict_strategy)
+        except ValueError:
+            raise ValueError(f"evict_strategy must be a de.HkvEvictStrategy; got "
+                             f"{evict_strategy!r}") from None
+        if strategy not in _ORDERS:
+            raise ValueError(f"evict_strategy {strategy.name} is not supported: the tables here "
+                             f"keep each key's last write step and write count, which give LRU, "
+                             f"LFU and EPOCHLRU; got evict_strategy={strategy!r}")
+        self.evict_strategy = strategy
+        self.step_per_epoch = _count("step_per_epoch", step_per_epoch, 0)
+        if strategy == HkvEvictStrategy.EPOCHLRU and step_per_epoch < 1:
+            raise ValueError(f"step_per_epoch must be >= 1 with evict_strategy EPOCHLRU; got "
+                             f"{step_per_epoch!r}")
+        if gen_scores_fn is not None:
+            raise ValueError(f"gen_scores_fn is for evict_strategy CUSTOMIZED, which is not "
+                             f"supported; got {gen_scores_fn!r}")
+        self.gen_scores_fn = None
+        self.reserved_key_start_bit = _count("reserved_key_start_bit", reserved_key_start_bit, 0)
+
+    @property
+    def order(self):
+        """The `de.Eviction` order: "lru" or "lfu"."""
+        return _ORDERS[self.evict_strategy]
+
+
+class HkvHashTableCreator(KVCreator):
+    """TFRA's HKV creator: this package's default tables, each shard bounded to the config's
+    `max_capacity` keys by LRU / LFU eviction in training (`eviction`).
+
+    Example:
+        creator = de.HkvHashTableCreator(config=de.HkvHashTableConfig(max_capacity=4096))
+        w = de.Variable(dim=8, devices=["/CPU:0", "/CPU:1"], kv_creator=creator)  # <= 8192 keys
+    """
+
+    def __init__(self, config=None, saver=None):
+        if config is not None and not isinstance(config, HkvHashTableConfig):
+            raise TypeError(f"config must be a de.HkvHashTableConfig; got {config!r}")
+        if saver is not None and not isinstance(saver, checkpoint.DynamicEmbeddingSaver):
+            raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
+        self.config = config or HkvHashTableConfig()
+        self.saver = saver
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        return default_kv_creator(value_dtype, key_dtype).create(
+            key_dtype, value_dtype, dim, name, device, shared_name, init_size)
+
+    def shard_bound(self):
+        """(`max_capacity`, "lru" | "lfu"): each shard's bound, in keys, and eviction order."""
+        return self.config.max_capacity, self.config.order
+
+    def get_config(self):
+        return {"init_capacity": self.config.init_capacity,
+                "max_capacity": self.config.max_capacity,
+                "max_hbm_for_values": self.config.max_hbm_for_values,
+                "evict_strategy": int(self.config.evict_strategy),
+                "step_per_epoch": self.config.step_per_epoch,
+                "reserved_key_start_bit": self.config.reserved_key_start_bit}
