@@ -13,6 +13,8 @@ Planning and training need no GPU and a GPU's time is short, so this runs in thr
     python benchmarks/placement_gpu.py plans --out wide.json --wide-dim 512 --task-seed 13 \
         --tasks 8     # the two hottest tables of each task 512 wide: column splits and a shape
                       # the learned weights never saw (docs/learned_placement.md)
+    python benchmarks/placement_gpu.py report --wide-dim 512 --task-seed 13   # shipped: 512
+                      # and 256 of seed 13, 384 of seed 17
 
 Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU pool
 (`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
@@ -55,6 +57,11 @@ TASK_SEED = 7
 # 11 is a second set of unseen tasks, measured after that choice)
 SHIPPED_MEASUREMENTS = {7: os.path.join(RESULTS, "placement_gpu_measured.json.gz"),
                         11: os.path.join(RESULTS, "placement_gpu_measured_seed11.json.gz")}
+# the shipped H200 measurement of tasks with two tables widened (--wide-dim): (task seed, dim) ->
+# (file, tasks)
+SHIPPED_WIDE = {(13, 512): ("placement_gpu_measured_wide512_seed13.json.gz", 8),
+                (13, 256): ("placement_gpu_measured_wide256_seed13.json.gz", 8),
+                (17, 384): ("placement_gpu_measured_wide384_seed17.json.gz", 5)}
 RANDOM_SEEDS = (0, 1, 2)
 GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
 
@@ -353,6 +360,9 @@ def main(argv=None):
                    help="default: the shipped measurement of --task-seed's plans")
     r.add_argument("--task-seed", type=int, default=TASK_SEED,
                    help="with no --plans: the tasks to plan again (7 or 11 are shipped)")
+    r.add_argument("--wide-dim", type=int, default=None,
+                   help="with no --plans: the widened tasks (shipped: 512 and 256 of seed 13, "
+                   "384 of seed 17)")
     args = parser.parse_args(argv)
     if args.step is None:
         args = parser.parse_args(["report"])
@@ -369,11 +379,18 @@ def main(argv=None):
                 device=int(args.device) if args.device.isdigit() else args.device,
                 passes=args.passes)
     else:
-        measured = args.measured or SHIPPED_MEASUREMENTS.get(args.task_seed)
+        num_tasks, measured = 10, SHIPPED_MEASUREMENTS.get(args.task_seed)
+        if args.wide_dim:
+            shipped = SHIPPED_WIDE.get((args.task_seed, args.wide_dim))
+            num_tasks, measured = (None, None) if shipped is None else (
+                shipped[1], os.path.join(RESULTS, shipped[0]))
+        measured = args.measured or measured
         if measured is None:
-            parser.error(f"no shipped measurement for --task-seed {args.task_seed}; "
-                         f"pass --measured (shipped: {sorted(SHIPPED_MEASUREMENTS)})")
-        data = _read_json(args.plans) if args.plans else make_plans(10, task_seed=args.task_seed)
+            parser.error(f"no shipped measurement for --task-seed {args.task_seed} --wide-dim "
+                         f"{args.wide_dim}; pass --measured (shipped: "
+                         f"{sorted(SHIPPED_MEASUREMENTS)}, wide {sorted(SHIPPED_WIDE)})")
+        data = (_read_json(args.plans) if args.plans else
+                make_plans(num_tasks, task_seed=args.task_seed, wide_dim=args.wide_dim))
         report(data, _read_json(measured))
     return 0
 
