@@ -47,12 +47,14 @@ class CuckooHashTableCreator(KVCreator):
         w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
     """
 
+    config_class = CuckooHashTableConfig   # what `config` must be; its default when None
+
     def __init__(self, config=None, saver=None):
-        if config is not None and not isinstance(config, CuckooHashTableConfig):
-            raise TypeError(f"config must be a de.CuckooHashTableConfig; got {config!r}")
+        if config is not None and not isinstance(config, self.config_class):
+            raise TypeError(f"config must be a de.{self.config_class.__name__}; got {config!r}")
         if saver is not None and not isinstance(saver, checkpoint.DynamicEmbeddingSaver):
             raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
-        self.config = config or CuckooHashTableConfig()
+        self.config = config or self.config_class()
         # With a de.FileSystemSaver, checkpoints write the variable's tables to files
         # (checkpoint.py).
         self.saver = saver
@@ -134,7 +136,7 @@ class HkvHashTableConfig:
         return _ORDERS[self.evict_strategy]
 
 
-class HkvHashTableCreator(KVCreator):
+class HkvHashTableCreator(CuckooHashTableCreator):
     """TFRA's HKV creator: this package's default tables, each shard bounded to the config's
     `max_capacity` keys by LRU / LFU eviction in training (`eviction`).
 
@@ -143,17 +145,7 @@ class HkvHashTableCreator(KVCreator):
         w = de.Variable(dim=8, devices=["/CPU:0", "/CPU:1"], kv_creator=creator)  # <= 8192 keys
     """
 
-    def __init__(self, config=None, saver=None):
-        if config is not None and not isinstance(config, HkvHashTableConfig):
-            raise TypeError(f"config must be a de.HkvHashTableConfig; got {config!r}")
-        if saver is not None and not isinstance(saver, checkpoint.DynamicEmbeddingSaver):
-            raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
-        self.config = config or HkvHashTableConfig()
-        self.saver = saver
-
-    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
-        return default_kv_creator(value_dtype, key_dtype).create(
-            key_dtype, value_dtype, dim, name, device, shared_name, init_size)
+    config_class = HkvHashTableConfig
 
     def shard_bound(self):
         """(`max_capacity`, "lru" | "lfu"): each shard's bound, in keys, and eviction order."""
