@@ -65,11 +65,12 @@ configure: | $(INSTALL_STAMP)
 # --- tests ---------------------------------------------------------------------------------------
 
 # pytest has just run every test file, so Bazel runs them again as its targets except the
-# "exclusive" multi-process ones (each runs alone: ~10 minutes on 2 cores, which kept CI near its
-# time limit). `bazel test //...` or `make bazel-test` runs them all.
+# "exclusive" multi-process ones (each runs alone: ~10 minutes on 2 cores) and the "long" ones
+# (over a minute each; ~10 minutes together), which kept CI near its time limit (tests/BUILD).
+# `bazel test //...` or `make bazel-test` runs them all.
 test: venv
 	@$(MAKE) --no-print-directory pytest
-	@$(MAKE) --no-print-directory bazel-test BAZEL_ARGS="--test_tag_filters=-exclusive $(BAZEL_ARGS)"
+	@$(MAKE) --no-print-directory bazel-test BAZEL_ARGS="--test_tag_filters=-exclusive,-long $(BAZEL_ARGS)"
 
 # pytest exits 5 when it collects no test at all; that is not a failure of the build.
 pytest: | $(INSTALL_STAMP)
