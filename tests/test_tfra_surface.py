@@ -239,3 +239,14 @@ def test_trainable_wrapper_filter_splits_wrappers_from_other_variables():
     others, wrappers = de.trainable_wrapper_filter([dense, wrapper, 3])
     assert others == (dense, 3) and wrappers == (wrapper,)
     assert de.trainable_wrapper_filter([dense, 3], lambda x: x == 3) == ((dense,), (3,))
+
+
+def test_tfras_platform_checks_import_as_its_tests_do():
+    import platform
+    from tensorflow_recommenders_addons.utils.check_platform import (
+        is_arm64, is_linux, is_macos, is_raspi_arm, is_windows)
+    system, machine = platform.system(), platform.machine()
+    assert (is_linux(), is_macos(), is_windows()) == (
+        system == "Linux", system == "Darwin", system == "Windows")
+    assert (is_arm64(), is_raspi_arm()) == (machine == "arm64", machine == "armv7l")
+    assert sum((is_linux(), is_macos(), is_windows())) <= 1

@@ -252,6 +252,26 @@ def test_bad_values_leave_table_unchanged(kv_creator):
     assert sorted(keys.numpy()) == [1, 2] and values.numpy().sum() == 6
 
 
+def test_writes_of_static_shapes_add_no_shape_asserts_to_the_graph(kv_creator):
+    # TFRA code that upserts in a loop of session runs grows one graph: a write whose shapes
+    # are known when it is built holds just its table op (shapes checked in Python), and one
+    # of unknown shapes keeps its run-time check.
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
+        w = de.Variable(dim=2, kv_creator=kv_creator, name="static_writes")
+        before = len(graph.get_operations())
+        write = w.upsert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+        types = [op.type for op in graph.get_operations()[before:]]
+        assert "Assert" not in types and len(types) <= 4, types
+        sess.run(write)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        write = w.upsert(keys, rows)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+            sess.run(write, {keys: [3, 4, 5], rows: np.zeros([2, 2])})
+        np.testing.assert_array_equal(sess.run(w.lookup(tf.constant([1, 2, 3], tf.int64))),
+                                      [[1, 2], [3, 4], [0, 0]])
+
+
 def test_partitioner_out_of_range_leaves_table_unchanged(kv_creator):
     def bad_partitioner(keys, shard_num):
         return tf.cast(keys, tf.int32)  # key 7 -> shard 7 of 2

@@ -725,12 +725,19 @@ class Variable(_tf_private.AutoTrackable):
         values = self._values_tensor(values, keys, arg)
         with tf.name_scope(scope_name(name)):
             # Checked before any shard is written, so a bad call leaves the table unchanged.
-            checks = [tf.debugging.assert_equal(
-                tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
-                message=f"Expected shape keys.shape + [{self._dim}] for {arg} of {self._name}")]
-            with tf.control_dependencies(checks):
-                flat_keys = tf.reshape(keys, [-1])
-                flat_values = tf.reshape(values, [-1, self._dim])
+            # Static shapes were checked already (_values_tensor); a graph that writes in a
+            # loop then holds no assert ops for them.
+            if keys.shape.is_fully_defined() and values.shape.is_fully_defined():
+                flat_keys = keys if keys.shape.rank == 1 else tf.reshape(keys, [-1])
+                flat_values = values if values.shape.rank == 2 else tf.reshape(
+                    values, [-1, self._dim])
+            else:
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
+                        message=f"Expected shape keys.shape + [{self._dim}] for {arg} of "
+                                f"{self._name}")]):
+                    flat_keys = tf.reshape(keys, [-1])
+                    flat_values = tf.reshape(values, [-1, self._dim])
             if self.shard_num == 1:
                 return write(self._tables[0], flat_keys, flat_values)
             parts, positions = self._partition(flat_keys)

@@ -100,10 +100,12 @@ def test_settings_are_checked_like_tfra_and_kept():
         de.HkvHashTableConfig(evict_strategy=9)
     with pytest.raises(ValueError, match="step_per_epoch must be >= 1 with evict_strategy"):
         de.HkvHashTableConfig(evict_strategy=de.HkvEvictStrategy.EPOCHLRU)
-    with pytest.raises(ValueError, match="gen_scores_fn"):
-        de.HkvHashTableConfig(gen_scores_fn=lambda keys: keys)
-    with pytest.raises(ValueError, match="init_capacity must be <= max_capacity"):
-        de.HkvHashTableConfig(init_capacity=10, max_capacity=5)
+    # TFRA code passes gen_scores_fn with any strategy and sets max_capacity below the default
+    # init_capacity: the function is kept unused, and the capacity is the larger of the two.
+    scores = de.HkvHashTableConfig(gen_scores_fn=len)
+    assert scores.gen_scores_fn is len and scores.order == "lru"
+    assert de.HkvHashTableConfig(init_capacity=10, max_capacity=5).max_capacity == 10
+    assert de.HkvHashTableConfig(max_capacity=99999).max_capacity == 1024 * 1024
     for arg, value in (("max_capacity", 0), ("init_capacity", 1.5),
                        ("max_hbm_for_values", -1), ("max_capacity", True)):
         with pytest.raises(ValueError, match=f"{arg} must be an int"):

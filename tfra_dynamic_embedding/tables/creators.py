@@ -107,8 +107,12 @@ class HkvHashTableConfig:
         self.init_capacity = _count("init_capacity", init_capacity, 1)
         self.max_capacity = _count("max_capacity", max_capacity, 1)
         if init_capacity > max_capacity:
-            raise ValueError(f"init_capacity must be <= max_capacity; got init_capacity="
-                             f"{init_capacity}, max_capacity={max_capacity}")
+            # As TFRA's HKV table does (TFRA code sets max_capacity alone, below the default
+            # init_capacity of 2^20): the larger init_capacity is the capacity.
+            tf.get_logger().warning(
+                "HkvHashTableConfig: max_capacity %d < init_capacity %d; max_capacity is reset "
+                "to %d", max_capacity, init_capacity, init_capacity)
+            self.max_capacity = init_capacity
         self.max_hbm_for_values = _count("max_hbm_for_values", max_hbm_for_values, 0)
         try:
             strategy = HkvEvictStrategy(evict_strategy)
@@ -124,10 +128,8 @@ class HkvHashTableConfig:
         if strategy == HkvEvictStrategy.EPOCHLRU and step_per_epoch < 1:
             raise ValueError(f"step_per_epoch must be >= 1 with evict_strategy EPOCHLRU; got "
                              f"{step_per_epoch!r}")
-        if gen_scores_fn is not None:
-            raise ValueError(f"gen_scores_fn is for evict_strategy CUSTOMIZED, which is not "
-                             f"supported; got {gen_scores_fn!r}")
-        self.gen_scores_fn = None
+        # Only CUSTOMIZED (refused above) reads it; TFRA passes it with any strategy.
+        self.gen_scores_fn = gen_scores_fn
         self.reserved_key_start_bit = _count("reserved_key_start_bit", reserved_key_start_bit, 0)
 
     @property

@@ -1,0 +1,1 @@
+"""TFRA's `tensorflow_recommenders_addons.utils`: the platform checks TFRA code imports."""
