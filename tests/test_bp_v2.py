@@ -63,8 +63,8 @@ def test_new_ids_get_the_trained_rows_with_bp_v2():
     with pytest.raises(ValueError, match="bp_v2 must be a bool"):
         de.Variable(dim=2, bp_v2="yes")
     assert de.get_variable("bp_get", dim=2, bp_v2=True).bp_v2
-    with pytest.raises(ValueError, match="synchronous=True"):
-        de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(), synchronous=True)
+    with pytest.raises(ValueError, match="synchronous must be a bool"):
+        de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(), synchronous="yes")
     with pytest.raises(ValueError, match="bp_v2 must be None or a bool"):
         de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(), bp_v2="on")
 

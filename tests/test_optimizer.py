@@ -272,3 +272,68 @@ def test_variable_lists_its_slot_variables():
     slots = pair.emb.get_slot_variables(pair.opt)
     assert sorted(s.name.split("/")[-1] for s in slots) == ["momentum", "velocity"]
     assert all(s.dim == DIM and s.devices == pair.emb.devices for s in slots)
+
+
+class _StandInHorovod:
+    """`horovod.tensorflow` as `synchronous=True` uses it: `size` ranks whose dense gradients
+    are equal, so their all-reduced sum is `size` times this rank's."""
+
+    Sum = "sum"
+
+    def __init__(self, size):
+        self._size = size
+        self.reduced = []   # names of the variables whose gradients were all-reduced
+
+    def size(self):
+        return self._size
+
+    def allreduce(self, tensor, op):
+        assert op == self.Sum
+        self.reduced.append(tensor.name if not tf.executing_eagerly() else tensor.shape)
+        return tensor * self._size
+
+
+def _synchronous_step(opt, var, dense):
+    """One step of embedding `var` and dense `dense`: (rows of ids 1, 2; dense value)."""
+    ids = tf.constant([1, 2, 1], tf.int64)
+    with tf.GradientTape() as tape:
+        rows, wrapper = de.embedding_lookup(var, ids, return_trainable=True)
+        loss = tf.reduce_sum(rows * dense)
+    grads = tape.gradient(loss, [wrapper, dense])
+    opt.apply_gradients(zip(grads, [wrapper, dense]))
+    return var.lookup(tf.constant([1, 2], tf.int64)).numpy(), dense.numpy()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_synchronous_sums_dense_gradients_over_horovod_ranks(monkeypatch, ranks):
+    """TFRA's synchronous=True: dense gradients are summed over the ranks before the update,
+    an embedding's rows get this rank's gradient alone; one rank trains as without it."""
+    hvd = _StandInHorovod(ranks)
+    monkeypatch.setitem(__import__("sys").modules, "horovod.tensorflow", hvd)
+    results = []
+    for synchronous in (True, False):
+        var = de.Variable(dim=DIM, initializer=0.5, name=f"sync_{ranks}_{synchronous}")
+        dense = tf.Variable(tf.fill([DIM], 2.0))
+        opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1), synchronous=synchronous)
+        results.append(_synchronous_step(opt, var, dense))
+    (rows_sync, dense_sync), (rows_plain, dense_plain) = results
+    np.testing.assert_allclose(rows_sync, rows_plain)   # rows: 0.5 - 0.1 * count(id) * 2
+    np.testing.assert_allclose(rows_plain, [[0.1] * DIM, [0.3] * DIM], rtol=1e-6)
+    # d loss / d dense = the sum of the three looked-up rows = 1.5 per column.
+    np.testing.assert_allclose(dense_plain, [2.0 - 0.1 * 1.5] * DIM, rtol=1e-6)
+    np.testing.assert_allclose(dense_sync, [2.0 - 0.1 * 1.5 * ranks] * DIM, rtol=1e-6)
+    assert len(hvd.reduced) == (1 if ranks > 1 else 0)   # the dense gradient only
+
+
+def test_synchronous_without_horovod_fails_at_the_step_and_changes_nothing(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "horovod.tensorflow", None)  # import fails
+    var = de.Variable(dim=DIM, initializer=0.5, name="sync_no_hvd")
+    dense = tf.Variable(tf.fill([DIM], 2.0))
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1), synchronous=True)
+    with pytest.raises(ValueError, match=r"Horovod is not installed.*synchronous=True"):
+        _synchronous_step(opt, var, dense)
+    assert int(var.size()) == 0
+    np.testing.assert_allclose(dense.numpy(), [2.0] * DIM)
+    config = opt.get_config()
+    assert config["de_synchronous"] is True
+    assert type(opt).from_config(config)._de_synchronous is True

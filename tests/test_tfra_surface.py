@@ -250,3 +250,59 @@ def test_tfras_platform_checks_import_as_its_tests_do():
         system == "Linux", system == "Darwin", system == "Windows")
     assert (is_arm64(), is_raspi_arm()) == (machine == "arm64", machine == "armv7l")
     assert sum((is_linux(), is_macos(), is_windows())) <= 1
+
+
+def test_unknown_rank_shapes_list_as_empty_as_tfras_import_patches_them():
+    """TFRA's import patches `TensorShape.as_list` (its `tf_patch_test`); importing this
+    package's alias does the same, and `de.patch_on_tf()` may be called again."""
+    from tensorflow.python.framework.tensor_shape import TensorShape
+    de.patch_on_tf()
+    assert TensorShape(None).as_list() == []
+    assert tf.TensorShape([2, None]).as_list() == [2, None]
+    assert tf.TensorShape([]).as_list() == []
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def rank_free(x):
+        assert x.shape.as_list() == []   # unknown rank while tracing
+        return tf.reduce_sum(x)
+
+    assert float(rank_free(tf.ones([2, 3]))) == 6.0
+
+
+def test_tfras_module_paths_import_as_its_tests_and_users_write_them():
+    """`tensorflow_recommenders_addons.dynamic_embedding.python.*` (TFRA's source layout)
+    resolves to this package's objects; names and modules TFRA does not have do not import."""
+    from tensorflow_recommenders_addons.dynamic_embedding.python.keras.callbacks import \
+        DEHvdBroadcastGlobalVariablesCallback
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import data_flow_ops
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import math_ops as de_math
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embedding_variable \
+        import Variable, get_variable
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.ragged_embedding_ops \
+        import embedding_lookup_sparse, safe_embedding_lookup_sparse
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embedding_creator \
+        import CuckooHashTableCreator, FileSystemSaver, KVCreator
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.embedding_weights import \
+        TrainableWrapper
+    import tensorflow_recommenders_addons.dynamic_embedding.python.ops.data_flow_grad  # noqa: F401
+    from tensorflow_recommenders_addons.dynamic_embedding.python.keras import layers
+
+    assert DEHvdBroadcastGlobalVariablesCallback is (
+        de.keras.callbacks.DEHvdBroadcastGlobalVariablesCallback)
+    assert (Variable, get_variable, TrainableWrapper) == (de.Variable, de.get_variable,
+                                                          de.TrainableWrapper)
+    assert (embedding_lookup_sparse, safe_embedding_lookup_sparse) == (
+        de.embedding_lookup_sparse, de.safe_embedding_lookup_sparse)
+    assert (CuckooHashTableCreator, FileSystemSaver, KVCreator) == (
+        de.CuckooHashTableCreator, de.FileSystemSaver, de.KVCreator)
+    assert layers.Embedding is de.keras.layers.Embedding
+    parts = data_flow_ops.dynamic_partition(tf.constant([5, 6, 7]), tf.constant([1, 0, 1]), 2)
+    assert [p.numpy().tolist() for p in parts] == [[6], [5, 7]]
+    np.testing.assert_array_equal(
+        de_math.sparse_segment_sum(tf.ones([3, 2]), tf.constant([0, 1, 2]),
+                                   tf.constant([0, 0, 1])).numpy(), [[2, 2], [1, 1]])
+    with pytest.raises(ImportError):
+        import tensorflow_recommenders_addons.dynamic_embedding.python.ops.no_such_module  # noqa: F401
+    with pytest.raises(ImportError, match="HvdVariable"):
+        from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops \
+            import HvdVariable  # noqa: F401

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
@@ -46,21 +47,36 @@ def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
 
     bp_v2: None (each variable's own `bp_v2`), or True / False for every variable it trains:
       True adds each step's row updates to the tables instead of overwriting the rows.
-    synchronous: TFRA's Horovod all-reduce of dense gradients; not available here (False).
+    synchronous: TFRA's synchronous Horovod training: every step sums the dense (non-embedding)
+      gradients over the Horovod ranks (`hvd.allreduce`) before applying them; embedding rows
+      are each rank's own. With one rank nothing is summed; without Horovod the step raises.
     """
     if bp_v2 is not None and not isinstance(bp_v2, bool):
         raise ValueError(f"bp_v2 must be None or a bool; got {bp_v2!r}")
-    if synchronous:
-        raise ValueError("synchronous=True (TFRA's Horovod all-reduce) is not supported; use "
-                         "tf.distribute or parameter-server training")
-    if isinstance(self, _DynamicEmbeddingMixin):
-        object.__setattr__(self, "_de_bp_v2", bp_v2)
-        return self
-    self.__class__ = _wrapped_class(_mixin_for(self), type(self))
-    object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
-    object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
+    if not isinstance(synchronous, bool):
+        raise ValueError(f"synchronous must be a bool; got {synchronous!r}")
+    if not isinstance(self, _DynamicEmbeddingMixin):
+        self.__class__ = _wrapped_class(_mixin_for(self), type(self))
+        object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
+        object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
     object.__setattr__(self, "_de_bp_v2", bp_v2)
+    object.__setattr__(self, "_de_synchronous", synchronous)
     return self
+
+
+def _summed_over_horovod_ranks(grads_and_vars):
+    """`synchronous=True`: dense gradients summed over the Horovod ranks (as dense tensors, as
+    TFRA does), wrappers' gradients left as they are; unchanged with one rank."""
+    hvd = horovod.require("DynamicEmbeddingOptimizer(synchronous=True)")
+    if hvd.size() <= 1:
+        return grads_and_vars
+    summed = []
+    for g, v in grads_and_vars:
+        if g is not None and not isinstance(v, trainable_lib.TrainableWrapper):
+            with tf.device(v.device):
+                g = hvd.allreduce(tf.convert_to_tensor(g), op=hvd.Sum)
+        summed.append((g, v))
+    return summed
 
 
 _WRAPPED = {}   # (mixin, optimizer class) -> their subclass
@@ -161,6 +177,8 @@ class _DynamicEmbeddingMixin:
     def _de_apply(self, grads_and_vars, create_slots, apply):
         """Runs `apply(grads_and_vars)` between prefetching slot rows and writing rows back."""
         grads_and_vars = list(grads_and_vars)
+        if getattr(self, "_de_synchronous", False):
+            grads_and_vars = _summed_over_horovod_ranks(grads_and_vars)
         for g, v in grads_and_vars:   # a wrapper the loss skipped this step: its step ends too
             if g is None and isinstance(v, trainable_lib.TrainableWrapper):
                 v.end_step()
@@ -319,18 +337,22 @@ class _V1Mixin(_DynamicEmbeddingMixin):
 
 class _KerasConfigMixin:
     """A Keras optimizer's config names it wrapped (see `_wrapped_class`); `from_config` wraps
-    the plain optimizer again with the same `bp_v2`."""
+    the plain optimizer again with the same `bp_v2` and `synchronous`."""
 
     def get_config(self):
-        return dict(super().get_config(), de_bp_v2=self._de_bp_v2)
+        config = dict(super().get_config(), de_bp_v2=self._de_bp_v2)
+        if self._de_synchronous:
+            config["de_synchronous"] = True
+        return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         bp_v2 = config.pop("de_bp_v2", None)
+        synchronous = config.pop("de_synchronous", False)
         plain = cls.__bases__[-1]   # the optimizer's own class (see _wrapped_class)
         return DynamicEmbeddingOptimizer(plain.from_config(config, custom_objects=custom_objects),
-                                         bp_v2=bp_v2)
+                                         bp_v2=bp_v2, synchronous=synchronous)
 
 
 class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):

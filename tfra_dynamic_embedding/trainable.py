@@ -220,8 +220,9 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     def hold(self, unique_ids, rows):
         """Makes `rows` (those of `unique_ids`, read by the caller) the rows held; returns an
         op (graph mode) that later reads of this wrapper must depend on."""
-        loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
-                          self.assign(rows, read_value=False))
+        with _outside_xla_clusters():
+            loaded = tf.group(self.ids.assign(unique_ids, read_value=False),
+                              self.assign(rows, read_value=False))
         if loaded is not None:  # graph building: remember it for batch_ids()
             self._loaded = loaded
         return loaded
@@ -248,8 +249,9 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         all_ids, index = tf.unique(tf.concat([held, unique_ids], 0))
         # Every row is read again, so a held row is the table's current one.
         rows = self.params.lookup(all_ids)
-        loaded = tf.group(self.ids.assign(all_ids, read_value=False),
-                          self.assign(rows, read_value=False))
+        with _outside_xla_clusters():
+            loaded = tf.group(self.ids.assign(all_ids, read_value=False),
+                              self.assign(rows, read_value=False))
         if loaded is not None:
             self._loaded = loaded
         return loaded, index[held_count:]
@@ -356,6 +358,18 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     def _serialize_to_tensors(self):
         return {"VARIABLE_VALUE": tf.zeros([0, self.params.dim], self.dtype)}  # TF's key
 
+    # A function traced with this wrapper (a `@tf.function` model `call` traced in training and
+    # reused for a serving signature) captures its `ids` too: a SavedModel keeps them with the
+    # wrapper. Checkpoints do not (the ids are the last batch's, like the rows), nor do an
+    # optimizer's slot buffers: TF saves slot variables apart from the object tree, so a child
+    # of theirs would be missing from it (and only the optimizer's update reads them). TF's save
+    # types are strings: "checkpoint", "savedmodel".
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel" and getattr(self.params, "_slot_of", None) is None:
+            children = dict(children, ids=self.ids)
+        return children
+
     def _write_object_proto(self, proto, options):
         super()._write_object_proto(proto, options)
         proto.variable.shape.CopyFrom(tf.TensorShape([0, self.params.dim]).as_proto())
@@ -457,6 +471,15 @@ class _EagerStep:
 
 
 _EAGER_STEP = _EagerStep()
+
+
+def _outside_xla_clusters():
+    """Keeps the ops made in it out of XLA's auto-clustering (`TF_XLA_FLAGS=--tf_xla_auto_jit=2`,
+    which TFRA's demos set): a wrapper's rows and ids change shape every step, which a compiled
+    cluster refuses. Nothing to do in eager mode."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.xla.experimental.jit_scope(compile_ops=False)
 
 
 def _step_marker():

@@ -390,3 +390,26 @@ def test_keras3_legacy_h5_refuses_a_model_with_tables(tmp_path):
     model, _, _, _ = _trained_model()
     with pytest.raises(ValueError, match=r"legacy HDF5 format .* layers \['emb'\]"):
         model.save(str(tmp_path / "model.h5"))
+
+
+
+def test_a_serving_signature_traced_under_a_tape_exports_and_serves(tmp_path):
+    """A serving signature whose trace went through the trainable wrappers (traced while a
+    GradientTape recorded, or a training trace reused: TFRA's seq_and_dense demo makes its
+    model's `call` a `@tf.function` and exports `serve.get_concrete_function(model, ...)`)
+    captures the wrappers' ids too; the SavedModel keeps them and serves the trained rows."""
+    model = _trained_model()[0]
+    ids = np.random.default_rng(1).integers(0, 60, size=(16, 3))
+    want = model.predict(ids, verbose=0)
+
+    @tf.function
+    def serve(x):
+        return model(x)
+
+    with tf.GradientTape():   # recording while tracing: the lookups go through wrappers
+        signature = serve.get_concrete_function(tf.TensorSpec([None, 3], tf.int64))
+    assert any(v.name.startswith("emb/") for v in signature.variables)   # a wrapper is captured
+    path = str(tmp_path / "served")
+    de.keras.models.save_model(model, path, include_optimizer=False,
+                               signatures={"serving_default": signature})
+    np.testing.assert_allclose(_served(path, ids), want, rtol=1e-5, atol=1e-6)
