@@ -248,13 +248,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         held_count = tf.size(held)
         all_ids, index = tf.unique(tf.concat([held, unique_ids], 0))
         # Every row is read again, so a held row is the table's current one.
-        rows = self.params.lookup(all_ids)
-        with _outside_xla_clusters():
-            loaded = tf.group(self.ids.assign(all_ids, read_value=False),
-                              self.assign(rows, read_value=False))
-        if loaded is not None:
-            self._loaded = loaded
-        return loaded, index[held_count:]
+        return self.hold(all_ids, self.params.lookup(all_ids)), index[held_count:]
 
     def end_step(self):
         """The next lookup starts a new step (replaces the rows held)."""
