@@ -125,7 +125,7 @@ def build_model(layout, fill, seed=0):
     pooled, inputs, layers = [], {"dense": dense}, []
     for name, _, _, dim, pooling, combiner in layout:
         ids = keras.Input(shape=(pooling,), dtype="int64", name=f"{name}_ids")
-        layer = de.keras.layers.Embedding(dim, combiner=combiner, initializer=0.0, name=name)
+        layer = de.keras.layers.Embedding(dim, pooling=combiner, initializer=0.0, name=name)
         inputs[f"{name}_ids"] = ids
         pooled.append(layer(ids))
         layers.append(layer)

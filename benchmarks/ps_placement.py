@@ -2,7 +2,7 @@
 plan's predicted per-device cost.
 
 Eight tables of different sizes, dims and pooling factors (multi-hot ids, Zipf(1.1) over each
-table's rows, mean-pooled by `de.keras.layers.Embedding(combiner="mean")`), an MLP 64-1 on the
+table's rows, mean-pooled by `de.keras.layers.Embedding(pooling="mean")`), an MLP 64-1 on the
 pooled vectors, Keras Adam wrapped by `de.DynamicEmbeddingOptimizer`. A `LocalCluster` of K
 `tfra-de server` processes holds the tables; one TF2 client process
 (`tf.config.experimental_connect_to_cluster`) plans the tables over the PS devices
@@ -105,7 +105,7 @@ def client(args):
                 super().__init__(name=f"m_{label.replace('-', '_')}")
                 for name, _, dim, _ in TABLES:  # each layer takes its plan table by its name
                     setattr(self, f"emb_{name}", de.keras.layers.Embedding(
-                        dim, combiner="mean", name=name))
+                        dim, pooling="mean", name=name))
                 self.hidden = tf.keras.layers.Dense(64, activation="relu")
                 self.head = tf.keras.layers.Dense(1, activation="sigmoid")
 

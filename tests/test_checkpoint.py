@@ -102,6 +102,28 @@ def test_v1_saver_round_trip(tmp_path, shards_before, shards_after):
             assert sess.run(dense)[0] == 3.0
 
 
+@pytest.mark.parametrize("dim", [1, 3])
+def test_v1_saver_restore_of_another_dim_fails_and_changes_nothing(tmp_path, dim):
+    # The restore of a dim-2 save into a sharded variable of another dim: before the shards were
+    # written its rows were re-cut to the new dim (dim 1: wrong rows, no error) or half written.
+    prefix = str(tmp_path / "model.ckpt")
+    with tf.Graph().as_default():
+        w = de.get_variable("emb", dim=2, devices=CPUS[:3])
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(w.upsert(tf.constant([7, 8, 9], tf.int64), [[1., 2.], [3., 4.], [5., 6.]]))
+            saver.save(sess, prefix)
+    with tf.Graph().as_default():
+        w = de.get_variable("emb", dim=dim, devices=CPUS[:3])
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(w.upsert(tf.constant([99], tf.int64), tf.fill([1, dim], 9.0)))
+            with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+                saver.restore(sess, prefix)
+            keys, values = sess.run(w.export())
+    assert keys.tolist() == [99] and values.tolist() == [[9.0] * dim]
+
+
 def test_saved_model_serves_in_stock_tensorflow(tmp_path):
     """The exported lookup runs in a process that never imports this package."""
     module = tf.Module()

@@ -215,6 +215,20 @@ def test_unsupported_optimizer_is_named():
         de.DynamicEmbeddingOptimizer(object())
 
 
+def test_a_gradient_of_another_dtype_is_refused_before_tfs_kernels_abort():
+    # tf.compat.v1's kernels CHECK-fail (abort the process) on a float64 gradient of float32
+    # rows: the step refuses it first, naming the wrapper, and writes nothing.
+    w = de.Variable(dim=2, initializer=1.0, name="grad_dtype")
+    opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    _, wrapper = de.embedding_lookup(w, tf.constant([1, 3], tf.int64), return_trainable=True)
+    with pytest.raises(TypeError, match="gradient of .*grad_dtype.* must be float32 like its "
+                                        "rows; got float64"):
+        opt.apply_gradients([(tf.ones([2, 2], tf.float64), wrapper)])
+    assert int(w.size()) == 0
+    opt.apply_gradients([(tf.ones([2, 2]), wrapper)])
+    np.testing.assert_allclose(w.lookup(tf.constant([1, 3], tf.int64)).numpy(), [[0.9] * 2] * 2)
+
+
 def test_eager_steps_reuse_one_wrapper_and_buffers():
     """Steps must not accumulate variables, wrappers or buffers (no per-step leak)."""
     pair = _Pair("keras3", "adam", vocab=40)

@@ -232,6 +232,33 @@ def test_documented_argument_names_and_wrapper_methods(kv_creator):
     np.testing.assert_array_equal(wrapper.read_value().numpy(), [[7, 7], [7, 7]])
 
 
+def test_variable_embedding_lookup_method_trains_like_the_function():
+    var = de.get_variable("method_lookup", dim=2, initializer=1.0)
+    ids = tf.constant([[4, 9], [9, 4]], tf.int64)
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+    with tf.GradientTape() as tape:
+        rows, wrapper = var.embedding_lookup(ids, name="m", return_trainable=True)
+        loss = tf.reduce_sum(rows)
+    assert rows.shape == (2, 2, 2) and isinstance(wrapper, de.TrainableWrapper)
+    opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    # each id twice in the batch: gradient 2 per column, so 1 - 0.5 * 2 = 0
+    np.testing.assert_array_equal(var.lookup(tf.constant([4, 9], tf.int64)).numpy(),
+                                  np.zeros([2, 2]))
+    np.testing.assert_array_equal(var.embedding_lookup(tf.constant([4], tf.int64)).numpy(),
+                                  [[0, 0]])
+
+
+def test_save_model_takes_tfras_save_format(tmp_path):
+    inputs = tf.keras.Input(shape=(2,), dtype=tf.int64)
+    model = tf.keras.Model(inputs, de.keras.layers.Embedding(2, pooling="sum", initializer=1.0,
+                                                             name="sf")(inputs))
+    de.keras.models.save_model(model, str(tmp_path / "m"), save_format="tf")
+    assert (tmp_path / "m" / "saved_model.pb").exists()
+    with pytest.raises(ValueError, match="save_format.*'h5'"):
+        de.keras.models.save_model(model, str(tmp_path / "h"), save_format="h5")
+    assert not (tmp_path / "h").exists()
+
+
 def test_trainable_wrapper_filter_splits_wrappers_from_other_variables():
     var = de.Variable(dim=2, name="filtered")
     _, wrapper = de.embedding_lookup(var, tf.constant([1], tf.int64), return_trainable=True)

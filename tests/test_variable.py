@@ -272,6 +272,35 @@ def test_writes_of_static_shapes_add_no_shape_asserts_to_the_graph(kv_creator):
                                       [[1, 2], [3, 4], [0, 0]])
 
 
+def test_import_and_accum_of_unknown_shapes_check_rows_before_any_shard_is_written(kv_creator):
+    # Shapes known only at run time (a tf.function of None shapes, a v1 restore): a row width
+    # other than dim is refused before any shard changes, not re-cut into rows of dim.
+    w = de.Variable(dim=1, devices=CPUS[:3], kv_creator=kv_creator, name="late_shapes")
+    w.upsert(tf.constant([1, 2], tf.int64), tf.constant([[10.0], [20.0]]))
+    unknown = [tf.TensorSpec(None, tf.int64), tf.TensorSpec(None, tf.float32)]
+
+    @tf.function(input_signature=unknown)
+    def import_(keys, values):
+        w.import_(keys, values)
+
+    @tf.function(input_signature=unknown + [tf.TensorSpec(None, tf.float32),
+                                            tf.TensorSpec(None, tf.bool)])
+    def accum(keys, old, new, exists):
+        w.accum(keys, old, new, exists)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape.*values"):
+        import_(tf.constant([7, 8, 9], tf.int64), tf.constant([[1., 2.], [3., 4.], [5., 6.]]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape.*old_values"):
+        accum(tf.constant([1, 3], tf.int64), tf.zeros([2, 2]), tf.ones([2, 2]), [True, False])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exists must have the shape"):
+        accum(tf.constant([1, 3], tf.int64), tf.zeros([2, 1]), tf.ones([2, 1]), [True])
+    keys, values = (t.numpy() for t in w.export())
+    assert dict(zip(keys.tolist(), values[:, 0].tolist())) == {1: 10.0, 2: 20.0}
+    accum(tf.constant([1, 3], tf.int64), tf.zeros([2, 1]), tf.ones([2, 1]), [True, False])
+    import_(tf.constant([5], tf.int64), tf.constant([[5.0]]))   # right widths still work
+    assert w.export()[0].numpy().tolist() == [5]
+
+
 def test_partitioner_out_of_range_leaves_table_unchanged(kv_creator):
     def bad_partitioner(keys, shard_num):
         return tf.cast(keys, tf.int32)  # key 7 -> shard 7 of 2

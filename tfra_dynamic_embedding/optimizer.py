@@ -184,6 +184,13 @@ class _DynamicEmbeddingMixin:
                 v.end_step()
         wrappers = [v for g, v in grads_and_vars
                     if g is not None and isinstance(v, trainable_lib.TrainableWrapper)]
+        for g, v in grads_and_vars:
+            # TF's v1 kernels abort the process on a mismatch (a CHECK), so refuse it here.
+            if g is not None and isinstance(v, trainable_lib.TrainableWrapper) and \
+                    tf.as_dtype(g.dtype).base_dtype != v.dtype.base_dtype:
+                raise TypeError(f"the gradient of {v.name} (rows of {v.params.name}) must be "
+                                f"{v.dtype.base_dtype.name} like its rows; got "
+                                f"{tf.as_dtype(g.dtype).name}")
         if not wrappers:
             return apply(grads_and_vars)
         create_slots([v for g, v in grads_and_vars if g is not None])

@@ -329,6 +329,16 @@ class Variable(_tf_private.AutoTrackable):
         return self._make_rows(tf.zeros([1], self._key_dtype))[0]
 
     # -- data plane -------------------------------------------------------------------------
+    def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
+        """TFRA's method form of `de.embedding_lookup(self, ids, ...)`: trainable rows.
+
+        Example: emb, wrapper = var.embedding_lookup(ids, name="emb", return_trainable=True)
+        """
+        # embedding_ops builds on this module (it imports it).
+        from tfra_dynamic_embedding import embedding_ops  # pylint: disable=import-outside-toplevel
+        return embedding_ops.embedding_lookup(self, ids, name=name, max_norm=max_norm,
+                                              return_trainable=return_trainable)
+
     def restrict(self, num_reserved, **kwargs):
         """Evicts keys by the restrict policy (`trigger=` keys at most before it acts; see
         restrict_policies.py); without a policy, a no-op with a warning."""
@@ -474,14 +484,19 @@ class Variable(_tf_private.AutoTrackable):
         if not exists.shape.is_compatible_with(keys.shape):
             raise ValueError(f"exists must have the shape of keys {keys.shape}; got {exists.shape}")
         with tf.name_scope(scope_name(name or self._name + "_accum")):
-            exists = tf.reshape(tf.broadcast_to(exists, tf.shape(keys)), [-1])
-            flat = tf.reshape(keys, [-1])
-            old = tf.reshape(old, [-1, self._dim])
-            new = tf.reshape(new, [-1, self._dim])
+            flat, old = self._flat_rows(keys, old, "old_values")
+            _, new = self._flat_rows(keys, new, "new_values")
+            if not exists.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.shape(exists), tf.shape(keys),
+                        message=f"exists must have the shape of keys for {self._name}")]):
+                    exists = tf.identity(exists)
+            exists = tf.reshape(exists, [-1])
             # As TFRA: a key another writer removed (or inserted) since `exists` was read is
             # left alone rather than re-inserted (or overwritten).
             _, present = self._map_shards(flat, lambda t, k: t.lookup_with_exists(
                 k, tf.zeros([tf.size(k), self._dim], self._value_dtype)))
+            present = tf.reshape(present, [-1])   # a known rank for boolean_mask
             add = tf.logical_and(exists, present)
             put = tf.logical_not(tf.logical_or(exists, present))
             added = self.accum(tf.boolean_mask(flat, add), tf.boolean_mask(new - old, add))
@@ -541,8 +556,7 @@ class Variable(_tf_private.AutoTrackable):
         keys = self._keys_tensor(keys)
         values = self._values_tensor(values, keys, "values")
         with tf.name_scope(name or scope_name(self._name + "_import")):
-            flat_keys = tf.reshape(keys, [-1])
-            flat_values = tf.reshape(values, [-1, self._dim])
+            flat_keys, flat_values = self._flat_rows(keys, values, "values")
             if self.shard_num == 1:
                 return self._tables[0].import_(flat_keys, flat_values)
             # Split where the rows are (e.g. a PS that restored them), not on the client.
@@ -724,26 +738,26 @@ class Variable(_tf_private.AutoTrackable):
         keys = self._keys_tensor(keys)
         values = self._values_tensor(values, keys, arg)
         with tf.name_scope(scope_name(name)):
-            # Checked before any shard is written, so a bad call leaves the table unchanged.
-            # Static shapes were checked already (_values_tensor); a graph that writes in a
-            # loop then holds no assert ops for them.
-            if keys.shape.is_fully_defined() and values.shape.is_fully_defined():
-                flat_keys = keys if keys.shape.rank == 1 else tf.reshape(keys, [-1])
-                flat_values = values if values.shape.rank == 2 else tf.reshape(
-                    values, [-1, self._dim])
-            else:
-                with tf.control_dependencies([tf.debugging.assert_equal(
-                        tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
-                        message=f"Expected shape keys.shape + [{self._dim}] for {arg} of "
-                                f"{self._name}")]):
-                    flat_keys = tf.reshape(keys, [-1])
-                    flat_values = tf.reshape(values, [-1, self._dim])
+            flat_keys, flat_values = self._flat_rows(keys, values, arg)
             if self.shard_num == 1:
                 return write(self._tables[0], flat_keys, flat_values)
             parts, positions = self._partition(flat_keys)
             return tf.group(*[
                 write(t, p, tf.gather(flat_values, pos))
                 for t, p, pos in zip(self._tables, parts, positions)])
+
+    def _flat_rows(self, keys, values, arg):
+        """(1-D keys, `[n, dim]` values) of a write, checked before any shard is written, so a
+        bad call leaves the table unchanged. Static shapes were checked already
+        (`_values_tensor`); a graph that writes in a loop then holds no assert ops for them."""
+        if keys.shape.is_fully_defined() and values.shape.is_fully_defined():
+            flat_keys = keys if keys.shape.rank == 1 else tf.reshape(keys, [-1])
+            flat_values = values if values.shape.rank == 2 else tf.reshape(values, [-1, self._dim])
+            return flat_keys, flat_values
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.shape(values), tf.concat([tf.shape(keys), [self._dim]], 0),
+                message=f"Expected shape keys.shape + [{self._dim}] for {arg} of {self._name}")]):
+            return tf.reshape(keys, [-1]), tf.reshape(values, [-1, self._dim])
 
     def _partition(self, flat_keys):
         """Splits 1-D keys over shards: (keys per shard, their positions in `flat_keys`)."""

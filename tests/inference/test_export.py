@@ -66,9 +66,9 @@ def _functional_model(initializer=0.0):
     items = keras.Input(shape=(2,), dtype="int64", name="items")
     x = keras.Input(shape=(2,), name="x")
     e_user = de.keras.layers.Embedding(DIM, initializer=initializer, name="user_emb")(user)
-    e_tags = de.keras.layers.Embedding(DIM, key_dtype=tf.string, combiner="mean",
+    e_tags = de.keras.layers.Embedding(DIM, key_dtype=tf.string, pooling="mean",
                                        initializer=initializer, name="tag_emb")(tags)
-    e_items = de.keras.layers.Embedding(DIM, combiner="sqrtn", initializer=initializer,
+    e_items = de.keras.layers.Embedding(DIM, pooling="sqrtn", initializer=initializer,
                                         name="item_emb")(items)
     hidden = keras.layers.Dense(8, activation="relu")(
         keras.layers.Concatenate()([e_user, e_tags, e_items, x]))
@@ -334,7 +334,7 @@ class TwoTower(keras.Model):
         super().__init__()
         self.user = de.keras.layers.Embedding(DIM, initializer=initializer, name="user_emb",
                                               keras=keras_name)
-        self.genres = de.keras.layers.Embedding(DIM, combiner="mean", initializer=initializer,
+        self.genres = de.keras.layers.Embedding(DIM, pooling="mean", initializer=initializer,
                                                 name="genre_emb", keras=keras_name)
         self.slots = de.keras.layers.Embedding(DIM, key_dtype=tf.string, initializer=initializer,
                                                name="slot_emb", keras=keras_name)
@@ -400,7 +400,7 @@ def test_tf_keras_subclassed_model_uses_its_recorded_spec(tmp_path):
     class Tower(tf_keras.Model):
         def __init__(self):
             super().__init__()
-            self.emb = de.keras.layers.Embedding(DIM, combiner="sum", initializer=0.0,
+            self.emb = de.keras.layers.Embedding(DIM, pooling="sum", initializer=0.0,
                                                  name="ids_emb", keras="tf_keras")
             self.dense = tf_keras.layers.Dense(1)
 
@@ -425,7 +425,7 @@ def test_tf_keras_subclassed_model_uses_its_recorded_spec(tmp_path):
 def test_unsupported_models_are_named():
     ids = keras.Input(shape=(2,), dtype="int64", name="ids")
     shifted = keras.layers.Lambda(lambda t: t + 1)(ids)
-    pooled = de.keras.layers.Embedding(DIM, combiner="sum", name="shifted_emb")(shifted)
+    pooled = de.keras.layers.Embedding(DIM, pooling="sum", name="shifted_emb")(shifted)
     model = keras.Model(ids, keras.layers.Dense(1)(pooled))
     with pytest.raises(ValueError, match="layer 'shifted_emb' looks up ids computed inside the "
                                          "model .op .* of type AddV2"):
@@ -484,7 +484,7 @@ def test_docs_example_prints_what_it_says(capsys, tmp_path):
 
 def test_ids_input_that_also_feeds_dense_layers(tmp_path):
     ids = keras.Input(shape=(2,), dtype="int64", name="ids")
-    pooled = de.keras.layers.Embedding(DIM, combiner="sum", initializer=0.0, name="ids_emb")(ids)
+    pooled = de.keras.layers.Embedding(DIM, pooling="sum", initializer=0.0, name="ids_emb")(ids)
     as_float = keras.layers.Lambda(lambda t: tf.cast(t, "float32"), output_shape=(2,))(ids)
     model = keras.Model(ids, keras.layers.Dense(1)(
         keras.layers.Concatenate()([pooled, as_float])))

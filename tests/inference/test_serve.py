@@ -35,7 +35,7 @@ def _model():
     tags = keras.Input(shape=(2,), dtype="string", name="tags")
     x = keras.Input(shape=(2,), name="x")
     user_emb = de.keras.layers.Embedding(DIM, initializer=0.0, name="user_emb")
-    tag_emb = de.keras.layers.Embedding(DIM, key_dtype=tf.string, combiner="mean",
+    tag_emb = de.keras.layers.Embedding(DIM, key_dtype=tf.string, pooling="mean",
                                         initializer=0.0, name="tag_emb")
     hidden = keras.layers.Concatenate()([user_emb(user), tag_emb(tags), x])
     model = keras.Model({"user": user, "tags": tags, "x": x},

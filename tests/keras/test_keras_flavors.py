@@ -199,7 +199,7 @@ def test_config_round_trip(module, make):
     kwargs = dict(keras=module.__name__, key_dtype=tf.int32, bp_v2=True, init_capacity=8,
                   initializer=module.initializers.Constant(0.25), name="cfg")
     if make is LAYERS.Embedding:
-        kwargs.update(embedding_size=2, combiner="sqrtn")
+        kwargs.update(embedding_size=2, pooling="sqrtn")
     layer = make(**kwargs)
     config = layer.get_config()
     assert config["keras"] == module.__name__ and config["key_dtype"] == "int32"
@@ -214,7 +214,7 @@ def test_config_round_trip(module, make):
 
 @pytest.mark.parametrize("module", [keras, tf_keras], ids=["keras3", "tf_keras"])
 def test_functional_model_config_round_trip(module):
-    layer = LAYERS.Embedding(3, combiner="mean", keras=module.__name__, initializer=0.5,
+    layer = LAYERS.Embedding(3, pooling="mean", keras=module.__name__, initializer=0.5,
                              name="emb")
     inputs = module.Input(shape=(2,), dtype="int64")
     model = module.Model(inputs, module.layers.Dense(1, name="head")(layer(inputs)))

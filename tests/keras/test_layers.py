@@ -14,8 +14,8 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _filled_layer(dim=3, combiner=None, vocab=20, **kwargs):
-    layer = de.keras.layers.Embedding(dim, combiner=combiner, initializer=0.0, **kwargs)
+def _filled_layer(dim=3, pooling=None, vocab=20, **kwargs):
+    layer = de.keras.layers.Embedding(dim, pooling=pooling, initializer=0.0, **kwargs)
     table = np.arange(vocab * dim, dtype=np.float32).reshape(vocab, dim) / 10
     layer.params.upsert(tf.range(vocab, dtype=tf.int64), table)
     return layer, table
@@ -30,10 +30,10 @@ def test_dense_ids_of_any_shape(shape):
     np.testing.assert_allclose(layer(tf.constant(ids, tf.int32)).numpy(), table[ids], rtol=1e-6)
 
 
-@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-def test_combiners_on_dense_ragged_and_sparse_ids(combiner):
-    layer, table = _filled_layer(combiner=combiner)
-    scale = {"sum": lambda n: 1.0, "mean": lambda n: n, "sqrtn": np.sqrt}[combiner]
+@pytest.mark.parametrize("pooling", ["sum", "mean", "sqrtn"])
+def test_pooling_on_dense_ragged_and_sparse_ids(pooling):
+    layer, table = _filled_layer(pooling=pooling)
+    scale = {"sum": lambda n: 1.0, "mean": lambda n: n, "sqrtn": np.sqrt}[pooling]
     rows = [[1, 2, 3], [4, 4], [7]]
     want = np.stack([table[r].sum(0) / scale(len(r)) for r in rows])
     ragged = tf.ragged.constant(rows, dtype=tf.int64)
@@ -44,12 +44,19 @@ def test_combiners_on_dense_ragged_and_sparse_ids(combiner):
     np.testing.assert_allclose(layer(dense).numpy(), want_dense, rtol=1e-6)
 
 
-def test_string_ids_and_bad_combiner():
+def test_string_ids_and_bad_pooling():
     layer = de.keras.layers.Embedding(2, key_dtype=tf.string, initializer=1.5)
     out = layer(tf.constant([["a", "b"], ["c", "a"]]))
     np.testing.assert_array_equal(out.numpy(), np.full([2, 2, 2], 1.5))
-    with pytest.raises(ValueError, match="combiner.*'max'"):
-        de.keras.layers.Embedding(2, combiner="max")
+    with pytest.raises(ValueError, match="pooling.*'max'"):
+        de.keras.layers.Embedding(2, pooling="max")
+    # A fraction is not a size (int() would drop it); "8" and 8.0 are TFRA's convertible ints.
+    with pytest.raises(ValueError, match="embedding_size must be a whole number; got 2.5"):
+        de.keras.layers.Embedding(2.5)
+    with pytest.raises(ValueError, match="nslots must be a whole number; got 3.5"):
+        de.keras.layers.FieldWiseEmbedding(2, 3.5, slot_map_fn=lambda x: x % 3)
+    assert de.keras.layers.Embedding("8", name="str_size").embedding_size == 8
+    assert de.keras.layers.Embedding(8.0, name="float_size").embedding_size == 8
 
 
 def _ctr_data(n=1024, seed=0):

@@ -55,8 +55,8 @@ def test_basic_embedding_takes_tfra_arguments():
 
 def test_tfra_positional_arguments_and_short_file_name():
     # TFRA's order: (embedding_size, key_dtype, value_dtype, combiner, initializer, devices,
-    # name, with_unique, short_file_name); SquashedEmbedding and FieldWiseEmbedding end in
-    # with_unique.
+    # name, with_unique, short_file_name); SquashedEmbedding inherits it, FieldWiseEmbedding
+    # ends in with_unique.
     layer = de.keras.layers.Embedding(3, tf.int64, tf.float32, None, 0.5, None, "pos_emb",
                                       False, True)
     assert (layer.name, layer.with_unique, layer.params.short_file_name) == \
@@ -67,6 +67,9 @@ def test_tfra_positional_arguments_and_short_file_name():
     fields = de.keras.layers.FieldWiseEmbedding(2, 2, lambda x: x % 2, tf.int64, tf.float32,
                                                 "sum", 1.0, None, "pos_fw", False)
     assert not squashed.with_unique and not fields.with_unique
+    short = de.keras.layers.SquashedEmbedding(2, tf.int64, tf.float32, "sum", 1.0, None,
+                                              "pos_sq_short", True, True)
+    assert short.params.short_file_name
     np.testing.assert_array_equal(squashed(tf.constant([[1, 2, 3]], tf.int64)).numpy(),
                                   [[3.0, 3.0]])
     # A slot of a short-named layer's variable is <name>/<slot>, without the optimizer's name.
@@ -79,6 +82,53 @@ def test_tfra_positional_arguments_and_short_file_name():
     slots = sorted(v.name for v in layer.params.get_slot_variables(model.optimizer))
     assert slots and all(name.startswith("pos_emb/") and name.count("/") == 1
                          for name in slots), slots
+
+
+def test_embedding_returns_a_row_per_id_whatever_the_combiner_as_tfras_does():
+    # TFRA's Embedding keeps `combiner` (default "sum") for its subclasses and returns
+    # shape(ids) + [embedding_size]; pooling is this package's `pooling` argument.
+    ids = tf.constant([[1, 2, 3], [4, 5, 6]], tf.int64)
+    for combiner in ("sum", "mean", "max"):
+        layer = de.keras.layers.Embedding(4, combiner=combiner, initializer=1.0,
+                                          name=f"tfra_comb_{combiner}")
+        assert layer.combiner == combiner and layer(ids).shape == (2, 3, 4)
+        assert layer.compute_output_shape((2, 3)) == (2, 3, 4)
+    assert de.keras.layers.Embedding(4, name="tfra_comb_default").combiner == "sum"
+    pooled = de.keras.layers.Embedding(4, combiner="max", pooling="mean", initializer=1.0,
+                                       name="tfra_comb_pooled")
+    np.testing.assert_array_equal(pooled(ids).numpy(), np.ones([2, 4]))
+    config = pooled.get_config()
+    assert (config["combiner"], config["pooling"]) == ("max", "mean")
+    assert type(pooled).from_config(config)(ids).shape == (2, 4)
+
+
+def test_default_initializer_is_tfras_random_normal():
+    layer = de.keras.layers.Embedding(8, name="tfra_default_init")
+    rows = layer(tf.range(20000, dtype=tf.int64)).numpy()
+    # Keras' RandomNormal(): mean 0, stddev 0.05, unbounded (Keras' "uniform" stays in +-0.05).
+    assert abs(rows.mean()) < 0.002 and abs(rows.std() - 0.05) < 0.002
+    assert np.abs(rows).max() > 0.15
+    assert len(np.unique(rows, axis=0)) == 20000   # every id its own draw
+
+
+def test_tfras_combiner_names_and_reduce_pooling():
+    from tensorflow_recommenders_addons.dynamic_embedding.python.keras.layers.embedding import \
+        reduce_pooling   # TFRA's module path
+    rows = tf.constant([[[1., 2.], [3., 6.]], [[0., 0.], [2., 2.]]])
+    np.testing.assert_allclose(reduce_pooling(rows, "mean").numpy(), [[2., 4.], [1., 1.]])
+    np.testing.assert_allclose(reduce_pooling(rows[0]).numpy(), [4., 8.])
+    # More than one id axis: one axis at a time, as TFRA's.
+    deep = np.random.default_rng(0).normal(size=[2, 3, 4, 5]).astype(np.float32)
+    np.testing.assert_allclose(reduce_pooling(tf.constant(deep), "std").numpy(),
+                               deep.std(axis=1).std(axis=1), rtol=1e-5)
+    with pytest.raises(ValueError, match="combiner must name a tf.math.reduce_.*'avg'"):
+        reduce_pooling(rows, "avg")
+    # FieldWiseEmbedding takes TFRA's "sqrt_n" (tf.sparse.segment_sqrt_n) and tf.nn's "sqrtn".
+    for name in ("sqrt_n", "sqrtn"):
+        fields = de.keras.layers.FieldWiseEmbedding(2, 3, lambda x: x % 3, combiner=name,
+                                                    initializer=1.0, name=f"tfra_fw_{name}")
+        np.testing.assert_allclose(fields(tf.constant([[1, 4, 2]], tf.int64)).numpy(),
+                                   [[[0., 0.], [2 ** 0.5] * 2, [1., 1.]]], rtol=1e-6)
 
 
 def test_tfra_keyword_arguments_keep_distribution_and_distribute_strategy():
@@ -140,7 +190,7 @@ def test_squashed_embedding_reduces_all_but_the_batch_axis():
     mean = de.keras.layers.SquashedEmbedding(2, combiner="mean", initializer=1.0,
                                              name="tfra_squash_mean")
     np.testing.assert_allclose(mean(tf.constant([[1, 2, 3]], tf.int64)).numpy(), [[1., 1.]])
-    with pytest.raises(ValueError, match="combiner must be one of"):
+    with pytest.raises(ValueError, match="combiner must name a tf.math.reduce_.*'median'"):
         de.keras.layers.SquashedEmbedding(2, combiner="median")
 
 

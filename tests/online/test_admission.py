@@ -124,7 +124,7 @@ def test_graph_mode_and_keras_layer(kv_creator):
             assert sorted(keys.tolist()) == [2, 3]
 
     inputs = keras.Input(shape=(2,), dtype="int64")
-    layer = de.keras.layers.Embedding(4, combiner="sum", kv_creator=kv_creator,
+    layer = de.keras.layers.Embedding(4, pooling="sum", kv_creator=kv_creator,
                                       admission=de.CountAdmission(2))
     model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.01)),

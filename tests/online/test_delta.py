@@ -29,6 +29,24 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(va, vb)
 
 
+def test_a_replay_that_does_not_fit_the_variable_changes_nothing(tmp_path):
+    source = de.Variable(dim=2, name="user")
+    source.upsert(tf.constant([1, 2 ** 40], tf.int64), tf.ones([2, 2]))
+    delta.DeltaExporter([source], str(tmp_path)).export()   # a full export
+    wider = de.Variable(dim=3, name="user")
+    wider.upsert(tf.constant([99], tf.int64), tf.ones([1, 3]))
+    with pytest.raises(ValueError, match="dim 2; variable 'user' has dim 3"):
+        delta.replay(str(tmp_path), [wider])
+    assert _content(wider)[0].tolist() == [99]   # a full export clears only after the checks
+    narrow = de.Variable(dim=2, name="user", key_dtype=tf.int32)
+    with pytest.raises(ValueError, match="keys outside int32"):   # 2**40 would wrap to 0
+        delta.replay(str(tmp_path), [narrow])
+    assert int(narrow.size()) == 0
+    named = de.Variable(dim=2, name="user", key_dtype=tf.string)
+    with pytest.raises(TypeError, match="integer keys; variable 'user' has key_dtype string"):
+        delta.replay(str(tmp_path), [named])
+
+
 @pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
 def test_full_plus_deltas_equals_the_last_state(kv_creator, key_dtype, tmp_path):
     def keys(numbers):

@@ -243,7 +243,7 @@ def test_concurrent_steps_leave_the_table_within_the_bound(kv_creator):
 
 def test_keras_layer_fit_stays_bounded(kv_creator):
     inputs = keras.Input(shape=(3,), dtype="int64")
-    layer = de.keras.layers.Embedding(4, combiner="sum", kv_creator=kv_creator,
+    layer = de.keras.layers.Embedding(4, pooling="sum", kv_creator=kv_creator,
                                       eviction=de.Eviction(max_size=50, order="lfu"))
     model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.01)),

@@ -430,9 +430,9 @@ def _keras_model(layer):
 def test_keras_layer_trains_like_the_unsplit_layer():
     plan = _apply_plan("cs_keras", widths=(4, 4), devices=("/CPU:2", "/CPU:0"))
     zeros = keras.initializers.Zeros()
-    split = column_split.ColumnSplitEmbedding(plan, "cs_keras", 8, combiner="sum",
+    split = column_split.ColumnSplitEmbedding(plan, "cs_keras", 8, pooling="sum",
                                               initializer=zeros)
-    whole = de.keras.layers.Embedding(8, combiner="sum", initializer=zeros, name="cs_keras_w")
+    whole = de.keras.layers.Embedding(8, pooling="sum", initializer=zeros, name="cs_keras_w")
     assert isinstance(split, keras.layers.Layer) and split.keras == "keras"
     assert [b.name for b in split.blocks] == ["cs_keras_col0", "cs_keras_col1"]
     assert [cpu_of(apply.shard_devices(b.params)[0]) for b in split.blocks] == ["/CPU:2",
@@ -460,7 +460,7 @@ def test_keras_layer_trains_like_the_unsplit_layer():
 def test_sharded_export_refuses_a_column_split_table(tmp_path):
     from tfra_dynamic_embedding import inference   # pylint: disable=import-outside-toplevel
     ids = keras.Input(shape=(2,), dtype="int64", name="ids")
-    layer = de.keras.layers.Embedding(8, combiner="sum", name="cs_export")
+    layer = de.keras.layers.Embedding(8, pooling="sum", name="cs_export")
     model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
     plan = _apply_plan("cs_export")
     with pytest.raises(ValueError, match=r"plan splits table 'cs_export' by columns .*row slices "

@@ -94,7 +94,7 @@ class Feature:
     table: str
     input: str
     column: Optional[int]
-    combiner: Optional[str]
+    combiner: Optional[str]   # the layer's `pooling` (None: a row per id)
     key_dtype: str
     value_dtype: str
     dim: int

@@ -146,7 +146,7 @@ def _probe(model, request):
         if isinstance(layer, (de_layers.SquashedEmbedding, de_layers.FieldWiseEmbedding)):
             raise ValueError(f"layer {layer.name!r}: {type(layer).__name__} is not "
                                       f"supported by the sharded export (use "
-                                      f"de.keras.layers.Embedding with a combiner)")
+                                      f"de.keras.layers.Embedding with pooling)")
         if layer.max_norm is not None:
             raise ValueError(f"layer {layer.name!r}: max_norm is not supported by the "
                                       f"sharded export")
@@ -154,11 +154,11 @@ def _probe(model, request):
             raise ValueError(f"layer {layer.name!r} is called on a "
                                       f"{type(ids).__name__}; the sharded export takes dense ids")
         ids = tf.convert_to_tensor(ids)
-        cells = ids.shape if layer.combiner is None else ids.shape[:-1]
-        if layer.combiner is not None and ids.shape.rank is not None and ids.shape.rank < 1:
+        cells = ids.shape if layer.pooling is None else ids.shape[:-1]
+        if layer.pooling is not None and ids.shape.rank is not None and ids.shape.rank < 1:
             raise ValueError(f"layer {layer.name!r} pools scalar ids")
         calls.append((layer, ids))
-        dynamic = tf.shape(ids) if layer.combiner is None else tf.shape(ids)[:-1]
+        dynamic = tf.shape(ids) if layer.pooling is None else tf.shape(ids)[:-1]
         rows = tf.zeros(tf.concat([dynamic, [layer.params.dim]], 0), layer.params.value_dtype)
         rows.set_shape(cells.concatenate([layer.params.dim]))
         return rows
@@ -184,9 +184,9 @@ def _probe(model, request):
                              f"{layer.name!r}; the sharded export names features by layer")
         seen[id(layer)] = layer
         name, column = _ids_source(layer, ids, sources)
-        shape = ids.shape if layer.combiner is None else ids.shape[:-1]
+        shape = ids.shape if layer.pooling is None else ids.shape[:-1]
         features.append(FeatureCut(
-            layer.name, layer, name, column, layer.combiner,
+            layer.name, layer, name, column, layer.pooling,
             _spec(shape.concatenate([layer.params.dim]), layer.params.value_dtype, layer.name)))
     return features
 

@@ -13,7 +13,7 @@ the Keras `tf.keras` is), an instance of both the class and that Keras' `layers.
 
 Example:
     ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
-    pooled = de.keras.layers.Embedding(8, combiner="mean", name="user")(ids)   # [batch, 8]
+    pooled = de.keras.layers.Embedding(8, pooling="mean", name="user")(ids)   # [batch, 8]
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(pooled))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam()), loss="mse")
 """
@@ -35,7 +35,7 @@ from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
 from tfra_dynamic_embedding.keras import models
 
-COMBINERS = ("sum", "mean", "sqrtn")
+POOLINGS = ("sum", "mean", "sqrtn")
 # A restrict policy in a layer's config, by class name.
 _RESTRICT_POLICIES = {cls.__name__: cls for cls in (restrict_policies.TimestampRestrictPolicy,
                                                     restrict_policies.FrequencyRestrictPolicy)}
@@ -70,9 +70,10 @@ class Embedding:
       embedding_size: row length (the variable's dim).
       key_dtype: tf.int64, tf.int32 or tf.string; integer inputs are cast to it.
       value_dtype: dtype of the rows.
-      combiner: None (output `ids.shape + [embedding_size]`) or "sum"/"mean"/"sqrtn" to pool over
-        the last id axis (required for SparseTensor ids, default "mean" there).
-      initializer: initializer of new rows (default Keras' "uniform"), as `de.Variable` takes it.
+      combiner: TFRA's argument, kept for subclasses (`SquashedEmbedding`, `FieldWiseEmbedding`);
+        as in TFRA, this layer's output is `ids.shape + [embedding_size]` whatever it is.
+      initializer: initializer of new rows (default: Keras' `RandomNormal()`, as TFRA's), as
+        `de.Variable` takes it.
       devices: devices of the shard tables (default: the placement plan in scope, else the
         current device).
       name: the layer's name, also its variable's.
@@ -90,6 +91,9 @@ class Embedding:
         are always kept here).
       distribute_strategy: the strategy to make the layer's variables in when the layer is
         made outside any strategy's scope (TFRA's argument).
+      pooling: None, or "sum"/"mean"/"sqrtn" to pool the rows over the last id axis (dense or
+        ragged ids): output `ids.shape[:-1] + [embedding_size]`. SparseTensor ids are always
+        pooled, by default with "mean".
 
     Example:
         import tf_keras
@@ -105,29 +109,28 @@ class Embedding:
 
     # TFRA's positional order up to short_file_name; the rest are keyword arguments there.
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
-                 combiner=None, initializer=None, devices=None, name="DynamicEmbeddingLayer",
+                 combiner="sum", initializer=None, devices=None, name="DynamicEmbeddingLayer",
                  with_unique=True, short_file_name=False, kv_creator=None, restrict_policy=None,
                  bp_v2=False, init_capacity=0, partitioner=None, checkpoint=True, max_norm=None,
                  keras=None, eviction=None, admission=None, keep_distribution=False,
-                 distribute_strategy=None, **kwargs):
+                 distribute_strategy=None, pooling=None, **kwargs):
         del keras   # chose the class in __new__
         if isinstance(restrict_policy, str):   # from get_config
             restrict_policy = _RESTRICT_POLICIES.get(restrict_policy, restrict_policy)
         kwargs.setdefault("dtype", tf.as_dtype(value_dtype).name)
         super().__init__(name=name, **kwargs)
-        if combiner is not None and combiner not in COMBINERS:
-            raise ValueError(f"combiner must be None or one of {list(COMBINERS)}; got {combiner!r}")
-        try:
-            self.embedding_size = int(embedding_size)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"embedding_size must be convertible to int; got "
-                            f"{embedding_size!r}") from error
+        if pooling is not None and pooling not in POOLINGS:
+            raise ValueError(f"pooling must be None or one of {list(POOLINGS)}; got {pooling!r}")
+        self.embedding_size = _whole_number("embedding_size", embedding_size)
         self.combiner = combiner
+        self.pooling = pooling
         self.with_unique = with_unique   # lookups always fetch each unique id once
         self.max_norm = max_norm
         self.supports_jit = False  # hash-table kernels have no XLA implementation
         if isinstance(initializer, dict):   # a serialized Keras initializer (from get_config)
             initializer = binding.keras_module(self.keras).initializers.get(initializer)
+        if initializer is None:   # TFRA's default
+            initializer = binding.keras_module(self.keras).initializers.RandomNormal()
         partitioner = partitioner or variable_lib.default_partition_fn
         placed = scopes.resolve_placement(self.name) if devices is None else None
         if placed is not None:  # inside a placement plan's scope (placement/apply.py)
@@ -145,7 +148,7 @@ class Embedding:
             self.params = variable_lib.Variable(
                 key_dtype=key_dtype, value_dtype=value_dtype, dim=self.embedding_size,
                 devices=devices, partitioner=partitioner, name=self.name,
-                initializer="uniform" if initializer is None else initializer,
+                initializer=initializer,
                 kv_creator=kv_creator, trainable=kwargs.get("trainable", True),
                 checkpoint=checkpoint, init_size=int(init_capacity),
                 restrict_policy=restrict_policy, bp_v2=bp_v2, short_file_name=short_file_name,
@@ -196,7 +199,7 @@ class Embedding:
             rows = ids.with_flat_values(self._lookup(self._keys(ids.flat_values)))
         else:
             rows = self._lookup(self._keys(tf.convert_to_tensor(ids)))
-        return rows if self.combiner is None else _pool(rows, self.combiner)
+        return rows if self.pooling is None else _pool(rows, self.pooling)
 
     def _keys(self, ids):
         # Float ids are cast as Keras' own Embedding does: Keras 3 feeds a Sequential model built
@@ -214,12 +217,12 @@ class Embedding:
     def _lookup_sparse(self, sp_ids):
         sp_ids = tf.SparseTensor(sp_ids.indices, self._keys(sp_ids.values), sp_ids.dense_shape)
         return embedding_ops.pooled_lookup(
-            self.params, sp_ids, None, self.combiner or "mean", None, self.name, None, False,
+            self.params, sp_ids, None, self.pooling or "mean", None, self.name, None, False,
             lookup_name=self.name)
 
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)
-        if self.combiner is not None:
+        if self.pooling is not None:
             shape = shape[:-1]
         return self._shape(tuple(shape) + (self.embedding_size,))
 
@@ -232,7 +235,8 @@ class Embedding:
         config.update(embedding_size=self.embedding_size,
                       key_dtype=self.params.key_dtype.name,
                       value_dtype=self.params.value_dtype.name,
-                      combiner=self.combiner, devices=self.params.devices,
+                      combiner=self.combiner, pooling=self.pooling,
+                      devices=self.params.devices,
                       bp_v2=self.params.bp_v2, init_capacity=self.params.init_size,
                       with_unique=self.with_unique, max_norm=self.max_norm,
                       short_file_name=self.params.short_file_name,
@@ -275,46 +279,61 @@ class Embedding:
 BasicEmbedding = Embedding
 
 
+def reduce_pooling(x, combiner="sum"):
+    """Reduces `[batch, ..., dim]` rows to `[batch, dim]` (a 2-D `[n, dim]` to `[dim]`) with
+    `tf.math.reduce_<combiner>` (TFRA's `reduce_pooling`).
+
+    Example:
+        reduce_pooling(tf.ones([3, 2, 8]), "mean")   # [3, 8] of ones
+    """
+    reduce = _reduce_method(combiner)
+    if x.shape.rank is None or x.shape.rank < 2:
+        raise ValueError(f"x must have rank >= 2 (rows of ids); got shape {x.shape}")
+    if x.shape.rank == 2:
+        return reduce(x, axis=0)
+    # One id axis at a time, as TFRA does (for "std" this differs from one joint reduction).
+    for _ in range(x.shape.rank - 2):
+        x = reduce(x, axis=1)
+    return x
+
+
+def _reduce_method(combiner):
+    """`tf.math.reduce_<combiner>` ("sum", "mean", "max", "min", "prod", "std", ...)."""
+    method = getattr(tf.math, f"reduce_{combiner}", None) if isinstance(combiner, str) else None
+    if method is None:
+        raise ValueError(f"combiner must name a tf.math.reduce_* method (e.g. 'sum', 'mean', "
+                         f"'max', 'std'); got {combiner!r}")
+    return method
+
+
 class SquashedEmbedding(Embedding):
-    """Looks up ids of any shape and reduces every axis but the first with `combiner`: a
-    `[batch, ...]` input gives `[batch, embedding_size]`, a 1-D input `[embedding_size]`.
+    """Looks up ids of any shape and reduces every axis but the first with `combiner`
+    (`reduce_pooling`): a `[batch, ...]` input gives `[batch, embedding_size]`, a 1-D input
+    `[embedding_size]`. Arguments as `Embedding`'s.
 
     Example:
         layer = de.keras.layers.SquashedEmbedding(8)          # combiner "sum"
         layer(tf.constant([[15, 2], [4, 92], [22, 4]], tf.int64))   # [3, 8]
     """
 
-    SQUASH = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max,
-              "min": tf.reduce_min, "prod": tf.reduce_prod, "std": tf.math.reduce_std}
-
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
-                 combiner="sum", initializer=None, devices=None,
-                 name="SquashedDynamicEmbeddingLayer", with_unique=True, **kwargs):
-        if combiner not in self.SQUASH:
-            raise ValueError(f"combiner must be one of {sorted(self.SQUASH)}; got {combiner!r}")
-        self.squash = combiner
-        super().__init__(embedding_size, key_dtype, value_dtype, None, initializer, devices,
-                         name, with_unique, **kwargs)
+                 combiner="sum", *args, **kwargs):
+        _reduce_method(combiner)   # a clear error now rather than at the first call
+        if kwargs.get("pooling") is not None:
+            raise ValueError(f"SquashedEmbedding pools with combiner; got pooling="
+                             f"{kwargs['pooling']!r}")
+        super().__init__(embedding_size, key_dtype, value_dtype, combiner, *args, **kwargs)
 
     def call(self, ids):
         ids = tf.convert_to_tensor(ids)
         if ids.shape.rank is not None and ids.shape.rank < 1:
             raise ValueError(f"ids must have rank >= 1; got shape {ids.shape}")
-        rows = self._lookup(self._keys(ids))
-        reduce = self.SQUASH[self.squash]
-        if ids.shape.rank == 1:
-            return reduce(rows, axis=0)
-        return reduce(rows, axis=list(range(1, ids.shape.rank)))
+        return reduce_pooling(self._lookup(self._keys(ids)), self.combiner)
 
     def compute_output_shape(self, input_shape):
         if len(input_shape) == 1:
             return self._shape((self.embedding_size,))
         return self._shape((input_shape[0], self.embedding_size))
-
-    def get_config(self):
-        config = super().get_config()
-        config["combiner"] = self.squash
-        return config
 
 
 class FieldWiseEmbedding(Embedding):
@@ -327,18 +346,16 @@ class FieldWiseEmbedding(Embedding):
         layer(tf.constant([[23, 12, 0], [9, 13, 10]], tf.int64))    # [2, 3, 4]
     """
 
+    # "sqrt_n" is TFRA's name (tf.sparse.segment_sqrt_n), "sqrtn" tf.nn's.
     SEGMENT = {"sum": tf.math.unsorted_segment_sum, "mean": tf.math.unsorted_segment_mean,
-               "sqrtn": tf.math.unsorted_segment_sqrt_n}
+               "sqrtn": tf.math.unsorted_segment_sqrt_n, "sqrt_n": tf.math.unsorted_segment_sqrt_n}
 
     def __init__(self, embedding_size, nslots, slot_map_fn=None, key_dtype=tf.int64,
                  value_dtype=tf.float32, combiner="sum", initializer=None, devices=None,
                  name="SlotDynamicEmbeddingLayer", with_unique=True, **kwargs):
         if not callable(slot_map_fn):
             raise ValueError(f"slot_map_fn must be callable; got {slot_map_fn!r}")
-        try:
-            self.nslots = int(nslots)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"nslots must be convertible to int; got {nslots!r}") from error
+        self.nslots = _whole_number("nslots", nslots)
         if self.nslots < 1:
             raise ValueError(f"nslots must be >= 1; got {nslots!r}")
         if combiner not in self.SEGMENT:
@@ -437,6 +454,17 @@ class LayerNormalization:
         return tf.RaggedTensor.from_tensor(dense, lengths=lengths)
 
 
+def _whole_number(name, value):
+    """`int(value)` (TFRA takes anything convertible), refusing a fraction it would drop."""
+    try:
+        whole = int(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be convertible to int; got {value!r}") from error
+    if isinstance(value, numbers.Real) and whole != value:
+        raise ValueError(f"{name} must be a whole number; got {value!r}")
+    return whole
+
+
 def _trainable_weight_list(layer):
     """The list Keras builds `trainable_weights` from (Keras 3 / tf_keras name it differently)."""
     if hasattr(layer, "_trainable_variables"):
@@ -444,12 +472,12 @@ def _trainable_weight_list(layer):
     return layer._trainable_weights  # pylint: disable=protected-access
 
 
-def _pool(rows, combiner):
+def _pool(rows, pooling):
     """Pools `[..., ids, dim]` rows (dense or ragged) over the id axis; empty rows give zeros."""
     ragged = isinstance(rows, tf.RaggedTensor)
     axis = rows.ragged_rank if ragged else -2  # the (innermost ragged) id axis
     total = tf.reduce_sum(rows, axis=axis)
-    if combiner == "sum":
+    if pooling == "sum":
         return total
     if ragged:
         count = tf.cast(rows.row_lengths(axis=axis), rows.dtype)
@@ -457,7 +485,7 @@ def _pool(rows, combiner):
                                else count, -1)
     else:
         count = tf.cast(tf.shape(rows)[-2], rows.dtype)
-    scale = count if combiner == "mean" else tf.sqrt(count)
+    scale = count if pooling == "mean" else tf.sqrt(count)
     return tf.math.divide_no_nan(total, scale)
 
 

@@ -26,15 +26,22 @@ NAMESPACE = "TFRA"
 
 
 def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signatures=None,
-                  options=None, save_traces=True):
+                  options=None, save_traces=True, save_format=None):
     """Saves `model` (tf_keras or Keras 3) to the SavedModel directory `filepath`.
 
     `include_optimizer=False` leaves the optimizer (and its slot tables) out, as for serving.
     `signatures`: as `tf.saved_model.save`'s. Left out, a Keras 3 functional model gets a
     `serving_default` over its inputs; a Keras 3 subclassed model gets Keras's own, which Keras
     traces with float inputs, so integer ids need `signatures`. `options`: a
-    `tf.saved_model.SaveOptions`; "TFRA" is added to its namespace whitelist.
+    `tf.saved_model.SaveOptions`; "TFRA" is added to its namespace whitelist. `save_format`:
+    TFRA passes it on to Keras; a SavedModel ("tf", or None) is the one format written here.
+
+    Example:
+        de.keras.models.save_model(model, "/tmp/export", include_optimizer=False)
     """
+    if save_format not in (None, "tf"):
+        raise ValueError(f"save_format must be None or 'tf' (a SavedModel); got "
+                         f"{save_format!r}")
     filepath = os.fspath(filepath)
     if not overwrite and tf.io.gfile.exists(filepath):
         raise FileExistsError(f"filepath {filepath!r} exists and overwrite is False")

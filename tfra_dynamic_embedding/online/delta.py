@@ -286,6 +286,7 @@ def replay(directory, variables, upto=None, var_name_to_prev_var_name=None, keep
             var = by_table.get(table)
             if var is None:
                 continue
+            _check_replayable(var, table, keys, values, removed)
             applied.add(table)
             if full:
                 var.clear()
@@ -299,6 +300,25 @@ def replay(directory, variables, upto=None, var_name_to_prev_var_name=None, keep
     missing = sorted(set(by_table) - applied)
     if missing:
         raise ValueError(f"{directory!r} has no export of tables {missing}")
+
+
+def _check_replayable(var, table, keys, values, removed):
+    """Raises unless `var` can take the exported rows of `table` as they are (checked before
+    a full export clears the variable, so a mismatch changes nothing)."""
+    if values.shape[1] != var.dim:
+        raise ValueError(f"export of table {table!r} has rows of dim {values.shape[1]}; "
+                         f"variable {var.name!r} has dim {var.dim}")
+    string_keys = keys.dtype == object or removed.dtype == object
+    if string_keys != (var.key_dtype == tf.string):
+        raise TypeError(f"export of table {table!r} has {'string' if string_keys else 'integer'} "
+                        f"keys; variable {var.name!r} has key_dtype {var.key_dtype.name}")
+    if not string_keys:
+        limits = np.iinfo(var.key_dtype.as_numpy_dtype)
+        for given in (keys, removed):
+            if len(given) and (given.min() < limits.min or given.max() > limits.max):
+                raise ValueError(f"export of table {table!r} has keys outside "
+                                 f"{var.key_dtype.name} (from {given.min()} to {given.max()}); "
+                                 f"variable {var.name!r} cannot hold them")
 
 
 def add_apply_delta_signature(module, variables):

@@ -17,7 +17,7 @@ table's (same distribution); a constant one gives the same rows.
 Example:
     split = column_split_variables(plan, "ad", initializer=tf.zeros_initializer())
     emb = split.embedding_lookup(ad_ids)            # [batch, plan's dim of "ad"]
-    layer = ColumnSplitEmbedding(plan, "ad", 128, combiner="sum")   # Keras: the same per layer
+    layer = ColumnSplitEmbedding(plan, "ad", 128, pooling="sum")   # Keras: the same per layer
 """
 
 import tensorflow as tf
@@ -143,14 +143,14 @@ class ColumnSplitEmbedding:
     block (`blocks[j]`, named `<name>_col<j>`: Keras names hold no "/", dim `width_j`, on block
     j's device), their outputs concatenated on the last axis.
 
-    Args are those of `de.keras.layers.Embedding` (`combiner` pools each block: pooling is
+    Args are those of `de.keras.layers.Embedding` (`pooling` pools each block: pooling is
     column-wise, so this equals pooling the whole rows), plus `plan` and the plan's table
     `name`; `embedding_size` must be the plan's dim of the table. A Keras layer of the Keras
     chosen as for `de.keras.layers.Embedding` (Keras 3 unless told otherwise).
 
     Example:
         ids = keras.Input(shape=(3,), dtype="int64")
-        pooled = ColumnSplitEmbedding(plan, "ad", 128, combiner="sum")(ids)   # [batch, 128]
+        pooled = ColumnSplitEmbedding(plan, "ad", 128, pooling="sum")(ids)   # [batch, 128]
     """
 
     def __new__(cls, *args, **kwargs):
@@ -159,7 +159,7 @@ class ColumnSplitEmbedding:
         return super(ColumnSplitEmbedding, layer_class).__new__(layer_class, *args, **kwargs)
 
     def __init__(self, plan, name, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
-                 combiner=None, initializer=None, keras=None, **kwargs):
+                 pooling=None, initializer=None, keras=None, **kwargs):
         del keras   # chose the class in __new__
         table, blocks = _blocks(plan, name)
         _check_dim(table, embedding_size, plan, "embedding_size")
@@ -169,9 +169,9 @@ class ColumnSplitEmbedding:
                              f"table {table!r}")
         super().__init__(name=name.replace("/", "_"), dtype=tf.as_dtype(value_dtype).name)
         self.embedding_size = int(embedding_size)
-        self.combiner = combiner
+        self.pooling = pooling
         self.blocks = [layers.Embedding(width, key_dtype=key_dtype, value_dtype=value_dtype,
-                                        combiner=combiner, initializer=initializer,
+                                        pooling=pooling, initializer=initializer,
                                         devices=[device], name=f"{self.name}_col{j}",
                                         keras=self.keras, **kwargs)
                        for j, (width, device) in enumerate(blocks)]
@@ -185,7 +185,7 @@ class ColumnSplitEmbedding:
         return tf.concat([block(ids) for block in self.blocks], axis=-1)
 
     def compute_output_shape(self, input_shape):
-        shape = list(input_shape)[:-1] if self.combiner is not None else list(input_shape)
+        shape = list(input_shape)[:-1] if self.pooling is not None else list(input_shape)
         shape = tuple(shape) + (self.embedding_size,)
         return tf.TensorShape(shape) if self.keras == binding.TF_KERAS else shape
 
