@@ -301,6 +301,13 @@ def test_import_and_accum_of_unknown_shapes_check_rows_before_any_shard_is_writt
     assert w.export()[0].numpy().tolist() == [5]
 
 
+def test_variable_names_and_devices_are_checked():
+    with pytest.raises(ValueError, match="name must be a non-empty string; got None"):
+        de.Variable(dim=2, name=None)
+    with pytest.raises(ValueError, match="devices: 'bogus' is not a device name"):
+        de.Variable(dim=2, devices="bogus")
+
+
 def test_partitioner_out_of_range_leaves_table_unchanged(kv_creator):
     def bad_partitioner(keys, shard_num):
         return tf.cast(keys, tf.int32)  # key 7 -> shard 7 of 2

@@ -124,6 +124,8 @@ class Variable(_tf_private.AutoTrackable):
             raise ValueError(f"partitioner must be callable; got {partitioner!r}")
         if not isinstance(init_size, int) or init_size < 0:
             raise ValueError(f"init_size must be a non-negative int; got {init_size!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string; got {name!r}")
         self._dim = dim
         self._name = name
         self._devices = _device_list(devices)
@@ -841,6 +843,11 @@ def _device_list(devices):
     if not devices or not all(isinstance(d, str) for d in devices):
         raise ValueError(f"devices must be a device string or a non-empty list of them; "
                          f"got {devices!r}")
+    for device in devices:
+        try:
+            tf.DeviceSpec.from_string(device)
+        except ValueError as error:
+            raise ValueError(f"devices: {device!r} is not a device name ({error})") from None
     return devices
 
 

@@ -64,6 +64,25 @@ def test_accum_is_optimistic(kv_creator):
     assert got == {1: [11.0, 11.0], 2: [2.0, 2.0], 3: [30.0, 30.0]}
 
 
+def test_values_and_exists_must_have_the_keys_shape(kv_creator):
+    table = de.CuckooHashTable(tf.int64, tf.float32, default_value=[0.0, 0.0, 0.0],
+                               kv_creator=kv_creator)
+    with pytest.raises(ValueError, match=r"values must have shape keys.shape \+ value shape"):
+        table.insert(tf.constant([3], tf.int64), [1.0, 2.0, 3.0])   # [3], not [1, 3]
+    with pytest.raises(ValueError, match="exists must have the shape of keys"):
+        table.accum(tf.constant([1, 2], tf.int64), tf.ones([2, 3]), [True])
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.int64), tf.TensorSpec(None, tf.float32)])
+    def insert(keys, values):
+        table.insert(keys, values)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="values must have shape"):
+        insert(tf.constant([4, 5], tf.int64), tf.ones([3, 2]))   # 6 values, 2 rows of 3
+    assert int(table.size()) == 0
+    insert(tf.constant([4, 5], tf.int64), tf.ones([2, 3]))
+    assert int(table.size()) == 2
+
+
 def test_remove_clear_size(kv_creator):
     table = make(kv_creator)
     table.insert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))

@@ -128,8 +128,20 @@ class CuckooHashTable(_tf_private.AutoTrackable):
                             f"got {keys.dtype.name}")
         return tf.convert_to_tensor(keys, self._key_dtype, name="keys")
 
-    def _rows(self, values, arg):
+    def _rows(self, values, arg, keys=None):
+        """`values` as `[N, dim]` rows; with `keys`, checked to be `keys.shape + value_shape`
+        (statically where the shapes are known, else when the op runs)."""
         values = tf.convert_to_tensor(values, self._value_dtype, name=arg)
+        if keys is not None:
+            want = keys.shape.concatenate(self._value_shape)
+            if not values.shape.is_compatible_with(want):
+                raise ValueError(f"{arg} must have shape keys.shape + value shape = {want}; "
+                                 f"got {values.shape}")
+            if not (values.shape.is_fully_defined() and keys.shape.is_fully_defined()):
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.shape(values), tf.concat([tf.shape(keys), self._value_shape], 0),
+                        message=f"{arg} must have shape keys.shape + value shape")]):
+                    values = tf.identity(values)
         return tf.reshape(values, [-1, self._dim])
 
     def _shaped(self, rows, keys):
@@ -171,7 +183,7 @@ class CuckooHashTable(_tf_private.AutoTrackable):
         """Sets the values of `keys` (`values`: shape `keys.shape + value_shape`)."""
         with self._scope(name, "insert"):
             keys = self._keys(keys)
-            return self._table.insert(tf.reshape(keys, [-1]), self._rows(values, "values"))
+            return self._table.insert(tf.reshape(keys, [-1]), self._rows(values, "values", keys))
 
     def accum(self, keys, values_or_deltas, exists, name=None):
         """TFRA's optimistic update: where `exists[i]` is True and the key is present, adds
@@ -179,9 +191,18 @@ class CuckooHashTable(_tf_private.AutoTrackable):
         inserts `values_or_deltas[i]`; other keys are left alone (another writer changed them
         since `exists` was read)."""
         with self._scope(name, "accum"):
-            keys = tf.reshape(self._keys(keys), [-1])
-            rows = self._rows(values_or_deltas, "values_or_deltas")
-            exists = tf.reshape(tf.convert_to_tensor(exists, tf.bool, name="exists"), [-1])
+            keys = self._keys(keys)
+            rows = self._rows(values_or_deltas, "values_or_deltas", keys)
+            exists = tf.convert_to_tensor(exists, tf.bool, name="exists")
+            if not exists.shape.is_compatible_with(keys.shape):
+                raise ValueError(f"exists must have the shape of keys {keys.shape}; got "
+                                 f"{exists.shape}")
+            if not (exists.shape.is_fully_defined() and keys.shape.is_fully_defined()):
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.shape(exists), tf.shape(keys),
+                        message="exists must have the shape of keys")]):
+                    exists = tf.identity(exists)
+            keys, exists = tf.reshape(keys, [-1]), tf.reshape(exists, [-1])
             _, present = self._table.lookup_with_exists(
                 keys, tf.zeros([tf.size(keys), self._dim], self._value_dtype))
             add = tf.logical_and(exists, present)
