@@ -225,11 +225,14 @@ def test_documented_argument_names_and_wrapper_methods(kv_creator):
     rows, wrapper = de.embedding_lookup(var, keys, return_trainable=True)
     assert int(wrapper.size()) == 2
     var.upsert(keys, tf.fill([2, 2], 7.0))       # another writer changes the rows
-    np.testing.assert_array_equal(wrapper.read_value().numpy(), rows.numpy())   # held rows
+    np.testing.assert_array_equal(wrapper.read_value(do_prefetch=False).numpy(), rows.numpy())
+    np.testing.assert_array_equal(wrapper.held_rows().numpy(), rows.numpy())
     np.testing.assert_array_equal(wrapper.prefetch_values().numpy(), [[7, 7], [7, 7]])
-    np.testing.assert_array_equal(wrapper.read_value(do_prefetch=True).numpy(),
-                                  [[7, 7], [7, 7]])
+    # TFRA's default: do_prefetch=True reads the table's rows again and holds them.
     np.testing.assert_array_equal(wrapper.read_value().numpy(), [[7, 7], [7, 7]])
+    np.testing.assert_array_equal(wrapper.read_value(do_prefetch=False).numpy(),
+                                  [[7, 7], [7, 7]])
+    np.testing.assert_array_equal(wrapper.numpy(), [[7, 7], [7, 7]])
 
 
 def test_variable_embedding_lookup_method_trains_like_the_function():

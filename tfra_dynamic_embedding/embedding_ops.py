@@ -152,7 +152,7 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids, shadow=None):
         wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name), ids=ids)
     loaded, positions = wrapper.load_lookup(unique_ids)
     with tf.control_dependencies([loaded] if loaded is not None else []):
-        return wrapper.read_value(), positions, wrapper
+        return wrapper.held_rows(), positions, wrapper
 
 
 def _unique_rows(params, sp_ids, name, return_trainable, leading_key=None, shadow=None):

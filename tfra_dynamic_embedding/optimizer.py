@@ -539,7 +539,7 @@ def _write_back_in_records(wrapper, buffers, groups, keep):
     """Writes the wrapper's rows and its slot buffers' rows into the records of its variable
     (slot `groups`), one probe per key; `keep` (a bool mask or None) as in `write_back`."""
     ids = wrapper.batch_ids()
-    rows = [held.read_value() for held in [wrapper] + buffers]
+    rows = [held.held_rows() for held in [wrapper] + buffers]
     for held in [wrapper] + buffers:
         held.end_step()
     if keep is not None:

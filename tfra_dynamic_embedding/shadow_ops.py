@@ -147,7 +147,7 @@ def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_i
         else:
             loaded, positions = shadow.load_lookup(unique_ids)
             with tf.control_dependencies([loaded] if loaded is not None else []):
-                rows = shadow.read_value()
+                rows = shadow.held_rows()
         embeddings = tf.gather(rows, index if positions is None else tf.gather(positions, index))
         if max_norm is not None:
             embeddings = tf.clip_by_norm(embeddings, max_norm, axes=[1])

@@ -199,7 +199,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
 
         Example: saved = wrapper.numpy(); ...train...; wrapper.assign(saved)   # table restored
         """
-        rows = np.array(super().numpy())   # a new array that owns its data (the registry key)
+        rows = np.array(self.held_rows())   # a new array owning its data (the registry key)
         keys, values = self.params.export()
         _SNAPSHOTS.remember(rows, _TableSnapshot(keys.numpy(), values.numpy()))
         return rows
@@ -259,8 +259,10 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         return self._read_loaded(self.ids)
 
     def held_rows(self):
-        """The rows held, read after this step's lookup loaded them."""
-        return self._read_loaded(self)
+        """The rows held, read after this step's lookup loaded them (what the lookup returned,
+        and what gradients are taken of)."""
+        with self._after_load():
+            return super().read_value()
 
     def _read_loaded(self, variable):
         with self._after_load():
@@ -281,16 +283,18 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         with self._after_load():
             return super().value()
 
-    def read_value(self, do_prefetch=False):
-        """The rows held. `do_prefetch=True` first loads the held ids' rows again from the
-        table (TFRA's default there; here a read already sees this step's rows, so the default
-        spares the extra probe)."""
+    def read_value(self, do_prefetch=True):
+        """TFRA's read: `do_prefetch=True` (its default) first loads the held ids' rows again
+        from the table, so the result shows writes made since the lookup; `do_prefetch=False`
+        reads the rows held (`held_rows()`).
+
+        Example: var.upsert(ids, rows); wrapper.read_value()   # the new rows
+        """
         if do_prefetch:
             rows = self.prefetch_values(update=True)
             with tf.control_dependencies([rows]):
                 return super().read_value()
-        with self._after_load():
-            return super().read_value()
+        return self.held_rows()
 
     def prefetch_values(self, update=False):
         """The table's current rows of the ids held; `update=True` also holds them (TFRA's
@@ -313,7 +317,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         holds now, so concurrent writers' updates add up; ids it lacks get the rows held.
         `keep` (a bool mask over the ids held) writes only those rows (admission)."""
         self.end_step()
-        ids, rows = self.batch_ids(), self.read_value()
+        ids, rows = self.batch_ids(), self.held_rows()
         if keep is not None:
             ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
             looked_up = None if looked_up is None else tf.boolean_mask(looked_up, keep)
