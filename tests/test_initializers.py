@@ -311,6 +311,22 @@ def test_inputs_that_are_no_initializer_are_rejected():
             de.Variable(dim=4, initializer=bad)
 
 
+def test_a_callable_returning_other_shapes_or_strings_is_named_at_lookup():
+    ids = tf.constant([1, 2, 3], tf.int64)
+    ignores_shape = de.Variable(dim=4, initializer=lambda shape, dtype: tf.ones([2, 4], dtype),
+                                name="ignores_shape")
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"initializer .* must return rows of the shape it is given, "
+                             r"\[n, 4\]"):
+        ignores_shape.lookup(ids)
+    words = de.Variable(dim=4, initializer=lambda shape, dtype: tf.fill(shape, "x"),
+                        name="words")
+    with pytest.raises(ValueError, match="initializer .* must return numbers; got string"):
+        words.lookup(ids)
+    fits = de.Variable(dim=4, initializer=lambda shape, dtype: tf.ones(shape, dtype), name="fits")
+    np.testing.assert_array_equal(fits.lookup(ids).numpy(), np.ones([3, 4]))
+
+
 # -- VarianceScaling: drawn for the run-time shape [n, dim], as TFRA ------------------------------
 
 @pytest.mark.parametrize("make, spread, bound", [

@@ -91,7 +91,16 @@ def rows_maker(initializer, dim, dtype):
                 f"initializer {initializer!r} cannot make rows of shape [n, {dim}] with a dynamic "
                 f"n (initializers bound to a full table shape, such as Orthogonal or Identity, "
                 f"are not supported): {error}") from error
-        return tf.cast(rows, dtype)
+        rows = tf.convert_to_tensor(rows)
+        if not (rows.dtype.is_floating or rows.dtype.is_integer):
+            raise ValueError(f"initializer {initializer!r} must return numbers; got "
+                             f"{rows.dtype.name} rows")
+        # A callable of the user's own may ignore `shape`: say so here, not deep in a table op.
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.shape(rows), tf.stack([tf.size(keys), dim]),
+                message=f"initializer {initializer!r} must return rows of the shape it is given, "
+                        f"[n, {dim}]")]):
+            return tf.cast(rows, dtype)
 
     return make_rows
 
