@@ -179,18 +179,19 @@ class _DynamicEmbeddingMixin:
         grads_and_vars = list(grads_and_vars)
         if getattr(self, "_de_synchronous", False):
             grads_and_vars = _summed_over_horovod_ranks(grads_and_vars)
-        for g, v in grads_and_vars:   # a wrapper the loss skipped this step: its step ends too
-            if g is None and isinstance(v, trainable_lib.TrainableWrapper):
-                v.end_step()
-        wrappers = [v for g, v in grads_and_vars
-                    if g is not None and isinstance(v, trainable_lib.TrainableWrapper)]
+        wrappers = []
         for g, v in grads_and_vars:
+            if not isinstance(v, trainable_lib.TrainableWrapper):
+                continue
+            if g is None:   # a wrapper the loss skipped this step: its step ends too
+                v.end_step()
+                continue
             # TF's v1 kernels abort the process on a mismatch (a CHECK), so refuse it here.
-            if g is not None and isinstance(v, trainable_lib.TrainableWrapper) and \
-                    tf.as_dtype(g.dtype).base_dtype != v.dtype.base_dtype:
+            if tf.as_dtype(g.dtype).base_dtype != v.dtype.base_dtype:
                 raise TypeError(f"the gradient of {v.name} (rows of {v.params.name}) must be "
                                 f"{v.dtype.base_dtype.name} like its rows; got "
                                 f"{tf.as_dtype(g.dtype).name}")
+            wrappers.append(v)
         if not wrappers:
             return apply(grads_and_vars)
         create_slots([v for g, v in grads_and_vars if g is not None])

@@ -482,17 +482,10 @@ class Variable(_tf_private.AutoTrackable):
         keys = self._keys_tensor(keys)
         old = self._values_tensor(deltas, keys, "old_values")
         new = self._values_tensor(new_values, keys, "new_values")
-        exists = tf.convert_to_tensor(exists, tf.bool)
-        if not exists.shape.is_compatible_with(keys.shape):
-            raise ValueError(f"exists must have the shape of keys {keys.shape}; got {exists.shape}")
+        exists = tables_lib.base.exists_like_keys(exists, keys, self._name)
         with tf.name_scope(scope_name(name or self._name + "_accum")):
             flat, old = self._flat_rows(keys, old, "old_values")
             _, new = self._flat_rows(keys, new, "new_values")
-            if not exists.shape.is_fully_defined() or not keys.shape.is_fully_defined():
-                with tf.control_dependencies([tf.debugging.assert_equal(
-                        tf.shape(exists), tf.shape(keys),
-                        message=f"exists must have the shape of keys for {self._name}")]):
-                    exists = tf.identity(exists)
             exists = tf.reshape(exists, [-1])
             # As TFRA: a key another writer removed (or inserted) since `exists` was read is
             # left alone rather than re-inserted (or overwritten).

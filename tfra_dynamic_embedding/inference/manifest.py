@@ -129,10 +129,6 @@ class Manifest:
         raise KeyError(f"no feature {name!r} in the manifest (features: "
                        f"{[f.name for f in self.features]})")
 
-    def pieces_on(self, shard):
-        """[(feature, piece)] held by `shard`, in manifest order."""
-        return [(f, p) for f in self.features for p in f.pieces if p.shard == shard]
-
     def to_dict(self):
         data = dataclasses.asdict(self)
         data["signatures"] = {"main": SERVING_SIGNATURE, "shard": SERVING_SIGNATURE,

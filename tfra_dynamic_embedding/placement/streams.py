@@ -205,11 +205,6 @@ def expected_histograms(tables, batch_size, weight="lookups"):
     return np.divide(out, totals, out=np.zeros_like(out), where=totals > 0)
 
 
-def expected_histogram(spec, batch_size, weight="lookups"):
-    """Expected 17-bin reuse histogram of one synthetic table's batch."""
-    return expected_histograms([spec], batch_size, weight)[0]
-
-
 class SyntheticStream:
     """Batches of one synthetic table: `batch(i)` -> (indices int64 [n], offsets int64 [B + 1]).
 

@@ -179,3 +179,20 @@ def op_name(name):
     """A valid TF op name from a table or variable name (which may hold scope slashes)."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     return cleaned.lstrip("._-") or "table"
+
+
+def exists_like_keys(exists, keys, owner):
+    """`exists` as a bool tensor, checked to have the shape of `keys` (statically where both
+    shapes are known, else when the op runs), so a mask is never silently broadcast.
+
+    Example: `exists = exists_like_keys([True, False], keys, "table t")`.
+    """
+    exists = tf.convert_to_tensor(exists, tf.bool, name="exists")
+    if not exists.shape.is_compatible_with(keys.shape):
+        raise ValueError(f"exists must have the shape of keys {keys.shape}; got {exists.shape}")
+    if exists.shape.is_fully_defined() and keys.shape.is_fully_defined():
+        return exists
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(exists), tf.shape(keys),
+            message=f"exists must have the shape of keys for {owner}")]):
+        return tf.identity(exists)

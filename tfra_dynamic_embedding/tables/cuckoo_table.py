@@ -193,15 +193,7 @@ class CuckooHashTable(_tf_private.AutoTrackable):
         with self._scope(name, "accum"):
             keys = self._keys(keys)
             rows = self._rows(values_or_deltas, "values_or_deltas", keys)
-            exists = tf.convert_to_tensor(exists, tf.bool, name="exists")
-            if not exists.shape.is_compatible_with(keys.shape):
-                raise ValueError(f"exists must have the shape of keys {keys.shape}; got "
-                                 f"{exists.shape}")
-            if not (exists.shape.is_fully_defined() and keys.shape.is_fully_defined()):
-                with tf.control_dependencies([tf.debugging.assert_equal(
-                        tf.shape(exists), tf.shape(keys),
-                        message="exists must have the shape of keys")]):
-                    exists = tf.identity(exists)
+            exists = base.exists_like_keys(exists, keys, f"table {self._name}")
             keys, exists = tf.reshape(keys, [-1]), tf.reshape(exists, [-1])
             _, present = self._table.lookup_with_exists(
                 keys, tf.zeros([tf.size(keys), self._dim], self._value_dtype))
