@@ -12,6 +12,9 @@ tables go to `save_path`, else to `TFRADynamicEmbedding/` next to the checkpoint
 `save_to_file_system` (all shards committed at once, see tables/files.py); a restore loads them
 re-partitioned over the restoring variable's shards (`load_from_file_system_with_restore_function`).
 
+TF2 checkpoints that TFRA wrote (`tf.train.Checkpoint`, Keras `save_weights`) restore too: their
+per-shard tables and optimizer slots are read at the end of this module.
+
 Example:
     tf.train.Checkpoint(emb=w).save("/tmp/ckpt")                 # TF2
     saver = tf.compat.v1.train.Saver(); saver.save(sess, path)    # graph mode
@@ -292,3 +295,75 @@ class FileSystemGraphSaveable(_tf_private.SaveableObject):
         exists = tf.size(tf.io.matching_files(tf.strings.regex_replace(
             stepped, r"([*?\[\\])", r"\\\1"))) > 0
         return _restore(self._variable, saver, tf.where(exists, stepped, _sibling_dir(filename)))
+
+
+# -- TF2 checkpoints that TFRA wrote ------------------------------------------------------------
+# TFRA saves a de.Variable as its shard tables: the variable's checkpoint node has a child
+# `tables_of_<name>` listing them, each table saving the attribute `table` as `table-keys` and
+# `table-values`. Such a child has no object here (a variable saves one keys/values pair), so
+# `Variable._lookup_dependency` hands it a `TfraShardTables`, whose shards insert their rows into
+# the variable (`upsert`, re-partitioned over its own shards): restore into a new model, as when
+# moving from TFRA; keys the checkpoint lacks are kept. The optimizer matches TFRA's slot children
+# to its slot variables with `names_tfra_slot`. (TFRA's `tf.compat.v1.train.Saver` checkpoints
+# name the tables `<name>_mht_<i>of<n>`: `de.warm_start` reads those.)
+_TFRA_TABLES_PREFIX = "tables_of_"   # TFRA's child holding a variable's shard tables
+_TABLE_ATTRIBUTE = "table"          # a shard table's saved attribute: `table-keys`, `table-values`
+
+
+def is_tfra_tables(name):
+    """Whether `name` is the checkpoint child under which TFRA saved a variable's tables."""
+    return name.startswith(_TFRA_TABLES_PREFIX)
+
+
+def names_tfra_slot(child_name, variable_name, slot_name):
+    """Whether the optimizer's checkpoint child `child_name` is TFRA's slot `slot_name` of the
+    variable `variable_name`: `<variable>/.../<slot>`, where a Keras layer's variable is
+    `<layer>-parameter` in TFRA (here: named as the layer).
+
+    Example: names_tfra_slot("emb-parameter/DynamicEmbedding/emb-shadow/m", "emb", "m") is True.
+    """
+    head, _, last = child_name.rpartition("/")
+    return last == slot_name and any(
+        head.startswith(prefix + "/") for prefix in (variable_name, variable_name + "-parameter"))
+
+
+class TfraShardTables(_tf_private.AutoTrackable):
+    """TFRA's list of a variable's shard tables, as a restore finds it; child `i` is shard i."""
+
+    def __init__(self, variable):
+        self._variable = variable
+        self._shards = {}
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        if not name.isdigit():
+            return super()._lookup_dependency(name, cached_dependencies)
+        if name not in self._shards:
+            self._shards[name] = _ShardTable(self._variable)
+        return self._shards[name]
+
+
+class _ShardTable(_tf_private.AutoTrackable):
+    """One of TFRA's shard tables: restoring it inserts its rows into the variable."""
+
+    def __init__(self, variable):
+        self._variable = variable
+
+    def _gather_saveables_for_checkpoint(self):
+        return {_TABLE_ATTRIBUTE: lambda name: _ShardSaveable(self._variable, name)}
+
+
+class _ShardSaveable(_tf_private.SaveableObject):
+    """Reads `<name>-keys` / `<name>-values` (TFRA's spec names) and inserts them. It saves
+    nothing of its own: this package's checkpoints save the variable whole."""
+
+    def __init__(self, variable, name):
+        self._variable = variable
+        specs = [_tf_private.SaveSpec(tf.zeros([0], variable.key_dtype), "", f"{name}-keys"),
+                 _tf_private.SaveSpec(tf.zeros([0, variable.dim], variable.value_dtype), "",
+                                      f"{name}-values")]
+        super().__init__(None, specs, name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        keys, values = restored_tensors
+        return self._variable.upsert(keys, values)

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import trainable as trainable_lib
@@ -128,6 +129,14 @@ def register_keras_optimizers():
 class _DynamicEmbeddingMixin:
     """What every family shares: slot tables, slot buffers, prefetch and write-back."""
 
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        found = super()._lookup_dependency(name, cached_dependencies)
+        if found is None:   # a slot as TFRA's checkpoints name it (checkpoint.py)
+            found = next((table for (params, slot_name), table
+                          in getattr(self, "_de_slot_tables", {}).items()
+                          if checkpoint_lib.names_tfra_slot(name, params.name, slot_name)), None)
+        return found
+
     def _de_slot_buffer(self, wrapper, slot_name, initializer, track=True):
         """The buffer holding `slot_name` rows of `wrapper`'s ids, creating its table if new."""
         params = wrapper.params
@@ -147,6 +156,9 @@ class _DynamicEmbeddingMixin:
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
+            for deferred in list(getattr(self, "_deferred_dependencies", {})):
+                if checkpoint_lib.names_tfra_slot(deferred, params.name, slot_name):
+                    self._handle_deferred_dependencies(name=deferred, trackable=table)
             if params.restrict_policy is not None:   # evictions remove the slot's rows too
                 params.restrict_policy._track_params_in_slots([table])  # pylint: disable=protected-access
         # A tf.compat.v1 graph: the buffer lives with its wrapper (a worker's own cache), not

@@ -692,6 +692,15 @@ class Variable(_tf_private.AutoTrackable):
             children.pop("eviction_metadata", None)
         return children
 
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        found = super()._lookup_dependency(name, cached_dependencies)
+        if found is None and checkpoint_lib.is_tfra_tables(name):
+            # A checkpoint TFRA wrote: its shard tables' rows are inserted (checkpoint.py).
+            # Kept (untracked) while this variable lives: a restore's status checks its objects.
+            object.__setattr__(self, "_tfra_shard_tables", checkpoint_lib.TfraShardTables(self))
+            found = self._tfra_shard_tables
+        return found
+
     def _deserialization_dependencies(self, children):
         del children  # The shard tables must exist before this variable (export and load).
         return {f"table_{i}": t for i, t in enumerate(self._tables)}

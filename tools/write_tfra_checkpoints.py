@@ -1,0 +1,93 @@
+"""Writes the checkpoints of tests/data/tfra_checkpoints/ with TFRA itself (not this package).
+
+Run it in an environment where `tensorflow_recommenders_addons` is TFRA (0.8.1: `tensorflow==2.16.2`,
+`tf-keras==2.16.*`; its CUDA build also needs `nvidia-cuda-runtime-cu12` preloaded):
+
+    python tools/write_tfra_checkpoints.py tests/data/tfra_checkpoints
+
+Each format gets a folder and `<format>.json` with the rows (and optimizer slot rows) TFRA saved:
+- tf1:   a tf.compat.v1 graph, `de.get_variable` on 2 shards, one v1 Adam step, `Saver().save`;
+- tf2:   `tf.train.Checkpoint(emb=w).save` of a 2-shard `de.get_variable`, eagerly;
+- keras: a tf_keras model with `de.keras.layers.Embedding` on 2 shards, one `fit` step of Adam
+         through `de.DynamicEmbeddingOptimizer`, `model.save_weights`.
+"""
+
+import json
+import os
+import sys
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_recommenders_addons.dynamic_embedding as de  # noqa: E402
+
+KEYS = np.arange(1, 21, dtype=np.int64)
+VALUES = np.arange(20 * 4, dtype=np.float32).reshape(20, 4) / 10.0
+BATCH = KEYS[:10]   # the ids the optimizer step trains
+
+
+def _dump(path, keys, values, names, slots=None):
+    with open(path, "w") as f:
+        json.dump({"keys": np.asarray(keys).tolist(), "values": np.asarray(values).tolist(),
+                   "slots": slots or {}, "tensor_names": names}, f, indent=0)
+
+
+def write_tf1(out):
+    os.makedirs(os.path.join(out, "tf1"), exist_ok=True)
+    tf.compat.v1.disable_eager_execution()
+    w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
+    upsert = w.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    emb = de.embedding_lookup(w, tf.constant(BATCH), name="lookup")
+    opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
+    train = opt.minimize(tf.reduce_sum(emb * emb),
+                         global_step=tf.compat.v1.train.get_or_create_global_step())
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(upsert)
+        sess.run(train)
+        keys, values = sess.run(w.export())
+        slots = {s.name: [a.tolist() for a in sess.run(s.export())]
+                 for s in w.get_slot_variables(opt)}
+        prefix = saver.save(sess, os.path.join(out, "tf1", "model"), write_meta_graph=False)
+    _dump(os.path.join(out, "tf1.json"), keys, values,
+          [n for n, _ in tf.train.list_variables(prefix)], slots)
+
+
+def write_tf2(out):
+    w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
+    w.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    prefix = tf.train.Checkpoint(emb=w).save(os.path.join(out, "tf2", "ckpt"))
+    keys, values = w.export()
+    _dump(os.path.join(out, "tf2.json"), keys, values,
+          [n for n, _ in tf.train.list_variables(prefix)])
+
+
+def write_keras(out):
+    import tf_keras as keras
+    ids = keras.layers.Input(shape=(1,), dtype=tf.int64)
+    layer = de.keras.layers.Embedding(4, devices=["/CPU:0", "/CPU:0"], name="emb",
+                                      initializer=0.0)
+    model = keras.Model(ids, layer(ids))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)),
+                  loss="mse")
+    layer.params.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    model.fit(BATCH.reshape(-1, 1), np.ones([10, 1, 4], np.float32), batch_size=10, verbose=0)
+    prefix = os.path.join(out, "keras", "weights")
+    model.save_weights(prefix)
+    keys, values = layer.params.export()
+    slots = {s.name: [a.numpy().tolist() for a in s.export()]
+             for s in layer.params.get_slot_variables(model.optimizer)}
+    _dump(os.path.join(out, "keras.json"), keys, values,
+          [n for n, _ in tf.train.list_variables(prefix)], slots)
+
+
+if __name__ == "__main__":
+    out_dir, fmt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+    if fmt is None:   # each format in a process of its own (tf1 turns eager execution off)
+        import subprocess
+        for name in ("tf1", "tf2", "keras"):
+            subprocess.run([sys.executable, __file__, out_dir, name], check=True)
+    else:
+        {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras}[fmt](out_dir)
