@@ -119,3 +119,35 @@ def test_tf1_checkpoint_of_tfra_warm_starts_rows_and_slots():
                 _assert_rows(got, want)
                 for key in set(got) - set(want):   # keys TFRA's slot lacks: the slot's fill
                     assert not got[key].any()
+
+
+def test_files_tfra_saved_load_into_either_backend(kv_creator):
+    """TFRA's `save_to_file_system` writes raw `-keys`/`-values` arrays per shard."""
+    saved = _saved("files")
+    assert "user_mht_2of2_rank0_size1-values" in saved["tensor_names"]
+    want = _rows(saved["keys"], saved["values"])
+    directory = os.path.join(DATA, "files")
+
+    def variable(shards):
+        return de.Variable(key_dtype=tf.int64, dim=4, devices=["/CPU:0"] * shards, name="user",
+                           kv_creator=kv_creator)
+
+    same = variable(2)
+    same.load_from_file_system(directory)
+    resharded = variable(3)
+    resharded.load_from_file_system(directory, load_entire_dir=True)
+    restored = variable(1)
+    restored.load_from_file_system_with_restore_function(directory)
+    for w in (same, resharded, restored):
+        assert int(w.size()) == 20
+        _assert_rows(_rows(*w.export()), want)
+
+
+def test_files_tfra_saved_of_another_dim_fail_and_change_nothing(kv_creator):
+    w = de.Variable(key_dtype=tf.int64, dim=3, devices=["/CPU:0"] * 2, name="user",
+                    kv_creator=kv_creator)
+    w.upsert(tf.constant([100], tf.int64), tf.constant([[1.0, 2.0, 3.0]]))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        w.load_from_file_system(os.path.join(DATA, "files"))
+    keys, values = w.export()
+    assert keys.numpy().tolist() == [100] and values.numpy().tolist() == [[1.0, 2.0, 3.0]]

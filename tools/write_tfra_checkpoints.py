@@ -9,7 +9,8 @@ Each format gets a folder and `<format>.json` with the rows (and optimizer slot 
 - tf1:   a tf.compat.v1 graph, `de.get_variable` on 2 shards, one v1 Adam step, `Saver().save`;
 - tf2:   `tf.train.Checkpoint(emb=w).save` of a 2-shard `de.get_variable`, eagerly;
 - keras: a tf_keras model with `de.keras.layers.Embedding` on 2 shards, one `fit` step of Adam
-         through `de.DynamicEmbeddingOptimizer`, `model.save_weights`.
+         through `de.DynamicEmbeddingOptimizer`, `model.save_weights`;
+- files: `save_to_file_system` of a 2-shard `de.get_variable` (TFRA's raw `-keys`/`-values` files).
 """
 
 import json
@@ -83,11 +84,21 @@ def write_keras(out):
           [n for n, _ in tf.train.list_variables(prefix)], slots)
 
 
+def write_files(out):
+    w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
+    w.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    w.save_to_file_system(os.path.join(out, "files"), proc_size=1, proc_rank=0)
+    keys, values = w.export()
+    _dump(os.path.join(out, "files.json"), keys, values,
+          sorted(os.listdir(os.path.join(out, "files"))))
+
+
 if __name__ == "__main__":
     out_dir, fmt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
     if fmt is None:   # each format in a process of its own (tf1 turns eager execution off)
         import subprocess
-        for name in ("tf1", "tf2", "keras"):
+        for name in ("tf1", "tf2", "keras", "files"):
             subprocess.run([sys.executable, __file__, out_dir, name], check=True)
     else:
-        {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras}[fmt](out_dir)
+        {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras,
+         "files": write_files}[fmt](out_dir)

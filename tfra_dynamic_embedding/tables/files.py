@@ -2,7 +2,8 @@
 
 One table, one file: a native table streams one checksummed file (written under a temporary name
 and renamed, so it appears whole); a built-in table writes `<prefix>-keys` and `<prefix>-values`
-(serialized tensors). Shard i of n of variable V saved by process `proc_rank` of `proc_size` is
+(serialized tensors). Loads also read TFRA's own files, a `-keys`/`-values` pair of raw arrays,
+into either backend. Shard i of n of variable V saved by process `proc_rank` of `proc_size` is
 named as TFRA names it: `V_mht_<i>of<n>_rank<r>_size<s>`. Loading a native file replaces the
 table's content atomically (a truncated or corrupt file raises `DataLossError`, changes nothing).
 
@@ -140,11 +141,29 @@ def load_table(table, prefix):
 
 
 def read_builtin_file(prefix, key_dtype, value_dtype, dim):
-    """(keys `[n]`, values `[n, dim]`) of a built-in table's `<prefix>-keys` / `-values`."""
+    """(keys `[n]`, values `[n, dim]`) of a `<prefix>-keys` / `-values` pair: a built-in table's
+    (serialized tensors) or TFRA's (raw little-endian arrays, as its CPU tables write them)."""
     prefix = _at_run_time(prefix)
-    keys = tf.io.parse_tensor(tf.io.read_file(_suffixed(prefix, "-keys")), key_dtype)
-    values = tf.io.parse_tensor(tf.io.read_file(_suffixed(prefix, "-values")), value_dtype)
-    return tf.reshape(keys, [-1]), tf.reshape(values, [-1, dim])
+    keys = _decode_tensor_file(tf.io.read_file(_suffixed(prefix, "-keys")),
+                               tf.as_dtype(key_dtype))
+    values = tf.reshape(_decode_tensor_file(tf.io.read_file(_suffixed(prefix, "-values")),
+                                            tf.as_dtype(value_dtype)), [-1, dim])
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.size(keys), tf.shape(values)[0],
+            message="the -keys and -values files hold different numbers of rows")]):
+        return tf.identity(keys), values
+
+
+def _decode_tensor_file(data, dtype):
+    """The 1-D tensor of a `-keys` or `-values` file: a serialized `TensorProto` (this package)
+    or raw values (TFRA). A TensorProto starts with its dtype field and then its shape field;
+    raw keys would need a first key with exactly those three bytes and raw values likewise."""
+    if dtype == tf.string:   # TFRA writes numeric keys only
+        return tf.reshape(tf.io.parse_tensor(data, dtype), [-1])
+    header = bytes([0x08, dtype.as_datatype_enum, 0x12])
+    return tf.cond(tf.equal(tf.strings.substr(data, 0, 3), header),
+                   lambda: tf.reshape(tf.io.parse_tensor(data, dtype), [-1]),
+                   lambda: tf.io.decode_raw(data, dtype, little_endian=True))
 
 
 def save_file(table, dirpath, file_name=None, dirpath_env=ENV_DIR, append_to_file=False):
@@ -291,13 +310,20 @@ def load_shards(tables, prefixes):
     be there before any table is replaced (else NotFoundError naming it), built-in files are all
     read before any is imported, and each native load is atomic. (A native file failing its
     checksum halfway leaves the shards before it loaded.)"""
-    expected = []
-    for table, prefix in zip(tables, prefixes):
-        expected += ([prefix] if isinstance(table, native.NativeKVTable)
-                     else [_suffixed(prefix, "-keys"), _suffixed(prefix, "-values")])
-    expected = tf.stack(expected)
-    present = tf.map_fn(lambda path: tf.size(tf.io.matching_files(glob_escape(path))) > 0,
-                        expected, fn_output_signature=tf.bool)
+    # A native table reads its own file, else a `-keys`/`-values` pair as a built-in table does
+    # (TFRA's files, or a built-in table's of the same variable).
+    own_file = [_exists(p) if isinstance(t, native.NativeKVTable) else None
+                for t, p in zip(tables, prefixes)]
+    expected, present = [], []
+    for prefix, own in zip(prefixes, own_file):
+        pair = [_suffixed(prefix, "-keys"), _suffixed(prefix, "-values")]
+        if own is None:
+            expected += pair
+            present += [_exists(path) for path in pair]
+        else:
+            expected.append(prefix)
+            present.append(tf.logical_or(own, tf.logical_and(*[_exists(p) for p in pair])))
+    expected, present = tf.stack(expected), tf.stack(present)
 
     def first_missing():  # reading it raises TF's own NotFoundError, naming the file
         missing = tf.boolean_mask(expected, tf.logical_not(present))
@@ -305,16 +331,44 @@ def load_shards(tables, prefixes):
 
     checked = tf.cond(tf.reduce_all(present), lambda: tf.constant(True), first_missing)
     with tf.control_dependencies([checked]):
-        reads = [None if isinstance(t, native.NativeKVTable)
-                 else read_builtin_file(tf.identity(p), t.key_dtype, t.value_dtype, t.dim)
-                 for t, p in zip(tables, prefixes)]
-        ready = [checked] + [tensor for read in reads if read for tensor in read]
+        reads = [_read_pair(t, tf.identity(p), own)
+                 for t, p, own in zip(tables, prefixes, own_file)]
+        ready = [checked] + [tensor for read in reads for tensor in read]
     loads = []
     with tf.control_dependencies(ready):
-        for table, prefix, read in zip(tables, prefixes, reads):
-            loads.append(table.load_from(tf.identity(prefix)) if read is None
-                         else table.import_(*read))
+        for table, prefix, read, own in zip(tables, prefixes, reads, own_file):
+            loads.append(table.import_(*read) if own is None
+                         else _load_native(table, tf.identity(prefix), own, read))
     return tf.group(*loads)
+
+
+def _exists(path):
+    return tf.size(tf.io.matching_files(glob_escape(path))) > 0
+
+
+def _read_pair(table, prefix, own_file):
+    """(keys, values) of the `-keys`/`-values` pair at `prefix`; none for a native table that
+    has its own file."""
+    def read():
+        return read_builtin_file(prefix, table.key_dtype, table.value_dtype, table.dim)
+
+    if own_file is None:
+        return read()
+    return tf.cond(own_file, lambda: (tf.zeros([0], table.key_dtype),
+                                      tf.zeros([0, table.dim], table.value_dtype)), read)
+
+
+def _load_native(table, prefix, own_file, pair):
+    """Op loading a native table from its own file, or else from the rows of its pair."""
+    def from_own_file():
+        with tf.control_dependencies([table.load_from(prefix)]):
+            return tf.constant(True)
+
+    def from_pair():
+        with tf.control_dependencies([table.import_(*pair)]):
+            return tf.constant(True)
+
+    return tf.cond(own_file, from_own_file, from_pair)
 
 
 def variable_files(directory, name):
