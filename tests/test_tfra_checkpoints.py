@@ -97,6 +97,30 @@ def test_tf_keras_weights_of_tfra_load_rows_and_adam_slots(train_first):
         _assert_rows(_rows(*slot.export()), want, scale)
 
 
+def test_tf2_checkpoint_of_tfra_shadow_training_restores_rows_and_slots():
+    """A `ShadowVariable` trained by tf_keras Adam: TFRA names the slots `user/user_shadow/m`."""
+    saved = _saved("shadow")
+    # Slots are matched by the variable's name, as TFRA saved it ("user").
+    w = de.Variable(key_dtype=tf.int64, dim=4, devices=["/CPU:0"] * 3, name="user",
+                    initializer=0.0)
+    shadow = de.shadow_ops.ShadowVariable(w, name="user_shadow")
+    opt = de.DynamicEmbeddingOptimizer(tf_keras.optimizers.Adam(0.1))
+    tf.train.Checkpoint(emb=w, optimizer=opt).restore(
+        os.path.join(DATA, "shadow", "ckpt-1")).expect_partial()
+    _assert_rows(_rows(*w.export()), _rows(saved["keys"], saved["values"]))
+
+    def zero_loss():   # a zero gradient makes the slots: Adam keeps b1 * m and b2 * v
+        return tf.reduce_sum(de.shadow_ops.embedding_lookup(shadow, tf.constant(BATCH)) * 0.0)
+
+    opt.minimize(zero_loss, var_list=[shadow])
+    slots = w.get_slot_variables(opt)
+    assert sorted(s.name.rsplit("/", 1)[1] for s in slots) == ["m", "v"]
+    for slot in slots:
+        short = slot.name.rsplit("/", 1)[1]
+        want = _rows(*saved["slots"][f"user/user_shadow/{short}"])
+        _assert_rows(_rows(*slot.export()), want, {"m": 0.9, "v": 0.999}[short])
+
+
 def test_tf1_checkpoint_of_tfra_warm_starts_rows_and_slots():
     saved = _saved("tf1")
     assert "user/user_mht_2of2-keys" in saved["tensor_names"]   # TFRA's per-shard tables

@@ -10,6 +10,8 @@ Each format gets a folder and `<format>.json` with the rows (and optimizer slot 
 - tf2:   `tf.train.Checkpoint(emb=w).save` of a 2-shard `de.get_variable`, eagerly;
 - keras: a tf_keras model with `de.keras.layers.Embedding` on 2 shards, one `fit` step of Adam
          through `de.DynamicEmbeddingOptimizer`, `model.save_weights`;
+- shadow: `tf.train.Checkpoint(emb=w, optimizer=opt).save` after one step of a
+          `de.shadow_ops.ShadowVariable` trained by tf_keras Adam (TF2, eagerly);
 - files: `save_to_file_system` of a 2-shard `de.get_variable` (TFRA's raw `-keys`/`-values` files).
 """
 
@@ -84,6 +86,25 @@ def write_keras(out):
           [n for n, _ in tf.train.list_variables(prefix)], slots)
 
 
+def write_shadow(out):
+    import tf_keras as keras
+    w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
+    w.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    shadow = de.shadow_ops.ShadowVariable(w, name="user_shadow")
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
+
+    def loss():
+        rows = de.shadow_ops.embedding_lookup(shadow, tf.constant(BATCH))
+        return tf.reduce_sum(rows * rows)
+
+    opt.minimize(loss, var_list=[shadow])
+    prefix = tf.train.Checkpoint(emb=w, optimizer=opt).save(os.path.join(out, "shadow", "ckpt"))
+    keys, values = w.export()
+    slots = {s.name: [a.numpy().tolist() for a in s.export()] for s in w.get_slot_variables(opt)}
+    _dump(os.path.join(out, "shadow.json"), keys, values,
+          [n for n, _ in tf.train.list_variables(prefix)], slots)
+
+
 def write_files(out):
     w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
     w.upsert(tf.constant(KEYS), tf.constant(VALUES))
@@ -97,8 +118,8 @@ if __name__ == "__main__":
     out_dir, fmt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
     if fmt is None:   # each format in a process of its own (tf1 turns eager execution off)
         import subprocess
-        for name in ("tf1", "tf2", "keras", "files"):
+        for name in ("tf1", "tf2", "keras", "shadow", "files"):
             subprocess.run([sys.executable, __file__, out_dir, name], check=True)
     else:
-        {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras,
+        {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras, "shadow": write_shadow,
          "files": write_files}[fmt](out_dir)
