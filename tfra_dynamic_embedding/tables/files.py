@@ -307,8 +307,9 @@ def shard_prefixes(directory, name, file_names, proc_rank=0, proc_size=1):
 
 def load_shards(tables, prefixes):
     """Op loading `tables[i]` from `prefixes[i]`, all or nothing as far as it can: every file must
-    be there before any table is replaced (else NotFoundError naming it), built-in files are all
-    read before any is imported, and each native load is atomic. (A native file failing its
+    be there before any table is replaced (else NotFoundError naming it), every `-keys`/`-values`
+    pair (a built-in table's, or TFRA's for either backend) is read before any table is replaced,
+    and each native file load is atomic. (A native file failing its
     checksum halfway leaves the shards before it loaded.)"""
     # A native table reads its own file, else a `-keys`/`-values` pair as a built-in table does
     # (TFRA's files, or a built-in table's of the same variable).
