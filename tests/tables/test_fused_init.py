@@ -335,7 +335,7 @@ def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
     np.testing.assert_array_equal(stored.numpy(), again)
 
 
-@pytest.mark.parametrize("dim", [8, 37, 64])
+@pytest.mark.parametrize("dim", [8, 37, 64, 300])
 @pytest.mark.parametrize("init", [lambda: tf.random_uniform_initializer(-0.3, 0.2, seed=9),
                                   lambda: keras.initializers.RandomUniform(seed=2),
                                   lambda: tf.random_normal_initializer(0.1, 0.02, seed=3),
