@@ -256,13 +256,14 @@ TFRA_AVX2 inline void PolevlAvx2(const __m256d* x, const double* c, __m256d* r) 
 // same libm call, the rest four lanes at a time. b and r may be the same array; both are
 // padded to a multiple of 8.
 TFRA_AVX2 void NdtriTailsAvx2(int n, const double* b, double* x, double* lx, double* r) {
+  const int padded = (n + 7) & ~7;
   for (int t = 0; t < n; ++t) lx[t] = std::log(b[t]);
-  for (int t = n; t % 8 != 0; ++t) lx[t] = -1.0;  // padding: any valid input
-  for (int t = 0; t < n; t += 4) {
+  for (int t = n; t < padded; ++t) lx[t] = -1.0;  // padding: any valid input
+  for (int t = 0; t < padded; t += 4) {
     _mm256_store_pd(x + t, _mm256_sqrt_pd(_mm256_mul_pd(_mm256_set1_pd(-2.0), _mm256_load_pd(lx + t))));
   }
   for (int t = 0; t < n; ++t) lx[t] = std::log(x[t]);
-  for (int t = 0; t < n; t += 8) {
+  for (int t = 0; t < padded; t += 8) {
     __m256d xs[2], zs[2], p[2], q[2];
 #pragma GCC unroll 2
     for (int v = 0; v < 2; ++v) {
