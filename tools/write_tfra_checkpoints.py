@@ -12,7 +12,11 @@ Each format gets a folder and `<format>.json` with the rows (and optimizer slot 
          through `de.DynamicEmbeddingOptimizer`, `model.save_weights`;
 - shadow: `tf.train.Checkpoint(emb=w, optimizer=opt).save` after one step of a
           `de.shadow_ops.ShadowVariable` trained by tf_keras Adam (TF2, eagerly);
-- files: `save_to_file_system` of a 2-shard `de.get_variable` (TFRA's raw `-keys`/`-values` files).
+- files: `save_to_file_system` of a 2-shard `de.get_variable` (TFRA's raw `-keys`/`-values` files);
+- savedmodel: `tf.saved_model.save` of a tf.Module serving lookups of an int64-keyed and a
+              string-keyed 2-shard `de.get_variable` (TFRA's ops in its graphs);
+- keras_savedmodel: a tf_keras model with `de.keras.layers.Embedding` on 2 shards and a Dense
+                    layer, one `fit` step, `model.save(save_format="tf")`.
 """
 
 import json
@@ -114,12 +118,57 @@ def write_files(out):
           sorted(os.listdir(os.path.join(out, "files"))))
 
 
+NAMES = np.array([b"a", b"b", b"c", b"d", b"e"])
+
+
+def write_savedmodel(out):
+    class Lookups(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"],
+                                        initializer=-1.0)
+            self.item = de.get_variable("item", key_dtype=tf.string, dim=2,
+                                        devices=["/CPU:0", "/CPU:0"], initializer=-2.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
+                                      tf.TensorSpec([None], tf.string)])
+        def serve(self, ids, names):
+            return {"user": self.user.lookup(ids), "item": self.item.lookup(names)}
+
+    m = Lookups()
+    m.user.upsert(tf.constant(KEYS), tf.constant(VALUES))
+    m.item.upsert(tf.constant(NAMES), tf.constant(VALUES[:5, :2] + 100.0))
+    tf.saved_model.save(m, os.path.join(out, "savedmodel"),
+                        signatures={"serving_default": m.serve})
+    item_keys, item_values = m.item.export()
+    keys, values = m.user.export()
+    _dump(os.path.join(out, "savedmodel.json"), keys, values, [],
+          {"item": [[k.decode() for k in item_keys.numpy()], item_values.numpy().tolist()]})
+
+
+def write_keras_savedmodel(out):
+    import tf_keras as keras
+    ids = keras.Input(shape=(1,), dtype=tf.int64, name="ids")
+    rows = de.keras.layers.Embedding(4, devices=["/CPU:0", "/CPU:0"], name="emb",
+                                     initializer=0.5)(ids)
+    score = keras.layers.Dense(1, kernel_initializer="ones")(keras.layers.Flatten()(rows))
+    model = keras.Model(ids, score)
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)), loss="mse")
+    model.fit(BATCH.reshape(-1, 1), np.zeros([10, 1], np.float32), batch_size=10, verbose=0)
+    model.save(os.path.join(out, "keras_savedmodel"), save_format="tf")
+    keys, values = model.get_layer("emb").params.export()
+    predict = model.predict(KEYS.reshape(-1, 1), verbose=0)
+    _dump(os.path.join(out, "keras_savedmodel.json"), keys, values, [],
+          {"predict": predict.tolist()})
+
+
 if __name__ == "__main__":
     out_dir, fmt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
     if fmt is None:   # each format in a process of its own (tf1 turns eager execution off)
         import subprocess
-        for name in ("tf1", "tf2", "keras", "shadow", "files"):
+        for name in ("tf1", "tf2", "keras", "shadow", "files", "savedmodel", "keras_savedmodel"):
             subprocess.run([sys.executable, __file__, out_dir, name], check=True)
     else:
         {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras, "shadow": write_shadow,
-         "files": write_files}[fmt](out_dir)
+         "files": write_files, "savedmodel": write_savedmodel,
+         "keras_savedmodel": write_keras_savedmodel}[fmt](out_dir)

@@ -1,0 +1,583 @@
+// TFRA's op names (the "TFRA>" namespace of its CuckooHashTable and data-flow
+// ops) over this library's native table, so that graphs and SavedModels that
+// TFRA wrote load and run here: a model exported by TFRA creates, restores and
+// looks up its tables through these kernels. The signatures (inputs, outputs,
+// attrs) are TFRA's, as its graphs name them; the semantics follow TFRA's
+// kernels: Import replaces the content, Accum adds a delta where the caller saw
+// the key and inserts where it did not (and leaves keys another writer changed),
+// keys of any shape look up rows of keys.shape + [dim].
+// Not provided: SaveToFileSystem / LoadFromFileSystem (TFRA's FileSystemSaver;
+// Variable.load_from_file_system reads TFRA's files instead), the GPU-only math
+// ops, tables whose rows are not float types or not of rank 1.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "de_kernel.h"
+#include "de_table.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace tfra_de {
+namespace {
+
+using tensorflow::PartialTensorShape;
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeAndType;
+using tensorflow::shape_inference::ShapeHandle;
+
+// ------------------------------------------------------------ shape fns --
+
+// The table's rows' shape, from the handle's shape-and-type data when the
+// graph carries it, else from the last dimension of `rows_input` (unknown if
+// that is -1 or of unknown rank).
+ShapeHandle RowShape(InferenceContext* c, int rows_input) {
+  const auto* handle = c->input_handle_shapes_and_types(0);
+  if (handle != nullptr && handle->size() == 2) return (*handle)[1].shape;
+  if (rows_input >= 0 && c->RankKnown(c->input(rows_input)) && c->Rank(c->input(rows_input)) >= 1) {
+    const ShapeHandle rows = c->input(rows_input);
+    return c->Vector(c->Dim(rows, c->Rank(rows) - 1));
+  }
+  return c->UnknownShape();
+}
+
+Status LookupShape(InferenceContext* c) {
+  ShapeHandle handle, out;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &handle));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), RowShape(c, 2), &out));
+  c->set_output(0, out);
+  if (c->num_outputs() > 1) c->set_output(1, c->input(1));
+  return absl::OkStatus();
+}
+
+Status HandleOnlyShape(InferenceContext* c) {
+  ShapeHandle handle;
+  return c->WithRank(c->input(0), 0, &handle);
+}
+
+// dynamic_stitch: [max index + 1 (unknown unless constant)] + data's row shape.
+Status StitchShape(InferenceContext* c) {
+  int32_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  ShapeHandle rest = c->UnknownShape();
+  for (int i = 0; i < n; ++i) {
+    const ShapeHandle indices = c->input(i);
+    if (!c->RankKnown(indices)) continue;
+    ShapeHandle prefix, tail;
+    TF_RETURN_IF_ERROR(c->MergePrefix(c->input(n + i), indices, &prefix, &tail));
+    TF_RETURN_IF_ERROR(c->Subshape(c->input(n + i), c->Rank(indices), &tail));
+    TF_RETURN_IF_ERROR(c->Merge(rest, tail, &rest));
+  }
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rest, &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
+// --------------------------------------------------------- registrations --
+
+REGISTER_OP("TFRA>CuckooHashTableOfTensors")
+    .Output("table_handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .Attr("value_shape: shape = {}")
+    .Attr("init_size: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      PartialTensorShape value_shape;
+      TF_RETURN_IF_ERROR(c->GetAttr("value_shape", &value_shape));
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(value_shape, &rows));
+      DataType key_dtype, value_dtype;
+      TF_RETURN_IF_ERROR(c->GetAttr("key_dtype", &key_dtype));
+      TF_RETURN_IF_ERROR(c->GetAttr("value_dtype", &value_dtype));
+      c->set_output(0, c->Scalar());
+      c->set_output_handle_shapes_and_types(
+          0, std::vector<ShapeAndType>{{c->Scalar(), key_dtype}, {rows, value_dtype}});
+      return absl::OkStatus();
+    })
+    .Doc("TFRA's table op: a native table of key_dtype -> value_shape ([dim]) rows.");
+
+REGISTER_OP("TFRA>CuckooHashTableFind")
+    .Input("table_handle: resource")
+    .Input("keys: Tin")
+    .Input("default_value: Tout")
+    .Output("values: Tout")
+    .Attr("Tin: type")
+    .Attr("Tout: type")
+    .SetIsStateful()
+    .SetShapeFn(LookupShape)
+    .Doc("Rows of keys (keys.shape + [dim]); a missing key gets default_value ([dim], or "
+         "its own row).");
+
+REGISTER_OP("TFRA>CuckooHashTableFindWithExists")
+    .Input("table_handle: resource")
+    .Input("keys: Tin")
+    .Input("default_value: Tout")
+    .Output("values: Tout")
+    .Output("exists: bool")
+    .Attr("Tin: type")
+    .Attr("Tout: type")
+    .SetIsStateful()
+    .SetShapeFn(LookupShape)
+    .Doc("As TFRA>CuckooHashTableFind, and whether each key is present.");
+
+REGISTER_OP("TFRA>CuckooHashTableInsert")
+    .Input("table_handle: resource")
+    .Input("keys: Tin")
+    .Input("values: Tout")
+    .Attr("Tin: type")
+    .Attr("Tout: type")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Upserts keys -> values (keys.shape + [dim]).");
+
+REGISTER_OP("TFRA>CuckooHashTableAccum")
+    .Input("table_handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values_or_deltas: value_dtype")
+    .Input("exists: bool")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Where exists[i] and the key is present: adds the delta; where not exists[i] and "
+         "the key is absent: inserts the value; other keys are left alone.");
+
+REGISTER_OP("TFRA>CuckooHashTableRemove")
+    .Input("table_handle: resource")
+    .Input("keys: Tin")
+    .Attr("Tin: type")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Deletes keys.");
+
+REGISTER_OP("TFRA>CuckooHashTableClear")
+    .Input("table_handle: resource")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Removes every key.");
+
+REGISTER_OP("TFRA>CuckooHashTableSize")
+    .Input("table_handle: resource")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Number of keys.");
+
+REGISTER_OP("TFRA>CuckooHashTableExport")
+    .Input("table_handle: resource")
+    .Output("keys: Tkeys")
+    .Output("values: Tvalues")
+    .Attr("Tkeys: type")
+    .Attr("Tvalues: type")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle handle, rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &handle));
+      const ShapeHandle keys = c->Vector(InferenceContext::kUnknownDim);
+      TF_RETURN_IF_ERROR(c->Concatenate(keys, RowShape(c, -1), &rows));
+      c->set_output(0, keys);
+      c->set_output(1, rows);
+      return absl::OkStatus();
+    })
+    .Doc("Every key and its row.");
+
+REGISTER_OP("TFRA>CuckooHashTableImport")
+    .Input("table_handle: resource")
+    .Input("keys: Tin")
+    .Input("values: Tout")
+    .Attr("Tin: type")
+    .Attr("Tout: type")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Replaces the table's content by keys -> values.");
+
+REGISTER_OP("TFRA>DynamicPartition")
+    .Input("data: T")
+    .Input("partitions: int32")
+    .Output("outputs: num_partitions * T")
+    .Attr("num_partitions: int >= 1")
+    .Attr("T: type")
+    .SetShapeFn([](InferenceContext* c) {
+      if (!c->RankKnown(c->input(1))) return tensorflow::shape_inference::UnknownShape(c);
+      ShapeHandle prefix, rest, out;
+      TF_RETURN_IF_ERROR(c->MergePrefix(c->input(0), c->input(1), &prefix, &rest));
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), c->Rank(c->input(1)), &rest));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rest, &out));
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, out);
+      return absl::OkStatus();
+    })
+    .Doc("tf.dynamic_partition under TFRA's name.");
+
+#define TFRA_DE_STITCH_OP(name)     \
+  REGISTER_OP(name)                 \
+      .Input("indices: N * int32")  \
+      .Input("data: N * T")         \
+      .Output("merged: T")          \
+      .Attr("N : int >= 1")         \
+      .Attr("T : type")             \
+      .SetShapeFn(StitchShape)      \
+      .Doc("tf.dynamic_stitch under TFRA's name.")
+
+TFRA_DE_STITCH_OP("TFRA>DynamicStitch");
+TFRA_DE_STITCH_OP("TFRA>DynamicStitchFast");
+TFRA_DE_STITCH_OP("TFRA>ParallelDynamicStitch");
+
+// --------------------------------------------------------------- kernels --
+
+// `t` seen with shape `shape` (same elements, shared buffer).
+Status Reshaped(const Tensor& t, const TensorShape& shape, const char* what, Tensor* out) {
+  if (!out->CopyFrom(t, shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must have ", shape.num_elements(),
+                                                   " elements (shape ", shape.DebugString(),
+                                                   "), got shape ", t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+TensorShape RowsOf(const TensorShape& keys, int64_t dim) {
+  TensorShape shape = keys;
+  shape.AddDim(dim);
+  return shape;
+}
+
+// Element i of `src` (its first dimension's slices) into slice j of `dst`, for
+// every element type a table or a partition may hold.
+class SliceCopier {
+ public:
+  SliceCopier(const Tensor& src, Tensor* dst) : src_(src), dst_(dst) {
+    const int64_t n = src.dims() == 0 ? 1 : src.dim_size(0);
+    per_ = n == 0 ? 0 : src.NumElements() / n;
+    bytes_ = tensorflow::DataTypeSize(src.dtype());
+  }
+  static Status Check(DataType dtype) {
+    if (dtype == tensorflow::DT_STRING || tensorflow::DataTypeSize(dtype) > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported element type ", tensorflow::DataTypeString(dtype)));
+  }
+  void Copy(int64_t i, int64_t j) const {
+    if (src_.dtype() == tensorflow::DT_STRING) {
+      const auto* from = src_.flat<tensorflow::tstring>().data() + i * per_;
+      auto* to = dst_->flat<tensorflow::tstring>().data() + j * per_;
+      for (int64_t k = 0; k < per_; ++k) to[k] = from[k];
+      return;
+    }
+    const size_t row = static_cast<size_t>(per_ * bytes_);
+    std::memcpy(const_cast<char*>(dst_->tensor_data().data()) + j * row, src_.tensor_data().data() + i * row, row);
+  }
+
+ private:
+  const Tensor& src_;
+  Tensor* dst_;
+  int64_t per_ = 0;
+  int bytes_ = 0;
+};
+
+// A TFRA table op: the handle is resolved by TableOp; TFRA names the key and
+// value dtype attrs per op.
+class TfraTableOp : public TableOp {
+ public:
+  TfraTableOp(OpKernelConstruction* c, const char* key_attr, const char* value_attr) : TableOp(c) {
+    if (key_attr != nullptr) OP_REQUIRES_OK(c, c->GetAttr(key_attr, &key_dtype_));
+    if (value_attr != nullptr) OP_REQUIRES_OK(c, c->GetAttr(value_attr, &value_dtype_));
+  }
+};
+
+class TfraFindOp : public TfraTableOp {
+ public:
+  TfraFindOp(OpKernelConstruction* c, bool with_exists)
+      : TfraTableOp(c, "Tin", "Tout"), with_exists_(with_exists) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& dflt = ctx->input(2);
+    const int64_t n = keys.NumElements(), dim = t->dim();
+    Tensor flat_keys, defaults, flat_values, flat_exists;
+    OP_REQUIRES_OK(ctx, Reshaped(keys, TensorShape({n}), "keys", &flat_keys));
+    if (dflt.NumElements() == dim) {
+      OP_REQUIRES_OK(ctx, Reshaped(dflt, TensorShape({dim}), "default_value", &defaults));
+    } else {
+      OP_REQUIRES_OK(ctx, Reshaped(dflt, TensorShape({n, dim}), "default_value", &defaults));
+    }
+    Tensor* values;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, RowsOf(keys.shape(), dim), &values));
+    OP_REQUIRES_OK(ctx, Reshaped(*values, TensorShape({n, dim}), "values", &flat_values));
+    Tensor* exists = &flat_exists;
+    if (with_exists_) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
+      OP_REQUIRES_OK(ctx, Reshaped(*exists, TensorShape({n}), "exists", &flat_exists));
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_BOOL, TensorShape({n}), &flat_exists));
+    }
+    OP_REQUIRES_OK(ctx, t->Find(ctx, flat_keys, defaults, &flat_values, &flat_exists, 0));
+  }
+
+ private:
+  bool with_exists_;
+};
+
+class TfraInsertOp : public TfraTableOp {
+ public:
+  TfraInsertOp(OpKernelConstruction* c, bool replace)
+      : TfraTableOp(c, "Tin", "Tout"), replace_(replace) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const int64_t n = keys.NumElements(), dim = t->dim();
+    Tensor flat_keys, rows;
+    OP_REQUIRES_OK(ctx, Reshaped(keys, TensorShape({n}), "keys", &flat_keys));
+    OP_REQUIRES_OK(ctx, Reshaped(ctx->input(2), TensorShape({n, dim}), "values", &rows));
+    if (replace_) {
+      const Tensor none(tensorflow::DT_INT64, TensorShape({0}));
+      OP_REQUIRES_OK(ctx, t->Import(ctx, flat_keys, rows, none, none, /*clear_first=*/true, 0));
+    } else {
+      OP_REQUIRES_OK(ctx, t->Insert(ctx, flat_keys, rows, 0));
+    }
+  }
+
+ private:
+  bool replace_;
+};
+
+class TfraAccumOp : public TfraTableOp {
+ public:
+  explicit TfraAccumOp(OpKernelConstruction* c) : TfraTableOp(c, nullptr, nullptr) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const Tensor& keys = ctx->input(1);
+    const int64_t n = keys.NumElements(), dim = t->dim();
+    Tensor flat_keys, rows, seen;
+    OP_REQUIRES_OK(ctx, Reshaped(keys, TensorShape({n}), "keys", &flat_keys));
+    OP_REQUIRES_OK(ctx, Reshaped(ctx->input(2), TensorShape({n, dim}), "values_or_deltas", &rows));
+    OP_REQUIRES_OK(ctx, Reshaped(ctx->input(3), TensorShape({n}), "exists", &seen));
+    Tensor present;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_BOOL, TensorShape({n}), &present));
+    OP_REQUIRES_OK(ctx, t->Contains(ctx, flat_keys, &present));
+    std::vector<int64_t> add, put;
+    const bool* s = seen.flat<bool>().data();
+    const bool* p = present.flat<bool>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (s[i] && p[i]) add.push_back(i);
+      if (!s[i] && !p[i]) put.push_back(i);
+    }
+    Tensor k, v;
+    OP_REQUIRES_OK(ctx, Pick(ctx, flat_keys, rows, add, &k, &v));
+    OP_REQUIRES_OK(ctx, t->Accum(ctx, k, v, 0));
+    OP_REQUIRES_OK(ctx, Pick(ctx, flat_keys, rows, put, &k, &v));
+    OP_REQUIRES_OK(ctx, t->Insert(ctx, k, v, 0));
+  }
+
+ private:
+  static Status Pick(OpKernelContext* ctx, const Tensor& keys, const Tensor& rows,
+                     const std::vector<int64_t>& at, Tensor* k, Tensor* v) {
+    const int64_t m = static_cast<int64_t>(at.size());
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(keys.dtype(), TensorShape({m}), k));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(rows.dtype(), TensorShape({m, rows.dim_size(1)}), v));
+    const SliceCopier key_copy(keys, k), row_copy(rows, v);
+    for (int64_t j = 0; j < m; ++j) {
+      key_copy.Copy(at[j], j);
+      row_copy.Copy(at[j], j);
+    }
+    return absl::OkStatus();
+  }
+};
+
+class TfraRemoveOp : public TfraTableOp {
+ public:
+  explicit TfraRemoveOp(OpKernelConstruction* c) : TfraTableOp(c, "Tin", nullptr) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    Tensor flat_keys;
+    OP_REQUIRES_OK(ctx, Reshaped(ctx->input(1), TensorShape({ctx->input(1).NumElements()}), "keys",
+                                 &flat_keys));
+    int64_t removed = 0;
+    OP_REQUIRES_OK(ctx, t->Remove(ctx, flat_keys, &removed));
+  }
+};
+
+class TfraClearOp : public TfraTableOp {
+ public:
+  explicit TfraClearOp(OpKernelConstruction* c) : TfraTableOp(c, nullptr, nullptr) {}
+  void Run(OpKernelContext*, TableBase* t) override { t->Clear(0); }
+};
+
+class TfraSizeOp : public TfraTableOp {
+ public:
+  explicit TfraSizeOp(OpKernelConstruction* c) : TfraTableOp(c, nullptr, nullptr) {}
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, t->Size()));
+  }
+};
+
+class TfraExportOp : public TfraTableOp {
+ public:
+  explicit TfraExportOp(OpKernelConstruction* c) : TfraTableOp(c, "Tkeys", "Tvalues") {}
+
+  class Sink : public ExportSink {
+   public:
+    Sink(OpKernelContext* ctx, int64_t dim) : ctx_(ctx), dim_(dim) {}
+    Status Allocate(int64_t n, Tensor** keys, Tensor** values, Tensor** stamps, Tensor** freqs) override {
+      TF_RETURN_IF_ERROR(ctx_->allocate_output(0, TensorShape({n}), keys));
+      TF_RETURN_IF_ERROR(ctx_->allocate_output(1, TensorShape({n, dim_}), values));
+      TF_RETURN_IF_ERROR(ctx_->allocate_temp(tensorflow::DT_INT64, TensorShape({n}), &stamps_));
+      TF_RETURN_IF_ERROR(ctx_->allocate_temp(tensorflow::DT_INT64, TensorShape({n}), &freqs_));
+      *stamps = &stamps_;
+      *freqs = &freqs_;
+      return absl::OkStatus();
+    }
+
+   private:
+    OpKernelContext* ctx_;
+    int64_t dim_;
+    Tensor stamps_, freqs_;
+  };
+
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    Sink sink(ctx, t->dim());
+    int64_t next = -1;
+    OP_REQUIRES_OK(ctx, t->Export(0, -1, &sink, &next, 0));
+  }
+};
+
+class TfraDynamicPartitionOp : public OpKernel {
+ public:
+  explicit TfraDynamicPartitionOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_partitions", &num_partitions_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      const Tensor& data = ctx->input(0);
+      const Tensor& partitions = ctx->input(1);
+      OP_REQUIRES_OK(ctx, SliceCopier::Check(data.dtype()));
+      OP_REQUIRES(ctx, TensorShapeUtils::StartsWith(data.shape(), partitions.shape()),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "data.shape must start with partitions.shape, got data.shape = ",
+                      data.shape().DebugString(), ", partitions.shape = ",
+                      partitions.shape().DebugString())));
+      const int64_t n = partitions.NumElements();
+      TensorShape rest;
+      for (int d = partitions.dims(); d < data.dims(); ++d) rest.AddDim(data.dim_size(d));
+      TensorShape flat_shape({n});
+      flat_shape.AppendShape(rest);
+      Tensor flat;
+      OP_REQUIRES_OK(ctx, Reshaped(data, flat_shape, "data", &flat));
+      const int32_t* p = partitions.flat<int32_t>().data();
+      std::vector<int64_t> counts(num_partitions_, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES(ctx, p[i] >= 0 && p[i] < num_partitions_,
+                    absl::InvalidArgumentError(absl::StrCat("partitions[", i, "] = ", p[i],
+                                                            " is not in [0, ", num_partitions_, ")")));
+        ++counts[p[i]];
+      }
+      std::vector<Tensor*> outs(num_partitions_);
+      std::vector<SliceCopier> copiers;
+      copiers.reserve(num_partitions_);
+      for (int j = 0; j < num_partitions_; ++j) {
+        TensorShape shape({counts[j]});
+        shape.AppendShape(rest);
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(j, shape, &outs[j]));
+        copiers.emplace_back(flat, outs[j]);
+      }
+      std::vector<int64_t> next(num_partitions_, 0);
+      for (int64_t i = 0; i < n; ++i) copiers[p[i]].Copy(i, next[p[i]]++);
+    });
+  }
+
+ private:
+  int num_partitions_ = 0;
+};
+
+class TfraDynamicStitchOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      const int n = num_inputs() / 2;
+      const Tensor& data0 = ctx->input(n);
+      OP_REQUIRES_OK(ctx, SliceCopier::Check(data0.dtype()));
+      const TensorShape& idx0 = ctx->input(0).shape();
+      OP_REQUIRES(ctx, TensorShapeUtils::StartsWith(data0.shape(), idx0),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "data[0].shape must start with indices[0].shape, got ",
+                      data0.shape().DebugString(), " and ", idx0.DebugString())));
+      TensorShape rest;
+      for (int d = idx0.dims(); d < data0.dims(); ++d) rest.AddDim(data0.dim_size(d));
+      int64_t rows = 0;
+      std::vector<Tensor> flats(n);
+      for (int i = 0; i < n; ++i) {
+        const Tensor& indices = ctx->input(i);
+        const Tensor& data = ctx->input(n + i);
+        TensorShape want = indices.shape();
+        want.AppendShape(rest);
+        OP_REQUIRES(ctx, data.shape() == want,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "data[", i, "].shape must be indices[", i, "].shape + ", rest.DebugString(),
+                        " = ", want.DebugString(), ", got ", data.shape().DebugString())));
+        TensorShape flat_shape({indices.NumElements()});
+        flat_shape.AppendShape(rest);
+        OP_REQUIRES_OK(ctx, Reshaped(data, flat_shape, "data", &flats[i]));
+        const int32_t* at = indices.flat<int32_t>().data();
+        for (int64_t j = 0; j < indices.NumElements(); ++j) {
+          OP_REQUIRES(ctx, at[j] >= 0,
+                      absl::InvalidArgumentError(absl::StrCat("indices[", i, "][", j, "] = ", at[j],
+                                                              " is negative")));
+          rows = std::max<int64_t>(rows, int64_t{at[j]} + 1);
+        }
+      }
+      TensorShape out_shape({rows});
+      out_shape.AppendShape(rest);
+      Tensor* merged;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &merged));
+      for (int i = 0; i < n; ++i) {  // later inputs win, as tf.dynamic_stitch
+        const SliceCopier copy(flats[i], merged);
+        const int32_t* at = ctx->input(i).flat<int32_t>().data();
+        for (int64_t j = 0; j < ctx->input(i).NumElements(); ++j) copy.Copy(j, at[j]);
+      }
+    });
+  }
+};
+
+#define TFRA_DE_TFRA_KERNEL(name, ...) \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(tensorflow::DEVICE_CPU), __VA_ARGS__)
+
+class TfraFindOnlyOp : public TfraFindOp {
+ public:
+  explicit TfraFindOnlyOp(OpKernelConstruction* c) : TfraFindOp(c, false) {}
+};
+class TfraFindWithExistsOp : public TfraFindOp {
+ public:
+  explicit TfraFindWithExistsOp(OpKernelConstruction* c) : TfraFindOp(c, true) {}
+};
+class TfraUpsertOp : public TfraInsertOp {
+ public:
+  explicit TfraUpsertOp(OpKernelConstruction* c) : TfraInsertOp(c, false) {}
+};
+class TfraImportOp : public TfraInsertOp {
+ public:
+  explicit TfraImportOp(OpKernelConstruction* c) : TfraInsertOp(c, true) {}
+};
+
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableOfTensors", TableHandleOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableFind", TfraFindOnlyOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableFindWithExists", TfraFindWithExistsOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableInsert", TfraUpsertOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableAccum", TfraAccumOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableRemove", TfraRemoveOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableClear", TfraClearOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableSize", TfraSizeOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableExport", TfraExportOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableImport", TfraImportOp);
+TFRA_DE_TFRA_KERNEL("TFRA>DynamicPartition", TfraDynamicPartitionOp);
+TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitch", TfraDynamicStitchOp);
+TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitchFast", TfraDynamicStitchOp);
+TFRA_DE_TFRA_KERNEL("TFRA>ParallelDynamicStitch", TfraDynamicStitchOp);
+
+}  // namespace
+}  // namespace tfra_de
