@@ -145,6 +145,23 @@ def test_tf1_checkpoint_of_tfra_warm_starts_rows_and_slots():
                     assert not got[key].any()
 
 
+def test_tfra_tf1_meta_graph_restores_with_its_own_saver_and_trains_as_tfra_did():
+    """TFRA's own graph (import_meta_graph) runs on this package's kernels for TFRA's op names:
+    its Saver restores the tables, and its Adam step gives TFRA's rows."""
+    saved = _saved("tf1_meta")
+    rows = _rows(saved["keys"], saved["values"])
+    with tf.Graph().as_default():
+        saver = tf.compat.v1.train.import_meta_graph(os.path.join(DATA, "tf1_meta", "model.meta"))
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, os.path.join(DATA, "tf1_meta", "model"))
+            np.testing.assert_allclose(sess.run("all_rows:0"), [rows[k] for k in range(1, 21)],
+                                       rtol=1e-6)
+            sess.run(tf.compat.v1.get_collection("train_op")[0])
+            after = np.array(saved["slots"]["after_step"])
+            assert not np.allclose(after[:10], [rows[k] for k in range(1, 11)])  # it trained
+            np.testing.assert_allclose(sess.run("all_rows:0"), after, rtol=1e-5)
+
+
 def test_files_tfra_saved_load_into_either_backend(kv_creator):
     """TFRA's `save_to_file_system` writes raw `-keys`/`-values` arrays per shard."""
     saved = _saved("files")
