@@ -5,10 +5,13 @@
 // attrs) are TFRA's, as its graphs name them; the semantics follow TFRA's
 // kernels: Import replaces the content, Accum adds a delta where the caller saw
 // the key and inserts where it did not (and leaves keys another writer changed),
-// keys of any shape look up rows of keys.shape + [dim].
-// Not provided: SaveToFileSystem / LoadFromFileSystem (TFRA's FileSystemSaver;
-// Variable.load_from_file_system reads TFRA's files instead), the GPU-only math
-// ops, tables whose rows are not float types or not of rank 1.
+// keys of any shape look up rows of keys.shape + [dim], SaveToFileSystem /
+// LoadFromFileSystem write and read TFRA's raw `<name>-keys` / `<name>-values`
+// arrays (numeric keys; a load inserts, all files read before any row is).
+// Not provided: the GPU-only math ops, tables whose rows are not float types or
+// not of rank 1.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -21,6 +24,9 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/env.h"
+#include "tensorflow/core/platform/file_system.h"
+#include "tensorflow/core/platform/path.h"
 
 namespace tfra_de {
 namespace {
@@ -202,6 +208,34 @@ REGISTER_OP("TFRA>CuckooHashTableImport")
     .SetIsStateful()
     .SetShapeFn(HandleOnlyShape)
     .Doc("Replaces the table's content by keys -> values.");
+
+REGISTER_OP("TFRA>CuckooHashTableSaveToFileSystem")
+    .Input("table_handle: resource")
+    .Input("dirpath: string")
+    .Input("file_name: string")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .Attr("dirpath_env: string")
+    .Attr("append_to_file: bool")
+    .Attr("buffer_size: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Writes the table as TFRA's raw arrays <dir>/<file_name>-keys and -values (the "
+         "directory from the environment variable named dirpath_env when it is set).");
+
+REGISTER_OP("TFRA>CuckooHashTableLoadFromFileSystem")
+    .Input("table_handle: resource")
+    .Input("dirpath: string")
+    .Input("file_name: string")
+    .Attr("key_dtype: type")
+    .Attr("value_dtype: type")
+    .Attr("dirpath_env: string")
+    .Attr("load_entire_dir: bool")
+    .Attr("buffer_size: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(HandleOnlyShape)
+    .Doc("Inserts the rows of TFRA's <dir>/<file_name>-keys and -values, or with "
+         "load_entire_dir those of every file of the variable (<prefix>_mht_*) in the directory.");
 
 REGISTER_OP("TFRA>DynamicPartition")
     .Input("data: T")
@@ -446,6 +480,133 @@ class TfraExportOp : public TfraTableOp {
   }
 };
 
+// TFRA's FileSystemSaver files: per table `<path>-keys` (the keys' raw bytes)
+// and `<path>-values` (the rows' raw bytes), native byte order.
+class TfraFileOp : public TfraTableOp {
+ public:
+  explicit TfraFileOp(OpKernelConstruction* c) : TfraTableOp(c, nullptr, nullptr) {
+    OP_REQUIRES_OK(c, c->GetAttr("dirpath_env", &dirpath_env_));
+  }
+
+ protected:
+  // The directory (the environment variable dirpath_env names wins, as in TFRA) and the file name.
+  Status Paths(OpKernelContext* ctx, std::string* dir, std::string* name) const {
+    TF_RETURN_IF_ERROR(CheckScalar("dirpath", ctx->input(1)));
+    TF_RETURN_IF_ERROR(CheckScalar("file_name", ctx->input(2)));
+    const char* from_env = dirpath_env_.empty() ? nullptr : std::getenv(dirpath_env_.c_str());
+    *dir = from_env != nullptr ? std::string(from_env)
+                               : std::string(ctx->input(1).scalar<tensorflow::tstring>()());
+    *name = std::string(ctx->input(2).scalar<tensorflow::tstring>()());
+    return absl::OkStatus();
+  }
+
+  static Status CheckKeyType(const TableBase* t) {
+    if (t->key_dtype() == tensorflow::DT_STRING) {
+      return absl::UnimplementedError("TFRA's file format holds numeric keys only, not strings");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string dirpath_env_;
+};
+
+class TfraSaveToFileSystemOp : public TfraFileOp {
+ public:
+  explicit TfraSaveToFileSystemOp(OpKernelConstruction* c) : TfraFileOp(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("append_to_file", &append_));
+  }
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckKeyType(t));
+    std::string dir, name;
+    OP_REQUIRES_OK(ctx, Paths(ctx, &dir, &name));
+    HostSink sink(t->config(), 1);
+    int64_t next = -1;
+    OP_REQUIRES_OK(ctx, t->Export(0, -1, &sink, &next, 0));
+    tensorflow::Env* env = ctx->env();
+    const std::string path = tensorflow::io::JoinPath(dir, name);
+    OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(dir));
+    OP_REQUIRES_OK(ctx, Write(env, path + "-keys", sink.keys.tensor_data()));
+    OP_REQUIRES_OK(ctx, Write(env, path + "-values", sink.values.tensor_data()));
+  }
+
+ private:
+  // Appends, or writes a temporary file renamed over `path` once complete.
+  Status Write(tensorflow::Env* env, const std::string& path, absl::string_view bytes) const {
+    std::unique_ptr<tensorflow::WritableFile> file;
+    const std::string target = append_ ? path : path + ".tmp";
+    TF_RETURN_IF_ERROR(append_ ? env->NewAppendableFile(target, &file)
+                               : env->NewWritableFile(target, &file));
+    TF_RETURN_IF_ERROR(file->Append(bytes));
+    TF_RETURN_IF_ERROR(file->Close());
+    return append_ ? absl::OkStatus() : env->RenameFile(target, path);
+  }
+
+  bool append_ = false;
+};
+
+class TfraLoadFromFileSystemOp : public TfraFileOp {
+ public:
+  explicit TfraLoadFromFileSystemOp(OpKernelConstruction* c) : TfraFileOp(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("load_entire_dir", &entire_dir_));
+  }
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES_OK(ctx, CheckKeyType(t));
+    std::string dir, name;
+    OP_REQUIRES_OK(ctx, Paths(ctx, &dir, &name));
+    tensorflow::Env* env = ctx->env();
+    std::vector<std::string> paths;
+    if (entire_dir_) {  // every table file of the variable: <dir>/<name up to "_mht_">*
+      const size_t at = name.rfind("_mht_");
+      const std::string prefix = at == std::string::npos ? name : name.substr(0, at + 5);
+      std::vector<std::string> files;
+      OP_REQUIRES_OK(ctx, env->GetMatchingPaths(tensorflow::io::JoinPath(dir, prefix) + "*", &files));
+      for (const std::string& f : files) {
+        const size_t dash = f.rfind('-');
+        if (dash != std::string::npos && (f.substr(dash) == "-keys" || f.substr(dash) == "-values")) {
+          paths.push_back(f.substr(0, dash));
+        }
+      }
+      std::sort(paths.begin(), paths.end());
+      paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+      OP_REQUIRES(ctx, !paths.empty(),
+                  absl::NotFoundError(absl::StrCat("no TFRA table files ", prefix, "*-keys in ", dir)));
+    } else {
+      paths.push_back(tensorflow::io::JoinPath(dir, name));
+    }
+    std::vector<std::pair<Tensor, Tensor>> rows;  // every file is read before any row is written
+    for (const std::string& path : paths) {
+      rows.emplace_back();
+      OP_REQUIRES_OK(ctx, Read(env, path, t->config(), &rows.back().first, &rows.back().second));
+    }
+    for (const auto& kv : rows) OP_REQUIRES_OK(ctx, t->Insert(ctx, kv.first, kv.second, 0));
+  }
+
+ private:
+  static Status Read(tensorflow::Env* env, const std::string& path, const TableConfig& cfg,
+                     Tensor* keys, Tensor* values) {
+    std::string key_bytes, value_bytes;
+    TF_RETURN_IF_ERROR(tensorflow::ReadFileToString(env, path + "-keys", &key_bytes));
+    TF_RETURN_IF_ERROR(tensorflow::ReadFileToString(env, path + "-values", &value_bytes));
+    const size_t key_size = tensorflow::DataTypeSize(cfg.key_dtype);
+    const size_t row_size = tensorflow::DataTypeSize(cfg.value_dtype) * static_cast<size_t>(cfg.dim);
+    const size_t n = key_bytes.size() / key_size;
+    if (key_bytes.size() % key_size != 0 || value_bytes.size() != n * row_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, "-keys holds ", key_bytes.size(), " bytes and -values ", value_bytes.size(),
+          ": not ", key_size, "-byte keys each with a row of ", cfg.dim, " ",
+          tensorflow::DataTypeString(cfg.value_dtype), " (", row_size, " bytes)"));
+    }
+    *keys = Tensor(cfg.key_dtype, TensorShape({static_cast<int64_t>(n)}));
+    *values = Tensor(cfg.value_dtype, TensorShape({static_cast<int64_t>(n), cfg.dim}));
+    std::memcpy(const_cast<char*>(keys->tensor_data().data()), key_bytes.data(), key_bytes.size());
+    std::memcpy(const_cast<char*>(values->tensor_data().data()), value_bytes.data(), value_bytes.size());
+    return absl::OkStatus();
+  }
+
+  bool entire_dir_ = false;
+};
+
 class TfraDynamicPartitionOp : public OpKernel {
  public:
   explicit TfraDynamicPartitionOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -574,6 +735,8 @@ TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableClear", TfraClearOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableSize", TfraSizeOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableExport", TfraExportOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableImport", TfraImportOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableSaveToFileSystem", TfraSaveToFileSystemOp);
+TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableLoadFromFileSystem", TfraLoadFromFileSystemOp);
 TFRA_DE_TFRA_KERNEL("TFRA>DynamicPartition", TfraDynamicPartitionOp);
 TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitch", TfraDynamicStitchOp);
 TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitchFast", TfraDynamicStitchOp);
