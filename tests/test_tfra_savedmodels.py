@@ -10,6 +10,7 @@ import os
 import numpy as np
 import tensorflow as tf
 import tf_keras
+from tensorflow.core.protobuf import saved_model_pb2
 
 import tensorflow_recommenders_addons.dynamic_embedding as de  # noqa: F401  (registers the ops)
 
@@ -41,11 +42,22 @@ def test_tfras_exported_module_serves_its_rows_and_defaults():
     np.testing.assert_array_equal(every["item"].numpy(), np.float32(list(items.values())))
 
 
+def _table_value_dtypes(path):
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return {tf.dtypes.as_dtype(node.attr["value_dtype"].type)
+            for graph in saved_model.meta_graphs for fn in graph.graph_def.library.function
+            for node in fn.node_def if node.op == "TFRA>CuckooHashTableOfTensors"}
+
+
 def test_tfras_exported_keras_model_predicts_as_tfra_did():
     want = np.array(_saved("keras_savedmodel")["slots"]["predict"], np.float32)
     # Ids 1..10 were trained one step, 11..20 never: restored rows must tell them apart.
     assert not np.allclose(want[:10], want[10:])
     path = os.path.join(DATA, "keras_savedmodel")
+    # The layer's FrequencyRestrictPolicy keeps int32 status tables beside the float rows.
+    assert _table_value_dtypes(path) == {tf.float32, tf.int32}
     served = tf.saved_model.load(path).signatures["serving_default"](
         ids=tf.constant(KEYS.reshape(-1, 1)))
     np.testing.assert_allclose(next(iter(served.values())).numpy(), want, rtol=1e-6)

@@ -17,8 +17,9 @@ Each format gets a folder and `<format>.json` with the rows (and optimizer slot 
               string-keyed 2-shard `de.get_variable` (TFRA's ops in its graphs);
 - tf1_meta: the tf1 graph saved with its meta graph after one Adam step; its json also holds
             every row after a second step (`after_step`), run in TFRA's graph;
-- keras_savedmodel: a tf_keras model with `de.keras.layers.Embedding` on 2 shards and a Dense
-                    layer, one `fit` step, `model.save(save_format="tf")`.
+- keras_savedmodel: a tf_keras model with `de.keras.layers.Embedding` on 2 shards (and TFRA's
+                    FrequencyRestrictPolicy: int32 status tables) and a Dense layer, one `fit`
+                    step, `model.save(save_format="tf")`.
 """
 
 import json
@@ -176,7 +177,8 @@ def write_keras_savedmodel(out):
     import tf_keras as keras
     ids = keras.Input(shape=(1,), dtype=tf.int64, name="ids")
     rows = de.keras.layers.Embedding(4, devices=["/CPU:0", "/CPU:0"], name="emb",
-                                     initializer=0.5)(ids)
+                                     initializer=0.5,
+                                     restrict_policy=de.FrequencyRestrictPolicy)(ids)
     score = keras.layers.Dense(1, kernel_initializer="ones")(keras.layers.Flatten()(rows))
     model = keras.Model(ids, score)
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)), loss="mse")

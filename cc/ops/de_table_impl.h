@@ -1460,9 +1460,12 @@ Status NewTableFor(const TableConfig& cfg, TableBase** out) {
     case tensorflow::DT_BFLOAT16: return make(static_cast<Eigen::bfloat16*>(nullptr));
     case tensorflow::DT_FLOAT: return make(static_cast<float*>(nullptr));
     case tensorflow::DT_DOUBLE: return make(static_cast<double*>(nullptr));
+    // Integer rows: what TFRA's restrict policies keep (step / count status per key).
+    case tensorflow::DT_INT32: return make(static_cast<int32_t*>(nullptr));
+    case tensorflow::DT_INT64: return make(static_cast<int64_t*>(nullptr));
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "value_dtype must be float16, bfloat16, float32 or float64, got ",
+          "value_dtype must be float16, bfloat16, float32, float64, int32 or int64, got ",
           tensorflow::DataTypeString(cfg.value_dtype)));
   }
 }

@@ -192,3 +192,19 @@ def test_file_system_load_of_another_dim_or_missing_files_fails_and_changes_noth
     with pytest.raises(tf.errors.NotFoundError):
         _load(t, str(tmp_path), "user_mht_1of2_rank0_size1")
     assert _content(t) == {5: [1, 2, 3]}
+
+
+@pytest.mark.parametrize("value_dtype", [tf.int32, tf.int64])
+def test_integer_rows_as_tfras_restrict_policies_keep(value_dtype):
+    gen = native._ops()
+    t = _table(dim=1, value_dtype=value_dtype)
+    big = 2**40 if value_dtype == tf.int64 else 2**30   # exact, beyond a float's 24 bits
+    gen.tfra_cuckoo_hash_table_insert(t, tf.constant([1, 2], tf.int64),
+                                      tf.constant([[big + 1], [7]], value_dtype))
+    gen.tfra_cuckoo_hash_table_accum(t, tf.constant([1, 3], tf.int64),
+                                     tf.constant([[2], [5]], value_dtype),
+                                     tf.constant([True, False]))
+    assert _content(t, value_dtype) == {1: [big + 3], 2: [7], 3: [5]}
+    found = gen.tfra_cuckoo_hash_table_find(t, tf.constant([3, 9], tf.int64),
+                                            tf.constant([-1], value_dtype))
+    assert found.numpy().tolist() == [[5], [-1]]
