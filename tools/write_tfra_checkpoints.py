@@ -43,15 +43,22 @@ def _dump(path, keys, values, names, slots=None):
                    "slots": slots or {}, "tensor_names": names}, f, indent=0)
 
 
-def write_tf1(out):
-    os.makedirs(os.path.join(out, "tf1"), exist_ok=True)
+def _tf1_graph():
+    """(variable, its upsert of the rows, one v1 Adam step, the optimizer) in a TF1 graph."""
     tf.compat.v1.disable_eager_execution()
     w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
     upsert = w.upsert(tf.constant(KEYS), tf.constant(VALUES))
     emb = de.embedding_lookup(w, tf.constant(BATCH), name="lookup")
+    tf.identity(w.lookup(tf.constant(KEYS)), name="all_rows")
     opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
     train = opt.minimize(tf.reduce_sum(emb * emb),
                          global_step=tf.compat.v1.train.get_or_create_global_step())
+    return w, upsert, train, opt
+
+
+def write_tf1(out):
+    os.makedirs(os.path.join(out, "tf1"), exist_ok=True)
+    w, upsert, train, opt = _tf1_graph()
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -123,15 +130,7 @@ def write_files(out):
 
 def write_tf1_meta(out):
     os.makedirs(os.path.join(out, "tf1_meta"), exist_ok=True)
-    tf.compat.v1.disable_eager_execution()
-    w = de.get_variable("user", dim=4, devices=["/CPU:0", "/CPU:0"], initializer=0.0)
-    upsert = w.upsert(tf.constant(KEYS), tf.constant(VALUES))
-    emb = de.embedding_lookup(w, tf.constant(BATCH), name="lookup")
-    tf.identity(emb, name="batch_rows")
-    tf.identity(w.lookup(tf.constant(KEYS)), name="all_rows")
-    opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1))
-    train = opt.minimize(tf.reduce_sum(emb * emb),
-                         global_step=tf.compat.v1.train.get_or_create_global_step())
+    w, upsert, train, _ = _tf1_graph()
     tf.compat.v1.add_to_collection("train_op", train)
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as sess:

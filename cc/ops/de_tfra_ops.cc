@@ -488,24 +488,22 @@ class TfraFileOp : public TfraTableOp {
     OP_REQUIRES_OK(c, c->GetAttr("dirpath_env", &dirpath_env_));
   }
 
- protected:
-  // The directory (the environment variable dirpath_env names wins, as in TFRA) and the file name.
-  Status Paths(OpKernelContext* ctx, std::string* dir, std::string* name) const {
-    TF_RETURN_IF_ERROR(CheckScalar("dirpath", ctx->input(1)));
-    TF_RETURN_IF_ERROR(CheckScalar("file_name", ctx->input(2)));
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    OP_REQUIRES(ctx, t->key_dtype() != tensorflow::DT_STRING,
+                absl::UnimplementedError("TFRA's file format holds numeric keys only, not strings"));
+    OP_REQUIRES_OK(ctx, CheckScalar("dirpath", ctx->input(1)));
+    OP_REQUIRES_OK(ctx, CheckScalar("file_name", ctx->input(2)));
+    // The directory: from the environment variable dirpath_env names when set, as in TFRA.
     const char* from_env = dirpath_env_.empty() ? nullptr : std::getenv(dirpath_env_.c_str());
-    *dir = from_env != nullptr ? std::string(from_env)
-                               : std::string(ctx->input(1).scalar<tensorflow::tstring>()());
-    *name = std::string(ctx->input(2).scalar<tensorflow::tstring>()());
-    return absl::OkStatus();
+    const std::string dir = from_env != nullptr
+                                ? std::string(from_env)
+                                : std::string(ctx->input(1).scalar<tensorflow::tstring>()());
+    RunFiles(ctx, t, dir, std::string(ctx->input(2).scalar<tensorflow::tstring>()()));
   }
 
-  static Status CheckKeyType(const TableBase* t) {
-    if (t->key_dtype() == tensorflow::DT_STRING) {
-      return absl::UnimplementedError("TFRA's file format holds numeric keys only, not strings");
-    }
-    return absl::OkStatus();
-  }
+ protected:
+  virtual void RunFiles(OpKernelContext* ctx, TableBase* t, const std::string& dir,
+                        const std::string& name) = 0;
 
  private:
   std::string dirpath_env_;
@@ -516,10 +514,8 @@ class TfraSaveToFileSystemOp : public TfraFileOp {
   explicit TfraSaveToFileSystemOp(OpKernelConstruction* c) : TfraFileOp(c) {
     OP_REQUIRES_OK(c, c->GetAttr("append_to_file", &append_));
   }
-  void Run(OpKernelContext* ctx, TableBase* t) override {
-    OP_REQUIRES_OK(ctx, CheckKeyType(t));
-    std::string dir, name;
-    OP_REQUIRES_OK(ctx, Paths(ctx, &dir, &name));
+  void RunFiles(OpKernelContext* ctx, TableBase* t, const std::string& dir,
+                const std::string& name) override {
     HostSink sink(t->config(), 1);
     int64_t next = -1;
     OP_REQUIRES_OK(ctx, t->Export(0, -1, &sink, &next, 0));
@@ -550,10 +546,8 @@ class TfraLoadFromFileSystemOp : public TfraFileOp {
   explicit TfraLoadFromFileSystemOp(OpKernelConstruction* c) : TfraFileOp(c) {
     OP_REQUIRES_OK(c, c->GetAttr("load_entire_dir", &entire_dir_));
   }
-  void Run(OpKernelContext* ctx, TableBase* t) override {
-    OP_REQUIRES_OK(ctx, CheckKeyType(t));
-    std::string dir, name;
-    OP_REQUIRES_OK(ctx, Paths(ctx, &dir, &name));
+  void RunFiles(OpKernelContext* ctx, TableBase* t, const std::string& dir,
+                const std::string& name) override {
     tensorflow::Env* env = ctx->env();
     std::vector<std::string> paths;
     if (entire_dir_) {  // every table file of the variable: <dir>/<name up to "_mht_">*
