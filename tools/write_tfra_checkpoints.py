@@ -15,7 +15,7 @@ Each format gets a folder and `<format>.json` with the rows (and optimizer slot 
 - files: `save_to_file_system` of a 2-shard `de.get_variable` (TFRA's raw `-keys`/`-values` files);
 - savedmodel: `tf.saved_model.save` of a tf.Module serving lookups of an int64-keyed and a
               string-keyed 2-shard `de.get_variable` (TFRA's ops in its graphs);
-- tf1_meta: the tf1 graph saved with its meta graph after one Adam step; its json also holds
+- tf1_meta: the same graph saved with its meta graph (written with tf1); its json also holds
             every row after a second step (`after_step`), run in TFRA's graph;
 - keras_savedmodel: a tf_keras model with `de.keras.layers.Embedding` on 2 shards (and TFRA's
                     FrequencyRestrictPolicy: int32 status tables) and a Dense layer, one `fit`
@@ -57,8 +57,11 @@ def _tf1_graph():
 
 
 def write_tf1(out):
+    """tf1 (no meta graph) and tf1_meta (with it, and every row after a second step)."""
     os.makedirs(os.path.join(out, "tf1"), exist_ok=True)
+    os.makedirs(os.path.join(out, "tf1_meta"), exist_ok=True)
     w, upsert, train, opt = _tf1_graph()
+    tf.compat.v1.add_to_collection("train_op", train)
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -68,8 +71,12 @@ def write_tf1(out):
         slots = {s.name: [a.tolist() for a in sess.run(s.export())]
                  for s in w.get_slot_variables(opt)}
         prefix = saver.save(sess, os.path.join(out, "tf1", "model"), write_meta_graph=False)
+        saver.save(sess, os.path.join(out, "tf1_meta", "model"))
+        sess.run(train)
+        after = sess.run("all_rows:0")
     _dump(os.path.join(out, "tf1.json"), keys, values,
           [n for n, _ in tf.train.list_variables(prefix)], slots)
+    _dump(os.path.join(out, "tf1_meta.json"), keys, values, [], {"after_step": after.tolist()})
 
 
 def write_tf2(out):
@@ -128,22 +135,6 @@ def write_files(out):
           sorted(os.listdir(os.path.join(out, "files"))))
 
 
-def write_tf1_meta(out):
-    os.makedirs(os.path.join(out, "tf1_meta"), exist_ok=True)
-    w, upsert, train, _ = _tf1_graph()
-    tf.compat.v1.add_to_collection("train_op", train)
-    saver = tf.compat.v1.train.Saver()
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(upsert)
-        sess.run(train)
-        keys, values = sess.run(w.export())
-        saver.save(sess, os.path.join(out, "tf1_meta", "model"))
-        sess.run(train)
-        after = sess.run("all_rows:0")
-    _dump(os.path.join(out, "tf1_meta.json"), keys, values, [], {"after_step": after.tolist()})
-
-
 NAMES = np.array([b"a", b"b", b"c", b"d", b"e"])
 
 
@@ -193,10 +184,9 @@ if __name__ == "__main__":
     out_dir, fmt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
     if fmt is None:   # each format in a process of its own (tf1 turns eager execution off)
         import subprocess
-        for name in ("tf1", "tf2", "keras", "shadow", "files", "tf1_meta", "savedmodel",
-                     "keras_savedmodel"):
+        for name in ("tf1", "tf2", "keras", "shadow", "files", "savedmodel", "keras_savedmodel"):
             subprocess.run([sys.executable, __file__, out_dir, name], check=True)
     else:
         {"tf1": write_tf1, "tf2": write_tf2, "keras": write_keras, "shadow": write_shadow,
-         "files": write_files, "tf1_meta": write_tf1_meta, "savedmodel": write_savedmodel,
+         "files": write_files, "savedmodel": write_savedmodel,
          "keras_savedmodel": write_keras_savedmodel}[fmt](out_dir)
