@@ -1,8 +1,8 @@
 """SavedModels that TFRA itself exported load and serve here (tests/data/tfra_checkpoints/
 {savedmodel, keras_savedmodel}, written by tools/write_tfra_checkpoints.py with TFRA 0.8.1).
 Their graphs name TFRA's ops (TFRA>CuckooHashTable*, TFRA>DynamicPartition, ...), which this
-package's op library registers over its native table (cc/ops/de_tfra_ops.cc); TFRA's rows come
-back from the SavedModel's own checkpoint."""
+package's op library registers over its native table (cc/ops/de_tfra_ops.cc,
+de_tfra_data_flow.cc); TFRA's rows come back from the SavedModel's own checkpoint."""
 
 import json
 import os

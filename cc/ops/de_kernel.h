@@ -1,11 +1,12 @@
 // What every table kernel shares: failures turned into a Status, input checks,
-// the handle-resolving base class and the table-creating kernel. Used by the
-// native ops (de_ops.cc) and by TFRA's op names over the same tables
-// (de_tfra_ops.cc).
+// the handle-resolving base class, the table-creating kernel, reshaping and
+// slice copies. Used by the native ops (de_ops.cc) and by TFRA's op names over
+// the same tables (de_tfra_ops.cc, de_tfra_data_flow.cc).
 #ifndef TFRA_DE_CC_OPS_DE_KERNEL_H_
 #define TFRA_DE_CC_OPS_DE_KERNEL_H_
 
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -16,6 +17,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace tfra_de {
 
@@ -195,6 +197,50 @@ inline Status SetScalarOutput(OpKernelContext* ctx, int index, int64_t value) {
   out->scalar<int64_t>()() = value;
   return absl::OkStatus();
 }
+
+// `t` seen with shape `shape` (same elements, shared buffer).
+inline Status Reshaped(const Tensor& t, const TensorShape& shape, const char* what, Tensor* out) {
+  if (!out->CopyFrom(t, shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must have ", shape.num_elements(),
+                                                   " elements (shape ", shape.DebugString(),
+                                                   "), got shape ", t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+
+// Element i of `src` (its first dimension's slices) into slice j of `dst`, for
+// every element type a table or a partition may hold.
+class SliceCopier {
+ public:
+  SliceCopier(const Tensor& src, Tensor* dst) : src_(src), dst_(dst) {
+    const int64_t n = src.dims() == 0 ? 1 : src.dim_size(0);
+    per_ = n == 0 ? 0 : src.NumElements() / n;
+    bytes_ = tensorflow::DataTypeSize(src.dtype());
+  }
+  static Status Check(DataType dtype) {
+    if (dtype == tensorflow::DT_STRING || tensorflow::DataTypeSize(dtype) > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported element type ", tensorflow::DataTypeString(dtype)));
+  }
+  void Copy(int64_t i, int64_t j) const {
+    if (src_.dtype() == tensorflow::DT_STRING) {
+      const auto* from = src_.flat<tensorflow::tstring>().data() + i * per_;
+      auto* to = dst_->flat<tensorflow::tstring>().data() + j * per_;
+      for (int64_t k = 0; k < per_; ++k) to[k] = from[k];
+      return;
+    }
+    const size_t row = static_cast<size_t>(per_ * bytes_);
+    std::memcpy(const_cast<char*>(dst_->tensor_data().data()) + j * row, src_.tensor_data().data() + i * row, row);
+  }
+
+ private:
+  const Tensor& src_;
+  Tensor* dst_;
+  int64_t per_ = 0;
+  int bytes_ = 0;
+};
+
 
 }  // namespace tfra_de
 

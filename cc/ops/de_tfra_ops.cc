@@ -1,15 +1,15 @@
-// TFRA's op names (the "TFRA>" namespace of its CuckooHashTable and data-flow
-// ops) over this library's native table, so that graphs and SavedModels that
-// TFRA wrote load and run here: a model exported by TFRA creates, restores and
-// looks up its tables through these kernels. The signatures (inputs, outputs,
-// attrs) are TFRA's, as its graphs name them; the semantics follow TFRA's
-// kernels: Import replaces the content, Accum adds a delta where the caller saw
-// the key and inserts where it did not (and leaves keys another writer changed),
-// keys of any shape look up rows of keys.shape + [dim], SaveToFileSystem /
-// LoadFromFileSystem write and read TFRA's raw `<name>-keys` / `<name>-values`
-// arrays (numeric keys; a load inserts, all files read before any row is).
-// Not provided: the GPU-only math ops, tables whose rows are not float types or
-// not of rank 1.
+// TFRA's table op names (the "TFRA>CuckooHashTable*" ops) over this library's
+// native table, so that graphs and SavedModels that TFRA wrote load and run here
+// (with TFRA's data-flow ops, de_tfra_data_flow.cc): a model exported by TFRA
+// creates, restores and looks up its tables through these kernels. The
+// signatures (inputs, outputs, attrs) are TFRA's, as its graphs name them; the
+// semantics follow TFRA's kernels: Import replaces the content, Accum adds a
+// delta where the caller saw the key and inserts where it did not (and leaves
+// keys another writer changed), keys of any shape look up rows of
+// keys.shape + [dim], SaveToFileSystem / LoadFromFileSystem write and read
+// TFRA's raw `<name>-keys` / `<name>-values` arrays (numeric keys; a load
+// inserts, all files read before any row is). Rows are [dim] of a float type,
+// or of int32/int64 (TFRA's restrict-policy status tables).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -64,25 +64,6 @@ Status LookupShape(InferenceContext* c) {
 Status HandleOnlyShape(InferenceContext* c) {
   ShapeHandle handle;
   return c->WithRank(c->input(0), 0, &handle);
-}
-
-// dynamic_stitch: [max index + 1 (unknown unless constant)] + data's row shape.
-Status StitchShape(InferenceContext* c) {
-  int32_t n;
-  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-  ShapeHandle rest = c->UnknownShape();
-  for (int i = 0; i < n; ++i) {
-    const ShapeHandle indices = c->input(i);
-    if (!c->RankKnown(indices)) continue;
-    ShapeHandle prefix, tail;
-    TF_RETURN_IF_ERROR(c->MergePrefix(c->input(n + i), indices, &prefix, &tail));
-    TF_RETURN_IF_ERROR(c->Subshape(c->input(n + i), c->Rank(indices), &tail));
-    TF_RETURN_IF_ERROR(c->Merge(rest, tail, &rest));
-  }
-  ShapeHandle out;
-  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rest, &out));
-  c->set_output(0, out);
-  return absl::OkStatus();
 }
 
 // --------------------------------------------------------- registrations --
@@ -237,86 +218,13 @@ REGISTER_OP("TFRA>CuckooHashTableLoadFromFileSystem")
     .Doc("Inserts the rows of TFRA's <dir>/<file_name>-keys and -values, or with "
          "load_entire_dir those of every file of the variable (<prefix>_mht_*) in the directory.");
 
-REGISTER_OP("TFRA>DynamicPartition")
-    .Input("data: T")
-    .Input("partitions: int32")
-    .Output("outputs: num_partitions * T")
-    .Attr("num_partitions: int >= 1")
-    .Attr("T: type")
-    .SetShapeFn([](InferenceContext* c) {
-      if (!c->RankKnown(c->input(1))) return tensorflow::shape_inference::UnknownShape(c);
-      ShapeHandle prefix, rest, out;
-      TF_RETURN_IF_ERROR(c->MergePrefix(c->input(0), c->input(1), &prefix, &rest));
-      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), c->Rank(c->input(1)), &rest));
-      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rest, &out));
-      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, out);
-      return absl::OkStatus();
-    })
-    .Doc("tf.dynamic_partition under TFRA's name.");
-
-#define TFRA_DE_STITCH_OP(name)     \
-  REGISTER_OP(name)                 \
-      .Input("indices: N * int32")  \
-      .Input("data: N * T")         \
-      .Output("merged: T")          \
-      .Attr("N : int >= 1")         \
-      .Attr("T : type")             \
-      .SetShapeFn(StitchShape)      \
-      .Doc("tf.dynamic_stitch under TFRA's name.")
-
-TFRA_DE_STITCH_OP("TFRA>DynamicStitch");
-TFRA_DE_STITCH_OP("TFRA>DynamicStitchFast");
-TFRA_DE_STITCH_OP("TFRA>ParallelDynamicStitch");
-
 // --------------------------------------------------------------- kernels --
-
-// `t` seen with shape `shape` (same elements, shared buffer).
-Status Reshaped(const Tensor& t, const TensorShape& shape, const char* what, Tensor* out) {
-  if (!out->CopyFrom(t, shape)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " must have ", shape.num_elements(),
-                                                   " elements (shape ", shape.DebugString(),
-                                                   "), got shape ", t.shape().DebugString()));
-  }
-  return absl::OkStatus();
-}
 
 TensorShape RowsOf(const TensorShape& keys, int64_t dim) {
   TensorShape shape = keys;
   shape.AddDim(dim);
   return shape;
 }
-
-// Element i of `src` (its first dimension's slices) into slice j of `dst`, for
-// every element type a table or a partition may hold.
-class SliceCopier {
- public:
-  SliceCopier(const Tensor& src, Tensor* dst) : src_(src), dst_(dst) {
-    const int64_t n = src.dims() == 0 ? 1 : src.dim_size(0);
-    per_ = n == 0 ? 0 : src.NumElements() / n;
-    bytes_ = tensorflow::DataTypeSize(src.dtype());
-  }
-  static Status Check(DataType dtype) {
-    if (dtype == tensorflow::DT_STRING || tensorflow::DataTypeSize(dtype) > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported element type ", tensorflow::DataTypeString(dtype)));
-  }
-  void Copy(int64_t i, int64_t j) const {
-    if (src_.dtype() == tensorflow::DT_STRING) {
-      const auto* from = src_.flat<tensorflow::tstring>().data() + i * per_;
-      auto* to = dst_->flat<tensorflow::tstring>().data() + j * per_;
-      for (int64_t k = 0; k < per_; ++k) to[k] = from[k];
-      return;
-    }
-    const size_t row = static_cast<size_t>(per_ * bytes_);
-    std::memcpy(const_cast<char*>(dst_->tensor_data().data()) + j * row, src_.tensor_data().data() + i * row, row);
-  }
-
- private:
-  const Tensor& src_;
-  Tensor* dst_;
-  int64_t per_ = 0;
-  int bytes_ = 0;
-};
 
 // A TFRA table op: the handle is resolved by TableOp; TFRA names the key and
 // value dtype attrs per op.
@@ -601,104 +509,6 @@ class TfraLoadFromFileSystemOp : public TfraFileOp {
   bool entire_dir_ = false;
 };
 
-class TfraDynamicPartitionOp : public OpKernel {
- public:
-  explicit TfraDynamicPartitionOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("num_partitions", &num_partitions_));
-  }
-  void Compute(OpKernelContext* ctx) override {
-    Guarded(ctx, [&] {
-      const Tensor& data = ctx->input(0);
-      const Tensor& partitions = ctx->input(1);
-      OP_REQUIRES_OK(ctx, SliceCopier::Check(data.dtype()));
-      OP_REQUIRES(ctx, TensorShapeUtils::StartsWith(data.shape(), partitions.shape()),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "data.shape must start with partitions.shape, got data.shape = ",
-                      data.shape().DebugString(), ", partitions.shape = ",
-                      partitions.shape().DebugString())));
-      const int64_t n = partitions.NumElements();
-      TensorShape rest;
-      for (int d = partitions.dims(); d < data.dims(); ++d) rest.AddDim(data.dim_size(d));
-      TensorShape flat_shape({n});
-      flat_shape.AppendShape(rest);
-      Tensor flat;
-      OP_REQUIRES_OK(ctx, Reshaped(data, flat_shape, "data", &flat));
-      const int32_t* p = partitions.flat<int32_t>().data();
-      std::vector<int64_t> counts(num_partitions_, 0);
-      for (int64_t i = 0; i < n; ++i) {
-        OP_REQUIRES(ctx, p[i] >= 0 && p[i] < num_partitions_,
-                    absl::InvalidArgumentError(absl::StrCat("partitions[", i, "] = ", p[i],
-                                                            " is not in [0, ", num_partitions_, ")")));
-        ++counts[p[i]];
-      }
-      std::vector<Tensor*> outs(num_partitions_);
-      std::vector<SliceCopier> copiers;
-      copiers.reserve(num_partitions_);
-      for (int j = 0; j < num_partitions_; ++j) {
-        TensorShape shape({counts[j]});
-        shape.AppendShape(rest);
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(j, shape, &outs[j]));
-        copiers.emplace_back(flat, outs[j]);
-      }
-      std::vector<int64_t> next(num_partitions_, 0);
-      for (int64_t i = 0; i < n; ++i) copiers[p[i]].Copy(i, next[p[i]]++);
-    });
-  }
-
- private:
-  int num_partitions_ = 0;
-};
-
-class TfraDynamicStitchOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    Guarded(ctx, [&] {
-      const int n = num_inputs() / 2;
-      const Tensor& data0 = ctx->input(n);
-      OP_REQUIRES_OK(ctx, SliceCopier::Check(data0.dtype()));
-      const TensorShape& idx0 = ctx->input(0).shape();
-      OP_REQUIRES(ctx, TensorShapeUtils::StartsWith(data0.shape(), idx0),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "data[0].shape must start with indices[0].shape, got ",
-                      data0.shape().DebugString(), " and ", idx0.DebugString())));
-      TensorShape rest;
-      for (int d = idx0.dims(); d < data0.dims(); ++d) rest.AddDim(data0.dim_size(d));
-      int64_t rows = 0;
-      std::vector<Tensor> flats(n);
-      for (int i = 0; i < n; ++i) {
-        const Tensor& indices = ctx->input(i);
-        const Tensor& data = ctx->input(n + i);
-        TensorShape want = indices.shape();
-        want.AppendShape(rest);
-        OP_REQUIRES(ctx, data.shape() == want,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "data[", i, "].shape must be indices[", i, "].shape + ", rest.DebugString(),
-                        " = ", want.DebugString(), ", got ", data.shape().DebugString())));
-        TensorShape flat_shape({indices.NumElements()});
-        flat_shape.AppendShape(rest);
-        OP_REQUIRES_OK(ctx, Reshaped(data, flat_shape, "data", &flats[i]));
-        const int32_t* at = indices.flat<int32_t>().data();
-        for (int64_t j = 0; j < indices.NumElements(); ++j) {
-          OP_REQUIRES(ctx, at[j] >= 0,
-                      absl::InvalidArgumentError(absl::StrCat("indices[", i, "][", j, "] = ", at[j],
-                                                              " is negative")));
-          rows = std::max<int64_t>(rows, int64_t{at[j]} + 1);
-        }
-      }
-      TensorShape out_shape({rows});
-      out_shape.AppendShape(rest);
-      Tensor* merged;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &merged));
-      for (int i = 0; i < n; ++i) {  // later inputs win, as tf.dynamic_stitch
-        const SliceCopier copy(flats[i], merged);
-        const int32_t* at = ctx->input(i).flat<int32_t>().data();
-        for (int64_t j = 0; j < ctx->input(i).NumElements(); ++j) copy.Copy(j, at[j]);
-      }
-    });
-  }
-};
-
 #define TFRA_DE_TFRA_KERNEL(name, ...) \
   REGISTER_KERNEL_BUILDER(Name(name).Device(tensorflow::DEVICE_CPU), __VA_ARGS__)
 
@@ -731,10 +541,6 @@ TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableExport", TfraExportOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableImport", TfraImportOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableSaveToFileSystem", TfraSaveToFileSystemOp);
 TFRA_DE_TFRA_KERNEL("TFRA>CuckooHashTableLoadFromFileSystem", TfraLoadFromFileSystemOp);
-TFRA_DE_TFRA_KERNEL("TFRA>DynamicPartition", TfraDynamicPartitionOp);
-TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitch", TfraDynamicStitchOp);
-TFRA_DE_TFRA_KERNEL("TFRA>DynamicStitchFast", TfraDynamicStitchOp);
-TFRA_DE_TFRA_KERNEL("TFRA>ParallelDynamicStitch", TfraDynamicStitchOp);
 
 }  // namespace
 }  // namespace tfra_de

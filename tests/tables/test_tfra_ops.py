@@ -1,6 +1,6 @@
-"""TFRA's op names over the native table (cc/ops/de_tfra_ops.cc), op by op, against a dict model
-and against tf.dynamic_partition / tf.dynamic_stitch: the semantics TFRA's own kernels have,
-so graphs and SavedModels TFRA wrote behave the same here."""
+"""TFRA's op names over the native table (cc/ops/de_tfra_ops.cc, de_tfra_data_flow.cc), op by
+op, against a dict model and against tf.dynamic_partition / tf.dynamic_stitch: the semantics
+TFRA's own kernels have, so graphs and SavedModels TFRA wrote behave the same here."""
 
 import itertools
 import json
