@@ -14,14 +14,18 @@ Planning and training need no GPU and a GPU's time is short, so this runs in thr
         --tasks 8     # the two hottest tables of each task 512 wide: column splits and a shape
                       # the learned weights never saw (docs/learned_placement.md)
     python benchmarks/placement_gpu.py report --wide-dim 512 --task-seed 13   # shipped: 512
-                      # and 256 of seed 13, 384 of seed 17
+                      # and 256 of seed 13, 384 of seed 17 (planned with the gpu_wide weights)
+    python benchmarks/placement_gpu.py plans --half train --wide-dim 384 --out t.json
+    python benchmarks/placement_gpu.py measure --plans t.json --out m.json --records r.jsonl \
+        --no-bound        # training records: devices of plans on the cost model's tables
 
 Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU pool
 (`train.PROFILES["gpu"]`: 856 tables, batch 65,536) on 8 GPUs of 16 GiB. Plans: every
 registered strategy (cost-greedy and column-greedy score with the learned GPU cost model),
 `random` (3 seeds), and `best` (what `tfra-de plan` does by default: every strategy proposes,
 the learned estimator picks, or the analytic one where a table's shape lies far outside what
-the weights saw: `select.default_judge`); with --old-weights also "learned-old" / "best-old"
+the weights saw: `select.default_judge`; tasks with a table wider than 128 plan with the
+`gpu_wide` weights, `cost_model.profile_of`); with --old-weights also "learned-old" / "best-old"
 planned with other weights (e.g. the shipped ones beside retrained ones, measured in the same run).
 Measured cost of a device: its pieces as fused EmbeddingBags,
 forward + backward + SGD (`torch_cuda.benchmark_devices`), plus the modelled all-to-all of its
@@ -58,10 +62,9 @@ TASK_SEED = 7
 SHIPPED_MEASUREMENTS = {7: os.path.join(RESULTS, "placement_gpu_measured.json.gz"),
                         11: os.path.join(RESULTS, "placement_gpu_measured_seed11.json.gz")}
 # the shipped H200 measurement of tasks with two tables widened (--wide-dim): (task seed, dim) ->
-# (file, tasks)
-SHIPPED_WIDE = {(13, 512): ("placement_gpu_measured_wide512_seed13.json.gz", 8),
-                (13, 256): ("placement_gpu_measured_wide256_seed13.json.gz", 8),
-                (17, 384): ("placement_gpu_measured_wide384_seed17.json.gz", 5)}
+# (file, tasks); one run measured all three sets' plans (strategies: the file's "strategies")
+WIDE_FILE = "placement_gpu_measured_wide_seed13_17.json.gz"
+SHIPPED_WIDE = {(13, 512): (WIDE_FILE, 8), (13, 256): (WIDE_FILE, 8), (17, 384): (WIDE_FILE, 5)}
 RANDOM_SEEDS = (0, 1, 2)
 GOALS = {"below_lookup_greedy": 0.10, "balance": 0.95, "bound_ratio": 1.03}
 
@@ -78,22 +81,28 @@ def widen(task, dim, count=2):
     return dataclasses.replace(task, tables=tables)
 
 
-def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, wide_dim=None):
-    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}]} of the test tasks drawn
-    with `task_seed`; `old_weights`: also "learned-old" / "best-old" planned and picked with
-    those weights; `wide_dim`: every task's two hottest tables widened to it (`widen`), and
-    "learned-rows" beside "learned": the learned plan that cuts tables by rows only."""
+def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, wide_dim=None,
+               half="test", strategies=None):
+    """{"tasks": [task JSON], "plans": [{"task", "strategy", "plan"}], "half"} of the tasks
+    drawn with `task_seed` from the pool's `half` ("test": unseen tables; "train": the cost
+    model's tables, so that `measure --records` writes training records); `old_weights`: also
+    "learned-old" / "best-old" planned and picked with those weights; `wide_dim`: every task's
+    two hottest tables widened to it (`widen`), and "learned-rows" beside "learned": the
+    learned plan that cuts tables by rows only; `strategies`: plan only these registered
+    strategies ("best" and the extras above are always planned)."""
     from tfra_dynamic_embedding.placement import policy  # pylint: disable=import-outside-toplevel
-    tasks = train.pool_tasks(num_tasks, "gpu", half="test", seed=task_seed)
+    tasks = train.pool_tasks(num_tasks, "gpu", half=half, seed=task_seed)
     if wide_dim:
         tasks = [widen(t, wide_dim) for t in tasks]
     learned = estimators.get_estimator("learned", weights=weights)
     old = estimators.get_estimator("learned", weights=old_weights) if old_weights else None
-    out = {"tasks": [t.to_dict() for t in tasks], "plans": []}
+    out = {"tasks": [t.to_dict() for t in tasks], "plans": [], "half": half}
     for k, task in enumerate(tasks):
         began = time.time()
         policy.use_weights(weights)
         for name in proposers.list_strategies():
+            if strategies is not None and name not in strategies:
+                continue
             seeds = RANDOM_SEEDS if name == "random" else (0,)
             for seed in seeds:
                 plan = proposers.propose(task, name, seed=seed, estimator=learned)
@@ -116,7 +125,8 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, w
             plan = proposers.propose(task, "learned", seed=0, estimator=old)
             out["plans"].append({"task": k, "strategy": "learned-old", "seed": 0,
                                  "plan": plan.to_dict()})
-            choice = select.best_plan(task, old)
+            choice = select.best_plan(task, old,
+                                      judge=select.default_judge(task, old, old_weights))
             out["plans"].append({"task": k, "strategy": "best-old", "seed": 0, "winner":
                                  choice.plan.strategy, "plan": choice.plan.to_dict()})
         print(f"task {k}: {len(out['plans'])} plans so far ({time.time() - began:.1f}s)",
@@ -125,13 +135,15 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, w
     return out
 
 
-def device_sets(data):
-    """[(task index, label, [Shard])]: every distinct device of the plans, then each task's
-    all-tables set (the bound), task by task."""
+def device_sets(data, strategies=None, bound_sets=True):
+    """[(task index, label, [Shard])]: every distinct device of the plans (of `strategies`
+    only, when given), then each task's all-tables set (the bound; not when `bound_sets` is
+    False), task by task."""
     out, seen = [], set()
     by_task = {}
     for entry in data["plans"]:
-        by_task.setdefault(entry["task"], []).append(entry)
+        if strategies is None or entry["strategy"] in strategies:
+            by_task.setdefault(entry["task"], []).append(entry)
     for k, task_data in enumerate(data["tasks"]):
         task = Task.from_dict(task_data)
         for entry in by_task.get(k, []):
@@ -141,20 +153,23 @@ def device_sets(data):
                 if key and key not in seen:
                     seen.add(key)
                     out.append((k, entry["strategy"], shards))
-        everything = [Shard(t, "") for t in task.tables]
-        out.append((k, "all-tables", everything))
+        if bound_sets:
+            out.append((k, "all-tables", [Shard(t, "") for t in task.tables]))
     return out
 
 
 def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, device=0,
-            passes=1):
+            passes=1, strategies=None, bound_sets=True):
     """Measures every device set on the GPU (`device`: "cpu" for a dry run), `passes` times
     over, pass after pass (a set's "total_ms" is the median of its passes, all of them kept in
     "passes_ms"); writes {key: result} at the end, also after an error or the time limit, and
-    the first pass's records as it goes."""
+    the first pass's records as it goes (source "eval:<strategy>" for tasks of the test half,
+    "plans:<strategy>" for the training half). `strategies`, `bound_sets`: see `device_sets`."""
     import torch  # pylint: disable=import-outside-toplevel
     batch = Task.from_dict(data["tasks"][0]).batch_size
-    sets = device_sets(data)
+    half = data.get("half", "test")
+    prefix = "eval" if half == "test" else "plans"
+    sets = device_sets(data, strategies, bound_sets)
     specs = {}
     for _, _, shards in sets:
         for s in shards:
@@ -193,8 +208,8 @@ def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, d
                 results[key] = dict(result, passes_ms=[result["total_ms"]])
                 if rec_file and label != "all-tables":
                     rec = collect.make_record(shards, result, batch, 0, torch_cuda.BACKEND,
-                                              source=f"eval:{label}", index=k, pool_seed=0,
-                                              pool_tables=856, row_scale=1, half="test",
+                                              source=f"{prefix}:{label}", index=k,
+                                              pool_seed=0, pool_tables=856, row_scale=1, half=half,
                                               warmup=3, repeat=10)
                     rec_file.write(json.dumps(rec) + "\n")
             print(f"pass {done + 1}: {time.time() - began:.1f}s", file=sys.stderr)
@@ -202,7 +217,8 @@ def measure(data, out, records=None, time_limit=None, max_bytes=110 * 2 ** 30, d
         if rec_file:
             rec_file.close()
         with open(out, "w", encoding="utf-8") as f:
-            json.dump({"seconds": time.time() - began, "passes": passes, "results": results}, f)
+            json.dump({"seconds": time.time() - began, "passes": passes, "results": results,
+                       "strategies": strategies}, f)
     print(f"measured {len(results)} of {len(sets)} device sets in {time.time() - began:.1f}s",
           file=sys.stderr)
 
@@ -347,6 +363,8 @@ def main(argv=None):
     p.add_argument("--task-seed", type=int, default=TASK_SEED, help="draws the unseen tasks")
     p.add_argument("--wide-dim", type=int, default=None,
                    help="widen each task's two hottest tables to this dim (column splits)")
+    p.add_argument("--half", choices=("test", "train"), default="test",
+                   help="the pool half the tasks' tables come from (train: cost-model records)")
     m = sub.add_parser("measure")
     m.add_argument("--plans", required=True)
     m.add_argument("--out", required=True)
@@ -354,6 +372,9 @@ def main(argv=None):
     m.add_argument("--time-limit", type=float, default=None)
     m.add_argument("--device", default="0", help="CUDA ordinal, or cpu (a dry run)")
     m.add_argument("--passes", type=int, default=1, help="measure every device this often")
+    m.add_argument("--strategies", default=None,
+                   help="comma-separated: measure only these strategies' devices")
+    m.add_argument("--no-bound", action="store_true", help="skip the all-tables sets")
     r = sub.add_parser("report")
     r.add_argument("--plans", default=None, help="default: make the 10 tasks' plans again")
     r.add_argument("--measured", default=None,
@@ -368,7 +389,7 @@ def main(argv=None):
         args = parser.parse_args(["report"])
     if args.step == "plans":
         data = make_plans(args.tasks, args.weights, args.old_weights, args.task_seed,
-                          args.wide_dim)
+                          args.wide_dim, args.half)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(data, f)
         print(f"wrote {len(data['plans'])} plans of {len(data['tasks'])} tasks to {args.out}")
@@ -377,7 +398,9 @@ def main(argv=None):
             data = json.load(f)
         measure(data, args.out, args.records, args.time_limit,
                 device=int(args.device) if args.device.isdigit() else args.device,
-                passes=args.passes)
+                passes=args.passes,
+                strategies=args.strategies.split(",") if args.strategies else None,
+                bound_sets=not args.no_bound)
     else:
         num_tasks, measured = 10, SHIPPED_MEASUREMENTS.get(args.task_seed)
         if args.wide_dim:
@@ -389,9 +412,11 @@ def main(argv=None):
             parser.error(f"no shipped measurement for --task-seed {args.task_seed} --wide-dim "
                          f"{args.wide_dim}; pass --measured (shipped: "
                          f"{sorted(SHIPPED_MEASUREMENTS)}, wide {sorted(SHIPPED_WIDE)})")
+        measured = _read_json(measured)
         data = (_read_json(args.plans) if args.plans else
-                make_plans(num_tasks, task_seed=args.task_seed, wide_dim=args.wide_dim))
-        report(data, _read_json(measured))
+                make_plans(num_tasks, task_seed=args.task_seed, wide_dim=args.wide_dim,
+                           strategies=measured.get("strategies")))
+        report(data, measured)
     return 0
 
 

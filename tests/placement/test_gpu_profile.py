@@ -95,9 +95,16 @@ def test_profile_of_needs_every_device_to_be_a_gpu():
 def test_weight_files_fall_back_to_cpu(tmp_path):
     for kind in ("cost_model", "policy"):
         (tmp_path / f"{kind}_cpu.npz").write_bytes(b"")
-        assert cm.weights_file(kind, "gpu", str(tmp_path)) == str(tmp_path / f"{kind}_cpu.npz")
-        assert cm.weights_file(kind, "cpu", str(tmp_path)) == str(tmp_path / f"{kind}_cpu.npz")
+        for profile in ("gpu", "gpu_wide", "cpu"):
+            assert cm.weights_file(kind, profile, str(tmp_path)) == str(
+                tmp_path / f"{kind}_cpu.npz")
         (tmp_path / f"{kind}_gpu.npz").write_bytes(b"")
+        for profile in ("gpu", "gpu_wide"):
+            assert cm.weights_file(kind, profile, str(tmp_path)) == str(
+                tmp_path / f"{kind}_gpu.npz")
+        (tmp_path / f"{kind}_gpu_wide.npz").write_bytes(b"")
+        assert cm.weights_file(kind, "gpu_wide", str(tmp_path)) == str(
+            tmp_path / f"{kind}_gpu_wide.npz")
         assert cm.weights_file(kind, "gpu", str(tmp_path)) == str(tmp_path / f"{kind}_gpu.npz")
     assert cm.weights_file("cost_model") == cm.DEFAULT_WEIGHTS       # the shipped CPU model
     assert cm.weights_file("policy", "cpu") == pol.DEFAULT_WEIGHTS
@@ -337,11 +344,11 @@ def test_gpu_evaluation_is_reproduced_from_the_shipped_measurement(args):
 
 
 @pytest.mark.parametrize("seed, dim, tasks", [(13, 512, 8), (13, 256, 8), (17, 384, 5)])
-def test_wide_gpu_evaluation_is_reproduced_and_the_default_judged_analytically(seed, dim, tasks):
-    """The widened tasks (two tables of each task `dim` wide, beyond the GPU weights' dims),
-    planned again and scored by their shipped H200 measurement: every device is in it, and the
-    default, which scores those tasks with the analytic estimator (`select.default_judge`),
-    measured below the learned plan on each set."""
+def test_wide_gpu_evaluation_is_reproduced_and_the_default_beats_column_greedy(seed, dim, tasks):
+    """The widened tasks (two tables of each task `dim` wide, beyond the gpu weights' dims),
+    planned again with the gpu_wide weights and scored by their shipped H200 measurement:
+    every device is in it, and the default measured below the best heuristic measured with
+    it (column-greedy) and at least 10% below lookup-greedy on each set."""
     script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
                           "placement_gpu.py")
     out = subprocess.run([sys.executable, script, "report", "--task-seed", str(seed),
@@ -349,8 +356,9 @@ def test_wide_gpu_evaluation_is_reproduced_and_the_default_judged_analytically(s
                          check=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["tasks"] == tasks and summary["unmeasured_plans"] == 0
-    assert summary["best"]["below_lookup_greedy"] > summary["learned"]["below_lookup_greedy"]
-    assert summary["best"]["vs_best_heuristic"] < summary["learned"]["vs_best_heuristic"]
+    assert summary["best_heuristic"] == "column-greedy"
+    assert summary["best"]["vs_best_heuristic"] < 0
+    assert summary["best"]["below_lookup_greedy"] >= 0.10
     assert "learned-rows" in summary
 
 

@@ -281,17 +281,31 @@ def test_plan_notes_the_worst_table_outside_the_training_range(capsys, tmp_path)
     assert text == "t13, feature reuse(32768, inf), which was 0 throughout training"
 
 
-def _wide_gpu_task(dim=512):
-    """One hot table wider than any the GPU weights saw (they saw dims up to 128) among 30
-    narrow ones on 8 GPUs."""
+def _wide_gpu_task(dim=2048):
+    """One hot table `dim` wide among 30 narrow ones on 8 GPUs (the gpu weights saw dims up to
+    128, the gpu_wide ones pieces up to 448 wide)."""
     tables = [types.TableSpec("hot", rows=10**6, dim=dim, pooling_factor=10.0)] + [
         types.TableSpec(f"n{i:02d}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(30)]
     return types.Task(tables, types.make_devices(8, "16GiB", "/GPU:{i}"), batch_size=65536)
 
 
+def test_tasks_with_wide_tables_plan_and_score_with_the_gpu_wide_weights():
+    # Trained on measured devices of 192-448 wide tables: 512 lies inside what they saw
+    # (widened), so the learned model scores the candidates there.
+    wide, narrow = _wide_gpu_task(512), _wide_gpu_task(128)
+    assert cm.profile_of(wide) == "gpu_wide" and cm.profile_of(narrow) == "gpu"
+    assert select.learned_cost_model(None, wide).profile == "gpu_wide"
+    assert select.learned_cost_model(None, narrow).profile == "gpu"
+    assert select.default_judge(wide, select.default_estimator(wide)).name == "learned"
+    choice = select.best_plan(wide)
+    assert choice.estimator == "learned"
+    assert choice.candidates[0].max_cost == pytest.approx(
+        max(select.default_estimator(wide).plan_costs(choice.plan).values()))
+
+
 def test_default_scores_with_analytic_where_a_shape_lies_far_outside_the_weights():
-    # Measured on GPUs, the learned model predicted devices with 256-512 wide tables well
-    # below their cost, so there the analytic estimator picks among the candidates.
+    # Measured on GPUs, learned models predicted devices with tables wider than they had seen
+    # well below their cost, so there the analytic estimator picks among the candidates.
     task = _wide_gpu_task()
     learned = select.default_estimator(task)
     assert learned.name == "learned"

@@ -16,10 +16,11 @@ The estimator "learned" (predicted costs, not measured; estimators.py names it):
     report = evaluate_plan(plan, "learned")                  # shipped weights of the task's profile
     est = get_estimator("learned", weights="my_model.npz")    # retrained weights
 
-Hardware profiles: a task whose devices are all GPUs has profile "gpu" (`profile_of`), any
-other "cpu"; each profile has its own weights, cost_model_{profile}.npz and
-policy_{profile}.npz (`weights_file`; a missing gpu file falls back to the cpu one). A GPU
-model (meta "profile": "gpu") predicts compute only; the estimator and the policy add the
+Hardware profiles: a task whose devices are all GPUs has profile "gpu" (`profile_of`), or
+"gpu_wide" when one of its tables is wider than the GPU pool's tables (`WIDE_DIM`), any other
+"cpu"; each profile has its own weights, cost_model_{profile}.npz and policy_{profile}.npz
+(`weights_file`; a missing file falls back along gpu_wide -> gpu -> cpu). A GPU model (meta
+"profile": "gpu" or "gpu_wide") predicts compute only; the estimator and the policy add the
 modelled all-to-all of each device (`comm_ms`, meta "comm").
 
 Shard features: a row slice of a table gets the table's features with hash size, pooling factor
@@ -41,7 +42,15 @@ from tfra_dynamic_embedding.placement.types import TableSpec
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 DEFAULT_WEIGHTS = os.path.join(DATA_DIR, "cost_model_cpu.npz")
-PROFILES = ("cpu", "gpu")
+PROFILES = ("cpu", "gpu", "gpu_wide")
+GPU_PROFILES = ("gpu", "gpu_wide")
+# The file a profile falls back to when a weights directory lacks its own.
+FALLBACK = {"gpu_wide": "gpu", "gpu": "cpu"}
+# The widest table of the GPU pool (MetaSyn's dims): the "gpu" weights were trained on tables
+# up to this wide; the "gpu_wide" weights also on measured devices of wider ones. Plain GPU
+# weights retrained on both measured 10% worse on unseen tasks of narrow tables
+# (docs/learned_placement.md), so each kind of task keeps the weights that plan it best.
+WIDE_DIM = 128
 EMBED_DIM = 32
 HIDDEN = 128
 HEAD_HIDDEN = 64
@@ -59,27 +68,32 @@ def _softplus(x):
 
 # -- hardware profiles ---------------------------------------------------------------------------
 def profile_of(task):
-    """"gpu" when every device of `task` is a GPU (its name contains "GPU", any case), else
-    "cpu" (also for None or a task without devices): which weights plan and cost the task.
+    """"gpu" when every device of `task` is a GPU (its name contains "GPU", any case) --
+    "gpu_wide" when besides a table is wider than `WIDE_DIM` -- else "cpu" (also for None or a
+    task without devices): which weights plan and cost the task.
 
     Example: profile_of(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # -> "gpu"
     """
     devices = getattr(task, "devices", None) or ()
-    return "gpu" if devices and all("gpu" in d.name.lower() for d in devices) else "cpu"
+    if not devices or not all("gpu" in d.name.lower() for d in devices):
+        return "cpu"
+    return "gpu_wide" if any(t.dim > WIDE_DIM for t in task.tables) else "gpu"
 
 
 def weights_file(kind, profile="cpu", directory=None):
     """Path of `directory`/{kind}_{profile}.npz (kind "cost_model" or "policy"; directory None:
-    the shipped data), or of the cpu file when the profile has none there (yet).
+    the shipped data), or of the file the profile falls back to (`FALLBACK`) when it has none
+    there.
 
-    Example: weights_file("policy", "gpu")   # .../data/policy_cpu.npz until policy_gpu.npz ships
+    Example: weights_file("policy", "gpu_wide", "my_gpu_weights/")   # its policy_gpu.npz
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}; got {profile!r}")
     directory = directory or DATA_DIR
     path = os.path.join(directory, f"{kind}_{profile}.npz")
-    if profile != "cpu" and not os.path.exists(path):
-        path = os.path.join(directory, f"{kind}_cpu.npz")
+    while profile in FALLBACK and not os.path.exists(path):
+        profile = FALLBACK[profile]
+        path = os.path.join(directory, f"{kind}_{profile}.npz")
     return path
 
 
@@ -348,7 +362,7 @@ class CostModel:
     def comm(self):
         """The all-to-all model (`comm.AllToAll`, parameters from meta "comm") a GPU model's
         device costs add to its predicted compute; None for a CPU model."""
-        if self.profile != "gpu":
+        if self.profile not in GPU_PROFILES:
             return None
         return comm_lib.AllToAll(**(self.meta.get("comm") or {}))
 

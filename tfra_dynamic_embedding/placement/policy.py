@@ -19,8 +19,9 @@ Inference is numpy only: greedy decode, optionally best-of-k samples scored by t
 then a local search (moves and swaps off the most expensive device while the predicted max
 cost drops, then onto the cheapest while its cost rises without raising the max; `improve`).
 The strategy "learned" (shipped weights of the task's hardware profile, `cm.profile_of`: GPU
-devices use cost_model_gpu.npz / policy_gpu.npz where present, else the CPU ones; no training
-step; proposers.py names it):
+devices use cost_model_gpu.npz / policy_gpu.npz, or the *_gpu_wide.npz ones for a task with a
+table wider than the pool's, falling back as `cm.weights_file` does; no training step;
+proposers.py names it):
     plan = propose(task, "learned")
 
 A GPU cost model predicts compute only; `Problem` adds each device's modelled all-to-all

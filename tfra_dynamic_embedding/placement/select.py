@@ -189,7 +189,7 @@ def default_judge(task, estimator, weights_dir=None, limit=EXTRAPOLATION_LIMIT):
 def default_verifier(task):
     """The measuring estimator `tfra-de plan --verify-top` uses unless told: "measured-gpu"
     for a task on GPUs, "measured-cpu" otherwise."""
-    return "measured-gpu" if cm.profile_of(task) == "gpu" else "measured-cpu"
+    return "measured-gpu" if cm.profile_of(task) in cm.GPU_PROFILES else "measured-cpu"
 
 
 def learned_cost_model(weights_dir=None, task=None):

@@ -18,7 +18,8 @@ Writes cost_model_cpu.npz, policy_cpu.npz, training.json and training.png to --o
 measured devices of step 3 as records (measured_plans.jsonl) that can join the data file.
 
 `--profile gpu` (records of the "torch_cuda" backend) trains the GPU weights instead:
-cost_model_gpu.npz, policy_gpu.npz, training_gpu.json, training_gpu.png. The policy trains on
+cost_model_gpu.npz, policy_gpu.npz, training_gpu.json, training_gpu.png (`--profile gpu_wide`:
+the same for GPU tasks with tables wider than the pool's, *_gpu_wide.*). The policy trains on
 the full-size pool (856 tables, batch 65536; 80 tables on 8 "/GPU:{i}" devices of 16 GiB),
 the cost model (compute only) gets meta "profile": "gpu" and the all-to-all parameters
 "comm" the planner adds per device (`cost_model.comm_ms`), and nothing is measured (step 3).
@@ -51,6 +52,9 @@ PROFILES = {
     "gpu": {"pool": {"num_tables": 856, "seed": 0, "batch_size": 65536, "row_scale": 1},
             "memory": "16GiB", "device_template": "/GPU:{i}", "measure": None},
 }
+# GPU tasks with a table wider than the pool's (cost_model.WIDE_DIM): the same pool and tasks;
+# only the records differ (they include measured devices of wide tables).
+PROFILES["gpu_wide"] = PROFILES["gpu"]
 
 
 # -- synthetic records (tests / development only) --------------------------------------------
@@ -360,7 +364,7 @@ def _set_profile(model, profile):
     device costs add (`cost_model.comm_ms`), so they ship with the weights."""
     from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     model.meta["profile"] = profile
-    if profile == "gpu":
+    if profile in cm.GPU_PROFILES:
         model.meta["comm"] = comm_lib.AllToAll().params()
 
 
@@ -378,7 +382,8 @@ def add_parser(subparsers):
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
                         help="hardware the weights are for (default cpu; gpu: records of the "
-                        "torch_cuda backend, used for tasks whose devices are all GPUs)")
+                        "torch_cuda backend, used for tasks whose devices are all GPUs; "
+                        "gpu_wide: the same, for such tasks with tables wider than 128)")
     parser.add_argument("--epochs", type=int, default=300, help="cost-model epochs")
     parser.add_argument("--iterations", type=int, default=300, help="policy iterations")
     parser.add_argument("--tasks", type=int, default=24, help="training tasks (80 tables, 8 "
