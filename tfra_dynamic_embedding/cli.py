@@ -204,7 +204,7 @@ def _out_of_range_text(item, weights, task=None):
 
 def _run_plan(args):
     from tfra_dynamic_embedding.placement import estimators, evaluate, proposers  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import policy, select  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement import cost_model, policy, select  # pylint: disable=import-outside-toplevel
     policy.use_weights(args.weights)  # the "learned" strategy's weights; None: the shipped ones
     task = _make_task(args, _load_tables(args))
     estimator = args.estimator or select.default_estimator(task, args.weights)
@@ -212,6 +212,9 @@ def _run_plan(args):
         raise CliError(f"--strategy must be 'best' or one of {proposers.list_strategies()}; "
                        f"got {args.strategy!r}")
     if args.strategy in ("best", "learned"):
+        profile = cost_model.profile_of(task)
+        print(f"learned weights: {profile} profile "
+              f"({os.path.basename(cost_model.weights_file('policy', profile, args.weights))})")
         outside = select.learned_out_of_range(task, args.weights)
         if outside:
             print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "

@@ -5,6 +5,7 @@ failed, and the learned proposer's out-of-range check must flag tables unlike it
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -357,8 +358,16 @@ def test_plan_says_when_analytic_scores_the_candidates(capsys, tmp_path):
               "--memory", "16GiB", "--batch-size", "65536", "--random", "0"]
     assert cli.main(common + ["--out", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
+    assert "learned weights: gpu_wide profile (policy_gpu_wide.npz)" in out
     assert "so the analytic estimator scores the candidates" in out
     assert "(by the analytic estimator" in out and "estimator analytic" in out
     assert cli.main(common + ["--estimator", "learned", "--out", str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out
     assert "scores the candidates" not in out and "(by the learned estimator" in out
+    # a directory without gpu_wide weights plans with its gpu ones
+    (tmp_path / "w").mkdir()
+    for kind in ("cost_model", "policy"):
+        shutil.copy(cm.weights_file(kind, "gpu"), tmp_path / "w" / f"{kind}_gpu.npz")
+    assert cli.main(common + ["--weights", str(tmp_path / "w"),
+                              "--out", str(tmp_path / "c.json")]) == 0
+    assert "learned weights: gpu_wide profile (policy_gpu.npz)" in capsys.readouterr().out

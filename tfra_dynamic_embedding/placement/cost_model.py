@@ -47,9 +47,9 @@ GPU_PROFILES = ("gpu", "gpu_wide")
 # The file a profile falls back to when a weights directory lacks its own.
 FALLBACK = {"gpu_wide": "gpu", "gpu": "cpu"}
 # The widest table of the GPU pool (MetaSyn's dims): the "gpu" weights were trained on tables
-# up to this wide; the "gpu_wide" weights also on measured devices of wider ones. Plain GPU
-# weights retrained on both measured 10% worse on unseen tasks of narrow tables
-# (docs/learned_placement.md), so each kind of task keeps the weights that plan it best.
+# up to this wide; the "gpu_wide" weights also on measured devices of wider ones. Those planned
+# unseen tasks of narrow tables worse than the "gpu" weights (docs/learned_placement.md), so
+# each kind of task keeps the weights that measured best on it.
 WIDE_DIM = 128
 EMBED_DIM = 32
 HIDDEN = 128
@@ -68,9 +68,9 @@ def _softplus(x):
 
 # -- hardware profiles ---------------------------------------------------------------------------
 def profile_of(task):
-    """"gpu" when every device of `task` is a GPU (its name contains "GPU", any case) --
-    "gpu_wide" when besides a table is wider than `WIDE_DIM` -- else "cpu" (also for None or a
-    task without devices): which weights plan and cost the task.
+    """Which weights plan and cost `task`: "gpu" when every device is a GPU (its name contains
+    "GPU", any case), "gpu_wide" when moreover one of its tables is wider than `WIDE_DIM`, else
+    "cpu" (also for None or a task without devices).
 
     Example: profile_of(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # -> "gpu"
     """
