@@ -212,9 +212,8 @@ def _run_plan(args):
         raise CliError(f"--strategy must be 'best' or one of {proposers.list_strategies()}; "
                        f"got {args.strategy!r}")
     if args.strategy in ("best", "learned"):
-        profile = cost_model.profile_of(task)
-        print(f"learned weights: {profile} profile "
-              f"({os.path.basename(cost_model.weights_file('policy', profile, args.weights))})")
+        print(f"learned weights: {cost_model.profile_of(task)} profile "
+              f"({os.path.basename(policy.weights_files(task)[1])})")
         outside = select.learned_out_of_range(task, args.weights)
         if outside:
             print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
