@@ -451,49 +451,79 @@ TFRA_AVX512 void UniformAvx512(uint64_t seed, int64_t n, double a, double width,
   }
 }
 
-template <int N>
-TFRA_AVX512 inline __m512d PolevlAvx512(__m512d x, const double* c) {  // as Polevl<N>
-  __m512d r = _mm512_set1_pd(c[0]);
-  for (int i = 1; i <= N; ++i) r = _mm512_add_pd(_mm512_mul_pd(r, x), _mm512_set1_pd(c[i]));
-  return r;
+// Polevl<N> on K vectors at once, their steps interleaved (as PolevlAvx2).
+template <int N, int K>
+TFRA_AVX512 inline void PolevlAvx512(const __m512d* x, const double* c, __m512d* r) {
+#pragma GCC unroll 4
+  for (int v = 0; v < K; ++v) r[v] = _mm512_set1_pd(c[0]);
+#pragma GCC unroll 16
+  for (int i = 1; i <= N; ++i) {
+    const __m512d ci = _mm512_set1_pd(c[i]);
+#pragma GCC unroll 4
+    for (int v = 0; v < K; ++v) r[v] = _mm512_add_pd(_mm512_mul_pd(r[v], x[v]), ci);
+  }
 }
 
-// Eight columns per iteration: Ndtri's central branch on every lane (73% of draws take it),
-// the tail branch on the lanes that need it.
+// As KeyedNormalAvx2, eight lanes a vector: 32 columns (four vectors) per iteration, the
+// columns in a tail compressed into a list and redone together after the pass.
 TFRA_AVX512 void KeyedNormalAvx512(uint64_t seed, int64_t n, double a, double b, bool truncated,
                                    double* dst) {
+  constexpr int kVec = 4, kBlock = 8 * kVec;
+  constexpr int kChunk = 256;  // columns per pass, so the tails' buffers stay on the stack
   const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));
   __m512i state = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
                                    _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
                                                       _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
   const __m512d one = _mm512_set1_pd(1.0), half = _mm512_set1_pd(0.5);
   const __m512d va = _mm512_set1_pd(a), vb = _mm512_set1_pd(b);
-  alignas(64) double lane_b[8], lane_z[8];
-  for (int64_t j = 0; j < n; j += 8) {
-    __m512d u = _mm512_mul_pd(
-        _mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(MixAvx512(state), 11)), half),
-        _mm512_set1_pd(0x1.0p-53));
-    state = _mm512_add_epi64(state, step);
-    if (truncated) u = _mm512_add_pd(_mm512_set1_pd(kPhiLo), _mm512_mul_pd(_mm512_set1_pd(kPhiWidth), u));
-    // As Ndtri: flip = u <= 1 - exp(-2); bb = flip ? u : 1 - u; central where exp(-2) < bb.
-    const __mmask8 flip = _mm512_cmp_pd_mask(u, _mm512_set1_pd(1.0 - kExpNegTwo), _CMP_LE_OQ);
-    const __m512d bb = _mm512_mask_blend_pd(flip, _mm512_sub_pd(one, u), u);
-    const __mmask8 center = _mm512_cmp_pd_mask(_mm512_set1_pd(kExpNegTwo), bb, _CMP_LT_OQ);
-    const __m512d c = _mm512_sub_pd(bb, half), c2 = _mm512_mul_pd(c, c);
-    const __m512d ratio = _mm512_div_pd(PolevlAvx512<4>(c2, kNdtriP0), PolevlAvx512<8>(c2, kNdtriQ0));
-    __m512d z = _mm512_mul_pd(_mm512_add_pd(_mm512_mul_pd(c, _mm512_mul_pd(c2, ratio)), c),
-                              _mm512_set1_pd(kSqrt2Pi));
-    const int lanes = static_cast<int>(std::min<int64_t>(8, n - j));
-    const __mmask8 live = static_cast<__mmask8>((1u << lanes) - 1);
-    if ((center & live) != live) {  // some lanes are in a tail: lane by lane (its two
-      _mm512_store_pd(lane_b, bb);   // logarithms dominate; vectorizing the rest gained nothing)
-      _mm512_store_pd(lane_z, z);
-      for (int k = 0; k < lanes; ++k) {
-        if (!((center >> k) & 1)) lane_z[k] = NdtriTail(lane_b[k], (flip >> k) & 1);
+  const __m512i lane2 = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);  // 2 * lane
+  alignas(64) double tail_b[kChunk + 8], tail_x[kChunk + 8], tail_l[kChunk + 8];
+  alignas(64) int64_t tail_at[kChunk + 8];  // 2 * column + flip
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int m = static_cast<int>(std::min<int64_t>(kChunk, n - c0));
+    int tails = 0;
+    for (int j = 0; j < m; j += kBlock) {
+      __m512d bb[kVec], c2[kVec], p[kVec], q[kVec], cs[kVec];
+      __mmask8 center[kVec], flips[kVec];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVec; ++v) {
+        __m512d u = _mm512_mul_pd(
+            _mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(MixAvx512(state), 11)), half),
+            _mm512_set1_pd(0x1.0p-53));
+        state = _mm512_add_epi64(state, step);
+        if (truncated) u = _mm512_add_pd(_mm512_set1_pd(kPhiLo), _mm512_mul_pd(_mm512_set1_pd(kPhiWidth), u));
+        // As Ndtri: flip = u <= 1 - exp(-2); bb = flip ? u : 1 - u; central where exp(-2) < bb.
+        flips[v] = _mm512_cmp_pd_mask(u, _mm512_set1_pd(1.0 - kExpNegTwo), _CMP_LE_OQ);
+        bb[v] = _mm512_mask_blend_pd(flips[v], _mm512_sub_pd(one, u), u);
+        center[v] = _mm512_cmp_pd_mask(_mm512_set1_pd(kExpNegTwo), bb[v], _CMP_LT_OQ);
+        cs[v] = _mm512_sub_pd(bb[v], half);
+        c2[v] = _mm512_mul_pd(cs[v], cs[v]);
       }
-      z = _mm512_load_pd(lane_z);
+      PolevlAvx512<4, kVec>(c2, kNdtriP0, p);
+      PolevlAvx512<8, kVec>(c2, kNdtriQ0, q);
+#pragma GCC unroll 4
+      for (int v = 0; v < kVec; ++v) {
+        const __m512d ratio = _mm512_div_pd(p[v], q[v]);
+        const __m512d z = _mm512_mul_pd(
+            _mm512_add_pd(_mm512_mul_pd(cs[v], _mm512_mul_pd(c2[v], ratio)), cs[v]), _mm512_set1_pd(kSqrt2Pi));
+        const int col = j + 8 * v;
+        const int lanes = std::max(0, std::min(8, m - col));
+        const __mmask8 live = static_cast<__mmask8>((1u << lanes) - 1);
+        _mm512_mask_storeu_pd(dst + c0 + col, live, _mm512_add_pd(va, _mm512_mul_pd(vb, z)));
+        const __mmask8 in_tail = static_cast<__mmask8>(~center[v] & live);
+        const __m512i at = _mm512_mask_add_epi64(
+            _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2), flips[v],
+            _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2), _mm512_set1_epi64(1));
+        _mm512_storeu_si512(tail_at + tails, _mm512_maskz_compress_epi64(in_tail, at));
+        _mm512_storeu_pd(tail_b + tails, _mm512_maskz_compress_pd(in_tail, bb[v]));
+        tails += __builtin_popcount(in_tail);
+      }
     }
-    _mm512_mask_storeu_pd(dst + j, live, _mm512_add_pd(va, _mm512_mul_pd(vb, z)));
+    NdtriTailsAvx2(tails, tail_b, tail_x, tail_l, tail_b);
+    for (int t = 0; t < tails; ++t) {
+      const double r = tail_b[t];
+      dst[c0 + (tail_at[t] >> 1)] = a + b * ((tail_at[t] & 1) ? -r : r);
+    }
   }
 }
 #endif  // TFRA_DE_X86_SIMD

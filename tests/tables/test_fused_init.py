@@ -341,7 +341,7 @@ def test_wide_unseeded_normal_rows_have_the_distribution(dim, value_dtype):
                                   lambda: tf.random_normal_initializer(0.1, 0.02, seed=3),
                                   lambda: tf_keras.initializers.TruncatedNormal(0.0, 0.5, seed=8)])
 def test_wide_seeded_rows_equal_the_builtin_backend(init, dim):
-    # Vectorized draws (8 columns an iteration; normal tails lane by lane) against TF's ops.
+    # Vectorized draws (normal tails listed, then redone together) against TF's ops.
     keys = tf.constant(np.arange(-200, 200) * 104729, tf.int64)
     want = de.Variable(dim=dim, initializer=init(), kv_creator=de.BuiltinKVCreator()).lookup(keys)
     for shards in (1, 2):
@@ -351,7 +351,7 @@ def test_wide_seeded_rows_equal_the_builtin_backend(init, dim):
         np.testing.assert_array_equal(w.find_or_insert(keys)[0].numpy(), want.numpy())
 
 
-WIDE_DIMS = (16, 24, 33, 64, 100)
+WIDE_DIMS = (16, 24, 33, 64, 100, 300)
 
 
 def test_wide_rows_are_the_same_on_every_instruction_set():
@@ -373,6 +373,9 @@ def test_wide_rows_are_the_same_on_every_instruction_set():
             s = de.Variable(dim=dim, initializer=tf.random_normal_initializer(0.0, 1.0, seed=5),
                             kv_creator=de.NativeKVCreator(), name=f"isa_s{{dim}}")
             out[f"s{{dim}}"] = s.lookup(keys).numpy().tolist()
+            t = de.Variable(dim=dim, kv_creator=de.NativeKVCreator(), name=f"isa_t{{dim}}",
+                            initializer=tf.keras.initializers.TruncatedNormal(0.0, 1.0, seed=6))
+            out[f"t{{dim}}"] = t.lookup(keys).numpy().tolist()
         print(json.dumps(out))
     """)
     rows = {}
@@ -382,7 +385,7 @@ def test_wide_rows_are_the_same_on_every_instruction_set():
                               env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in [f"{kind}{dim}" for kind in ("", "u", "s") for dim in WIDE_DIMS]:
+    for name in [f"{kind}{dim}" for kind in ("", "u", "s", "t") for dim in WIDE_DIMS]:
         want = np.array(rows["scalar"][name], np.float32)
         assert want.shape[0] == 301 and len(np.unique(want)) > 0.99 * want.size
         for isa in ("avx512", "avx2"):
