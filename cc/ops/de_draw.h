@@ -30,6 +30,12 @@ constexpr int64_t kBoxMullerMinDim = 16;
 // dst[j] = mean + stddev * z_j (float arithmetic) for the row's n normals.
 void NormalRow(uint64_t seed, int64_t n, float mean, float stddev, float* dst);
 
+// Standard normals within [-2, 2] (truncated-normal rows, scaled by the caller): the row's
+// NormalRow(seed, n, 0, 1), each value beyond two replaced, in column order, by the next
+// normal within two of RowRng's ziggurat on the words that follow the row's blocks (word
+// 8 ceil(n / 16) on). Every path gives the same floats, as NormalRow.
+void TruncatedNormalRow(uint64_t seed, int64_t n, float* dst);
+
 // dst[j] = float(a + width * u_j) for the row's n uniform draws.
 void UniformRow(uint64_t seed, int64_t n, double a, double width, float* dst);
 

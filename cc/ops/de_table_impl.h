@@ -774,6 +774,11 @@ class Table : public TableBase {
       default:  // truncated normal: within two standard deviations
         if (init.keyed) {
           KeyedNormal(row_seed, a, b, /*truncated=*/true, dst);
+        } else if (dim >= kBoxMullerMinDim) {
+          thread_local std::vector<float> z;
+          z.resize(static_cast<size_t>(dim));
+          TruncatedNormalRow(row_seed, dim, z.data());
+          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * static_cast<double>(z[j]));
         } else {  // redraw beyond two standard deviations
           for (int64_t j = 0; j < dim; ++j) {
             double z;
