@@ -118,7 +118,8 @@ class Table : public TableBase {
     if (max_rows > 0 && !Bounded()) {
       // The count starts here: taken with every shard locked, so no write is half-counted.
       auto locks = LockAll();
-      total_.store(Size(), std::memory_order_relaxed);
+      total_.store(ShardSum(), std::memory_order_relaxed);
+      live_.store(ShardSum(), std::memory_order_relaxed);
       TableBase::SetBound(max_rows, extra_rows, lfu);
       return;
     }
@@ -313,10 +314,10 @@ class Table : public TableBase {
     for (int i = 0; i < num_shards_; ++i) FillGroup(shards_[i], group);
   }
 
+  // A bounded table's size is one counter: a sum of the shards' sizes read while writers move
+  // keys (evict in one shard, then add in another) could count a key twice and pass the bound.
   int64_t Size() const override {
-    int64_t n = 0;
-    for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);
-    return n;
+    return Bounded() ? live_.load(std::memory_order_relaxed) : ShardSum();
   }
 
   // ------------------------------------------------------- export/import --
@@ -1262,7 +1263,10 @@ class Table : public TableBase {
     if (s.slots[slot] == kEmptySlot) --s.growth_left;
     s.slots[slot] = FullSlot(h, row);
     s.size.fetch_add(1, std::memory_order_relaxed);
-    if (!counted && Bounded()) total_.fetch_add(1, std::memory_order_relaxed);
+    if (Bounded()) {
+      live_.fetch_add(1, std::memory_order_relaxed);
+      if (!counted) total_.fetch_add(1, std::memory_order_relaxed);
+    }
     *row_out = row;
     return absl::OkStatus();
   }
@@ -1283,7 +1287,10 @@ class Table : public TableBase {
       s.slots[slot] = kDeletedSlot;
     }
     s.size.fetch_sub(1, std::memory_order_relaxed);
-    if (Bounded()) total_.fetch_sub(1, std::memory_order_relaxed);
+    if (Bounded()) {
+      total_.fetch_sub(1, std::memory_order_relaxed);
+      live_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 
   Status Rehash(Shard& s, size_t new_cap) {
@@ -1370,7 +1377,11 @@ class Table : public TableBase {
     s->slots = nullptr;
     s->cap = 0;
     s->growth_left = 0;
-    if (Bounded()) total_.fetch_sub(s->size.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (Bounded()) {
+      const int64_t n = s->size.load(std::memory_order_relaxed);
+      total_.fetch_sub(n, std::memory_order_relaxed);
+      live_.fetch_sub(n, std::memory_order_relaxed);
+    }
     s->size.store(0, std::memory_order_relaxed);
   }
 
@@ -1409,8 +1420,16 @@ class Table : public TableBase {
   int num_shards_ = 1;
   std::unique_ptr<Shard[]> shards_;
   // Keys in all shards, kept (with the shards' sizes, under their locks) only
-  // while the table has a bound: unbounded writers share no counter.
+  // while the table has a bound: unbounded writers share no counter. total_
+  // also counts the keys bounded writers are about to add (InsertNewBounded);
+  // live_ only those present, what Size() reports.
   std::atomic<int64_t> total_{0};
+  std::atomic<int64_t> live_{0};
+  int64_t ShardSum() const {
+    int64_t n = 0;
+    for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);
+    return n;
+  }
   bool Bounded() const { return bound_.load(std::memory_order_relaxed) > 0; }
   size_t stamp_off_ = 0, freq_off_ = 0, val_off_ = 0, row_bytes_ = 0, rec_bytes_ = 0;
   size_t init_rows_ = 0;
@@ -1423,7 +1442,7 @@ class Table : public TableBase {
     std::vector<std::shared_lock<std::shared_mutex>> locks;
     locks.reserve(num_shards_);
     for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
-    const int64_t n = Size();
+    const int64_t n = ShardSum();  // the rows the loop below reads
     Tensor *tk, *tv, *ts, *tf;
     TF_RETURN_IF_ERROR(sink->Allocate(n, &tk, &tv, &ts, &tf));
     auto ok = tk->flat<KIn>();

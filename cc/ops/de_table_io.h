@@ -102,9 +102,10 @@ Status Table<K, V>::LoadFromFile(const std::string& path, int group, int64_t* lo
     auto locks = LockAll();
     if (group == 0 && groups_.load() == 1) {
       for (int i = 0; i < num_shards_; ++i) SwapShard(&shards_[i], &staged->shards_[i]);
-      *loaded = Size();
-      // The shards changed tables, so the count follows them (`staged` is freed below).
+      *loaded = ShardSum();
+      // The shards changed tables, so the counts follow them (`staged` is freed below).
       total_.store(*loaded, std::memory_order_relaxed);
+      live_.store(*loaded, std::memory_order_relaxed);
       return absl::OkStatus();  // `staged` now holds the old content and frees it here
     }
   }
