@@ -543,9 +543,8 @@ TFRA_AVX512 void KeyedNormalAvx512(uint64_t seed, int64_t n, double a, double b,
         const __mmask8 live = static_cast<__mmask8>((1u << lanes) - 1);
         _mm512_mask_storeu_pd(dst + c0 + col, live, _mm512_add_pd(va, _mm512_mul_pd(vb, z)));
         const __mmask8 in_tail = static_cast<__mmask8>(~center[v] & live);
-        const __m512i at = _mm512_mask_add_epi64(
-            _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2), flips[v],
-            _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2), _mm512_set1_epi64(1));
+        const __m512i twice = _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2);
+        const __m512i at = _mm512_mask_add_epi64(twice, flips[v], twice, _mm512_set1_epi64(1));
         _mm512_storeu_si512(tail_at + tails, _mm512_maskz_compress_epi64(in_tail, at));
         _mm512_storeu_pd(tail_b + tails, _mm512_maskz_compress_pd(in_tail, bb[v]));
         tails += __builtin_popcount(in_tail);
