@@ -142,7 +142,6 @@ void KeyedNormalScalar(uint64_t seed, int64_t n, double a, double b, bool trunca
 
 #ifdef TFRA_DE_X86_SIMD
 // -------------------------------------------------------------------- AVX2 --
-// One block (8 words, 16 columns) per iteration.
 #define TFRA_AVX2 __attribute__((target("avx2,fma")))
 
 TFRA_AVX2 inline __m256i Mul64Avx2(__m256i x, __m256i c) {  // low 64 bits of x * c (no vpmullq)
@@ -163,23 +162,28 @@ TFRA_AVX2 inline __m256 PolyAvx2(__m256 x, const float* k, int len) {  // as Pol
   return p;
 }
 
-TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+// K blocks from column j0 (K x 16 columns; those past n are not stored), each stage done
+// for all K before the next: a block is a chain of dependent steps too long for the core
+// to overlap with the next block's on its own.
+template <int K>
+TFRA_AVX2 __attribute__((always_inline)) inline void BlocksAvx2(__m256i& state, int64_t j0, int64_t n, float mean, float stddev,
+                                 float* dst) {
   const __m256i step = _mm256_set1_epi64x(static_cast<int64_t>(4 * kGamma));
-  __m256i state = _mm256_add_epi64(
-      _mm256_set1_epi64x(static_cast<int64_t>(seed)),
-      _mm256_set_epi64x(static_cast<int64_t>(4 * kGamma), static_cast<int64_t>(3 * kGamma),
-                        static_cast<int64_t>(2 * kGamma), static_cast<int64_t>(kGamma)));
   const __m256 one = _mm256_set1_ps(1.0f), vmean = _mm256_set1_ps(mean), vstd = _mm256_set1_ps(stddev);
   const __m256i split = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+  __m256i lo[K], hi[K];
+  for (int k = 0; k < K; ++k) {
     const __m256i w0 = MixAvx2(state);
     state = _mm256_add_epi64(state, step);
     const __m256i w1 = MixAvx2(state);
     state = _mm256_add_epi64(state, step);
     const __m256i p0 = _mm256_permutevar8x32_epi32(w0, split), p1 = _mm256_permutevar8x32_epi32(w1, split);
-    const __m256i lo = _mm256_permute2x128_si256(p0, p1, 0x20);  // words' low halves, in order
-    const __m256i hi = _mm256_permute2x128_si256(p0, p1, 0x31);
-    const __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(lo, 8), _mm256_set1_epi32(1)));
+    lo[k] = _mm256_permute2x128_si256(p0, p1, 0x20);  // words' low halves, in order
+    hi[k] = _mm256_permute2x128_si256(p0, p1, 0x31);
+  }
+  __m256 r[K];
+  for (int k = 0; k < K; ++k) {
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(lo[k], 8), _mm256_set1_epi32(1)));
     const __m256i bits = _mm256_castps_si256(v);
     __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127 + 24));
     __m256 f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFF)),
@@ -192,29 +196,51 @@ TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float
     const __m256 ef = _mm256_cvtepi32_ps(e);
     const __m256 m2ln = _mm256_fmadd_ps(ef, _mm256_set1_ps(kM2Ln2Hi),
                                         _mm256_fmadd_ps(ef, _mm256_set1_ps(kM2Ln2Lo), m2lnf));
-    const __m256 r = _mm256_mul_ps(_mm256_sqrt_ps(m2ln), vstd);
+    r[k] = _mm256_mul_ps(_mm256_sqrt_ps(m2ln), vstd);
+  }
+  for (int k = 0; k < K; ++k) {
     const __m256 x = _mm256_fmadd_ps(
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(hi, 6), _mm256_set1_epi32(0xFFFFFF))),
+        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(hi[k], 6), _mm256_set1_epi32(0xFFFFFF))),
         _mm256_set1_ps(kQuarterTurn), _mm256_set1_ps(kHalfStep));
     const __m256 x2 = _mm256_mul_ps(x, x);
     const __m256 sn = _mm256_mul_ps(x, PolyAvx2(x2, kS, 6));
     const __m256 cs = PolyAvx2(x2, kC, 7);
-    const __m256i q = _mm256_srli_epi32(hi, 30);
+    const __m256i q = _mm256_srli_epi32(hi[k], 30);
     const __m256 odd = _mm256_castsi256_ps(_mm256_slli_epi32(q, 31));  // blendv reads the sign bit
     __m256 cq = _mm256_blendv_ps(cs, sn, odd), sq = _mm256_blendv_ps(sn, cs, odd);
     cq = _mm256_xor_ps(cq, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_xor_si256(q, _mm256_srli_epi32(q, 1)), 31)));
     sq = _mm256_xor_ps(sq, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(q, 1), 31)));
-    const __m256 oc = _mm256_fmadd_ps(r, cq, vmean);
-    const __m256 os = _mm256_fmadd_ps(r, sq, vmean);
-    if (j0 + 16 <= n) {
-      _mm256_storeu_ps(dst + j0, oc);
-      _mm256_storeu_ps(dst + j0 + 8, os);
-    } else {
+    const __m256 oc = _mm256_fmadd_ps(r[k], cq, vmean);
+    const __m256 os = _mm256_fmadd_ps(r[k], sq, vmean);
+    const int64_t b0 = j0 + 16 * k;
+    if (b0 + 16 <= n) {
+      _mm256_storeu_ps(dst + b0, oc);
+      _mm256_storeu_ps(dst + b0 + 8, os);
+    } else if (b0 < n) {
       alignas(32) float tail[16];
       _mm256_store_ps(tail, oc);
       _mm256_store_ps(tail + 8, os);
-      std::memcpy(dst + j0, tail, static_cast<size_t>(n - j0) * sizeof(float));
+      std::memcpy(dst + b0, tail, static_cast<size_t>(n - b0) * sizeof(float));
     }
+  }
+}
+
+template <int K>
+TFRA_AVX2 void RowBlocksAvx2(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+  __m256i state = _mm256_add_epi64(
+      _mm256_set1_epi64x(static_cast<int64_t>(seed)),
+      _mm256_set_epi64x(static_cast<int64_t>(4 * kGamma), static_cast<int64_t>(3 * kGamma),
+                        static_cast<int64_t>(2 * kGamma), static_cast<int64_t>(kGamma)));
+  for (int64_t j0 = 0; j0 < n; j0 += 16 * K) BlocksAvx2<K>(state, j0, n, mean, stddev, dst);
+}
+
+// Up to four blocks a step: as many as the row has, four for rows of more.
+TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+  switch (std::min<int64_t>(4, (n + 15) / 16)) {
+    case 1: return RowBlocksAvx2<1>(seed, n, mean, stddev, dst);
+    case 2: return RowBlocksAvx2<2>(seed, n, mean, stddev, dst);
+    case 3: return RowBlocksAvx2<3>(seed, n, mean, stddev, dst);
+    default: return RowBlocksAvx2<4>(seed, n, mean, stddev, dst);
   }
 }
 
@@ -392,7 +418,6 @@ TFRA_AVX2 int ListBeyondTwoAvx2(const float* x, int m, int32_t* at) {
 }
 
 // ----------------------------------------------------------------- AVX-512 --
-// Two blocks (16 words, 32 columns) per iteration.
 #define TFRA_AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
 
 TFRA_AVX512 inline __m512i MixAvx512(__m512i z) {
@@ -407,22 +432,26 @@ TFRA_AVX512 inline __m512 PolyAvx512(__m512 x, const float* k, int len) {  // as
   return p;
 }
 
-TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+// K pairs of blocks (K x 32 columns) from column j0, stage by stage as BlocksAvx2.
+template <int K>
+TFRA_AVX512 __attribute__((always_inline)) inline void BlocksAvx512(__m512i& state, int64_t j0, int64_t n,
+                                                                    float mean, float stddev, float* dst) {
   const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));
-  __m512i state = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
-                                   _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
-                                                      _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
   const __m512 one = _mm512_set1_ps(1.0f), vmean = _mm512_set1_ps(mean), vstd = _mm512_set1_ps(stddev);
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+  __m512i lo[K], hi[K];
+  for (int k = 0; k < K; ++k) {
     const __m512i w0 = MixAvx512(state);
     state = _mm512_add_epi64(state, step);
     const __m512i w1 = MixAvx512(state);
     state = _mm512_add_epi64(state, step);
-    const __m512i lo = _mm512_permutex2var_epi32(w0, even, w1);  // 16 words' low halves, in order
-    const __m512i hi = _mm512_permutex2var_epi32(w0, odd, w1);
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(lo, 8), _mm512_set1_epi32(1)));
+    lo[k] = _mm512_permutex2var_epi32(w0, even, w1);  // 16 words' low halves, in order
+    hi[k] = _mm512_permutex2var_epi32(w0, odd, w1);
+  }
+  __m512 r[K];
+  for (int k = 0; k < K; ++k) {
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(lo[k], 8), _mm512_set1_epi32(1)));
     const __m512i bits = _mm512_castps_si512(v);
     __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + 24));
     __m512 f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF)),
@@ -435,33 +464,48 @@ TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, f
     const __m512 ef = _mm512_cvtepi32_ps(e);
     const __m512 m2ln = _mm512_fmadd_ps(ef, _mm512_set1_ps(kM2Ln2Hi),
                                         _mm512_fmadd_ps(ef, _mm512_set1_ps(kM2Ln2Lo), m2lnf));
-    const __m512 r = _mm512_mul_ps(_mm512_sqrt_ps(m2ln), vstd);
+    r[k] = _mm512_mul_ps(_mm512_sqrt_ps(m2ln), vstd);
+  }
+  for (int k = 0; k < K; ++k) {
     const __m512 x = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(hi, 6), _mm512_set1_epi32(0xFFFFFF))),
+        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(hi[k], 6), _mm512_set1_epi32(0xFFFFFF))),
         _mm512_set1_ps(kQuarterTurn), _mm512_set1_ps(kHalfStep));
     const __m512 x2 = _mm512_mul_ps(x, x);
     const __m512 sn = _mm512_mul_ps(x, PolyAvx512(x2, kS, 6));
     const __m512 cs = PolyAvx512(x2, kC, 7);
-    const __m512i q = _mm512_srli_epi32(hi, 30);
+    const __m512i q = _mm512_srli_epi32(hi[k], 30);
     const __mmask16 odd_q = _mm512_test_epi32_mask(q, _mm512_set1_epi32(1));
     __m512 cq = _mm512_mask_blend_ps(odd_q, cs, sn), sq = _mm512_mask_blend_ps(odd_q, sn, cs);
     cq = _mm512_castsi512_ps(_mm512_xor_si512(
         _mm512_castps_si512(cq), _mm512_slli_epi32(_mm512_xor_si512(q, _mm512_srli_epi32(q, 1)), 31)));
     sq = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sq),
                                               _mm512_slli_epi32(_mm512_srli_epi32(q, 1), 31)));
-    const __m512 oc = _mm512_fmadd_ps(r, cq, vmean);
-    const __m512 os = _mm512_fmadd_ps(r, sq, vmean);
+    const __m512 oc = _mm512_fmadd_ps(r[k], cq, vmean);
+    const __m512 os = _mm512_fmadd_ps(r[k], sq, vmean);
     // Block 2b: cos of words 0-7, sin of words 0-7; block 2b+1: the same of words 8-15.
     const __m512 first = _mm512_shuffle_f32x4(oc, os, 0x44), second = _mm512_shuffle_f32x4(oc, os, 0xEE);
-    const int64_t left = n - j0;
+    const int64_t b0 = j0 + 32 * k, left = n - b0;
     if (left >= 32) {
-      _mm512_storeu_ps(dst + j0, first);
-      _mm512_storeu_ps(dst + j0 + 16, second);
-    } else {
-      _mm512_mask_storeu_ps(dst + j0, left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1), first);
-      if (left > 16) _mm512_mask_storeu_ps(dst + j0 + 16, static_cast<__mmask16>((1u << (left - 16)) - 1), second);
+      _mm512_storeu_ps(dst + b0, first);
+      _mm512_storeu_ps(dst + b0 + 16, second);
+    } else if (left > 0) {
+      _mm512_mask_storeu_ps(dst + b0, left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1), first);
+      if (left > 16) _mm512_mask_storeu_ps(dst + b0 + 16, static_cast<__mmask16>((1u << (left - 16)) - 1), second);
     }
   }
+}
+
+template <int K>
+TFRA_AVX512 void RowBlocksAvx512(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+  __m512i state = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
+                                   _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
+                                                      _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
+  for (int64_t j0 = 0; j0 < n; j0 += 32 * K) BlocksAvx512<K>(state, j0, n, mean, stddev, dst);
+}
+
+// Two pairs of blocks a step for rows of more than one pair.
+TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
+  (n > 32 ? RowBlocksAvx512<2> : RowBlocksAvx512<1>)(seed, n, mean, stddev, dst);
 }
 TFRA_AVX512 void UniformAvx512(uint64_t seed, int64_t n, double a, double width, float* dst) {
   const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));

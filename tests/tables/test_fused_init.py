@@ -353,7 +353,7 @@ def test_wide_seeded_rows_equal_the_builtin_backend(init, dim):
         np.testing.assert_array_equal(w.find_or_insert(keys)[0].numpy(), want.numpy())
 
 
-WIDE_DIMS = (16, 24, 33, 64, 100, 300)
+WIDE_DIMS = (16, 24, 33, 48, 64, 100, 300)
 
 
 def test_wide_rows_are_the_same_on_every_instruction_set():
