@@ -155,6 +155,24 @@ def test_unknown_combiner(tables):
         de.safe_embedding_lookup_sparse(w, sp_ids, combiner="avg")
 
 
+def test_max_norm_must_be_positive(tables):
+    """tf.clip_by_norm with a clip norm <= 0 gives NaN rows (zero rows) or flipped ones."""
+    w, dense = tables
+    sp_ids = _sparse({(0, 0): 1}, [1, 1])
+    for bad in (-1.0, 0, "1", True):
+        with pytest.raises(ValueError, match=f"max_norm must be .*got {bad!r}"):
+            de.embedding_lookup(w, tf.constant([1], tf.int64), max_norm=bad)
+        with pytest.raises(ValueError, match="max_norm must be"):
+            de.embedding_lookup_sparse(w, sp_ids, None, max_norm=bad)
+        with pytest.raises(ValueError, match="max_norm must be"):
+            de.safe_embedding_lookup_sparse(w, sp_ids, max_norm=bad)
+    ids = tf.constant([1, 2], tf.int64)   # numpy numbers and tensors are taken, as tf.nn does
+    want = tf.nn.embedding_lookup(dense, ids, max_norm=0.5).numpy()
+    for good in (np.float32(0.5), tf.constant(0.5)):
+        np.testing.assert_allclose(de.embedding_lookup(w, ids, max_norm=good).numpy(), want,
+                                   rtol=1e-6)
+
+
 def test_weights_with_other_indices_are_rejected(tables):
     w, _ = tables
     sp_ids = _sparse({(0, 0): 1, (1, 0): 2}, [2, 2])

@@ -10,6 +10,8 @@ Example:
     pooled = de.embedding_lookup_sparse(w, sp_ids, None, combiner="mean")       # [batch, 8]
 """
 
+import numbers
+
 import tensorflow as tf
 
 from tfra_dynamic_embedding import shadow_ops
@@ -29,6 +31,7 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     """
     del partition_strategy, validate_indices
     params, shadow = _check_params(params, "params")
+    _check_max_norm(max_norm)
     ids = variable_lib.typed_tensor(ids, params.key_dtype, "ids")
     name = name or "embedding_lookup"
     with tf.name_scope(variable_lib.scope_name(name)):
@@ -63,6 +66,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     del partition_strategy
     params, shadow = _check_params(params, "params")
     combiner = _check_combiner(combiner)
+    _check_max_norm(max_norm)
     sp_ids = _check_sparse(sp_ids, params.key_dtype, "sp_ids")
     sp_weights = _as_sparse(sp_weights)
     name = name or "embedding_lookup_sparse"
@@ -102,6 +106,7 @@ def pooled_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, defau
     sparse inputs alike)."""
     params, shadow = _check_params(embedding_weights, "embedding_weights")
     combiner = _check_combiner(combiner)
+    _check_max_norm(max_norm)
     sparse_ids = _check_sparse(sparse_ids, params.key_dtype, "sparse_ids")
     sparse_weights = _as_sparse(sparse_weights)
     with tf.name_scope(variable_lib.scope_name(name)):
@@ -199,6 +204,16 @@ def _check_combiner(combiner):
     if combiner not in COMBINERS:
         raise ValueError(f"combiner must be one of {list(COMBINERS)}; got {combiner!r}")
     return combiner
+
+
+def _check_max_norm(max_norm):
+    """A number max_norm must be positive: tf.clip_by_norm turns rows into NaN or flips
+    them otherwise (a tensor is taken as given, as tf.nn does)."""
+    if max_norm is None or isinstance(max_norm, (tf.Tensor, tf.Variable)):
+        return
+    if (isinstance(max_norm, (bool, str)) or not isinstance(max_norm, numbers.Real)
+            or not max_norm > 0):
+        raise ValueError(f"max_norm must be None, a positive number or a tensor; got {max_norm!r}")
 
 
 def _as_sparse(ids_or_weights):
