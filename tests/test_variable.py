@@ -192,6 +192,8 @@ def test_saved_meta_graph_imports_and_restores(tmp_path):
     (dict(value_dtype=tf.uint16), "value_dtype"),
     (dict(initializer=np.zeros(5), dim=3), "initializer"),
     (dict(partitioner="mod"), "partitioner"),
+    (dict(devices=0), "devices must be .*got 0"),
+    (dict(devices=[]), "devices must be .*got \\[\\]"),
 ])
 def test_bad_construction_names_the_argument(kwargs, words):
     with pytest.raises(ValueError, match=words):

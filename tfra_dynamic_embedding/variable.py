@@ -11,6 +11,7 @@ Example:
     rows, exists = w.lookup(tf.constant([[1, 5]], tf.int64), return_exists=True)  # [1, 2, 4], [1, 2]
 """
 
+import collections.abc
 import contextlib
 import copy
 import weakref
@@ -841,6 +842,9 @@ def _device_list(devices):
         return [current] if current else (_ps_strategy_devices() or [current])
     if isinstance(devices, (str, tf.DeviceSpec)):
         devices = [devices]
+    if not isinstance(devices, collections.abc.Iterable):
+        raise ValueError(f"devices must be a device string or a non-empty list of them; "
+                         f"got {devices!r}")
     devices = [d.to_string() if isinstance(d, tf.DeviceSpec) else d for d in devices]
     if not devices or not all(isinstance(d, str) for d in devices):
         raise ValueError(f"devices must be a device string or a non-empty list of them; "
