@@ -72,7 +72,8 @@ class Table : public TableBase {
     uint32_t high_water = 0;     // rows ever handed out
     size_t faulted_rows = 0;     // rows [0, faulted_rows) have their pages faulted in
     std::vector<uint32_t> free_rows;
-    uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1)
+    uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1);
+                                 // cleared by a write at another stamp (NoteWriteStamp)
   };
 
   // A batch of keys bucketed by shard.
@@ -220,7 +221,10 @@ class Table : public TableBase {
       // Pass 1 reads, so `exists` reports the table as it was before this op,
       // also for a key repeated in the batch. Pass 2 creates the missing rows.
       std::vector<int64_t> missing;
-      if (insert) PrepareNewRows(s, static_cast<size_t>(hi - lo));
+      if (insert) {
+        PrepareNewRows(s, static_cast<size_t>(hi - lo));
+        NoteWriteStamp(s, stamp);
+      }
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
       TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
         ex[i] = row >= 0;
@@ -262,6 +266,7 @@ class Table : public TableBase {
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
+      NoteWriteStamp(s, stamp);
       return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         if (row < 0) {
           uint32_t r;
@@ -412,6 +417,7 @@ class Table : public TableBase {
     std::vector<std::vector<uint8_t>> seen;
     auto body = [&](Shard& s, int64_t lo, int64_t hi) {
       std::vector<uint8_t>* mark = seen.empty() ? nullptr : &seen[&s - shards_.get()];
+      s.barren_stamp = 0;  // rows of any stamp may come in
       return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         const uint32_t stamp = st ? ClampU32(st[i]) : now;
         const uint32_t freq = fq ? std::max<uint32_t>(1, ClampU32(fq[i])) : 1;
@@ -581,6 +587,7 @@ class Table : public TableBase {
       // Read under the shard's lock: groups are added with every shard locked.
       const bool whole = distinct_prefix && static_cast<int>(n) == groups_.load();
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
+      NoteWriteStamp(s, stamp);
       auto pre = [&](int64_t i) {
         for (size_t j = 0; j < n; ++j) PrefetchRow(in[j] + i * dim, /*write=*/false);
       };
@@ -1083,6 +1090,7 @@ class Table : public TableBase {
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
+      NoteWriteStamp(s, stamp);
       auto pre = [&](int64_t i) { PrefetchRow(in + i * dim, /*write=*/false); };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         const V* src = in + i * dim;
@@ -1181,7 +1189,7 @@ class Table : public TableBase {
   // Evicts up to `n` rows for a bounded write holding `s`: from `s` first, then
   // from other shards whose lock is free at once (never waiting while holding
   // one: no lock order to keep). A shard found without a row to evict is
-  // skipped for the rest of the stamp.
+  // skipped for the rest of the stamp, until a write at another stamp touches it.
   void MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n) {
     const int home = static_cast<int>(&s - shards_.get());
     if (s.barren_stamp != now + 1) {
@@ -1201,9 +1209,10 @@ class Table : public TableBase {
   }
 
   // Erases up to `n` live rows of shard `s` (index `si`, locked), the
-  // lowest-scoring of those not written at stamp `now` or later and not holding
-  // a key of the batch `b` (LRU: oldest stamp first; LFU: fewest writes, then
-  // oldest); returns how many. Reads the shard's records once.
+  // lowest-scoring of those not written at stamp `now` and not holding a key of
+  // the batch `b` (LRU: oldest stamp first; LFU: fewest writes, then oldest);
+  // returns how many. Rows of later stamps (writers whose steps ran ahead of
+  // this one's) may go, after every older row. Reads the shard's records once.
   int64_t EvictLowest(Shard& s, int si, const Batch& b, uint32_t now, int64_t n) {
     if (n <= 0) return 0;
     std::vector<uint32_t> keep;  // rows of the batch's keys in this shard
@@ -1219,7 +1228,7 @@ class Table : public TableBase {
       const uint32_t f = Freq(rec);
       if (f == 0) continue;
       const uint32_t stamp = Stamp(rec);
-      if (stamp >= now || std::binary_search(keep.begin(), keep.end(), row)) continue;
+      if (stamp == now || std::binary_search(keep.begin(), keep.end(), row)) continue;
       scored.emplace_back(lfu ? (uint64_t{f} << 32 | stamp) : uint64_t{stamp}, row);
     }
     if (scored.empty()) return 0;
@@ -1235,6 +1244,12 @@ class Table : public TableBase {
       }
     }
     return count;
+  }
+
+  // A write at `stamp` into `s` may leave rows that writers at other stamps may
+  // evict, so a mark that `s` had none for them (MakeRoom) no longer holds.
+  static void NoteWriteStamp(Shard& s, uint32_t stamp) {
+    if (s.barren_stamp != stamp + 1) s.barren_stamp = 0;
   }
 
   // `counted`: the caller already added the key to total_ (InsertNewBounded).
