@@ -503,9 +503,11 @@ TFRA_AVX512 void RowBlocksAvx512(uint64_t seed, int64_t n, float mean, float std
   for (int64_t j0 = 0; j0 < n; j0 += 32 * K) BlocksAvx512<K>(state, j0, n, mean, stddev, dst);
 }
 
-// Two pairs of blocks a step for rows of more than one pair.
+// Up to four pairs of blocks a step (two for rows of up to three pairs, one for rows of one).
 TFRA_AVX512 void RowAvx512(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
-  (n > 32 ? RowBlocksAvx512<2> : RowBlocksAvx512<1>)(seed, n, mean, stddev, dst);
+  if (n > 96) return RowBlocksAvx512<4>(seed, n, mean, stddev, dst);
+  if (n > 32) return RowBlocksAvx512<2>(seed, n, mean, stddev, dst);
+  RowBlocksAvx512<1>(seed, n, mean, stddev, dst);
 }
 TFRA_AVX512 void UniformAvx512(uint64_t seed, int64_t n, double a, double width, float* dst) {
   const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));
