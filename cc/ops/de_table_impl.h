@@ -1212,7 +1212,8 @@ class Table : public TableBase {
   // lowest-scoring of those not written at stamp `now` and not holding a key of
   // the batch `b` (LRU: oldest stamp first; LFU: fewest writes, then oldest);
   // returns how many. Rows of later stamps (writers whose steps ran ahead of
-  // this one's) may go, after every older row. Reads the shard's records once.
+  // this one's) may go too, in the same order, but only after every older row.
+  // Reads the shard's records once.
   int64_t EvictLowest(Shard& s, int si, const Batch& b, uint32_t now, int64_t n) {
     if (n <= 0) return 0;
     std::vector<uint32_t> keep;  // rows of the batch's keys in this shard
@@ -1229,7 +1230,8 @@ class Table : public TableBase {
       if (f == 0) continue;
       const uint32_t stamp = Stamp(rec);
       if (stamp == now || std::binary_search(keep.begin(), keep.end(), row)) continue;
-      scored.emplace_back(lfu ? (uint64_t{f} << 32 | stamp) : uint64_t{stamp}, row);
+      const uint64_t score = lfu ? (uint64_t{std::min(f, 0x7FFFFFFFu)} << 32 | stamp) : uint64_t{stamp};
+      scored.emplace_back(stamp > now ? score | uint64_t{1} << 63 : score, row);
     }
     if (scored.empty()) return 0;
     const size_t take = std::min(scored.size(), static_cast<size_t>(n));
