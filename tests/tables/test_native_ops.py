@@ -455,45 +455,62 @@ def test_bound_holds_when_writers_steps_interleave(order):
     assert int(t.size()) == 4 and 31 in held and 30 not in held
 
 
+def _write_new_keys_with_a_poller(t, rounds, step_of):
+    """Four writer threads each insert `rounds` batches of 25 new keys (writer k's keys from
+    10**6 (k + 1)), setting `t.set_step(step_of(k, j))` before batch j when it is not None,
+    while a reader thread polls `t.size()`. Asserts the bound of 1,000 keys held throughout
+    and the export's keys are unique; returns the exported keys."""
+    sizes, polled, errors, done = [], [], [], threading.Event()
+
+    def writer(k):
+        try:
+            for j in range(rounds):
+                step = step_of(k, j)
+                if step is not None:
+                    t.set_step(step)
+                ids = np.arange(10**6 * (k + 1) + 25 * j, 10**6 * (k + 1) + 25 * j + 25)
+                t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
+                sizes.append(int(t.size()))
+        except Exception as e:   # pylint: disable=broad-except
+            errors.append(e)
+
+    def reader():
+        while not done.is_set():
+            polled.append(int(t.size()))
+
+    poller = threading.Thread(target=reader)
+    poller.start()
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    done.set()
+    poller.join(60)
+    assert not errors and len(sizes) == 4 * rounds and polled
+    assert max(sizes) <= 1000 and max(polled) <= 1000 and int(t.size()) <= 1000
+    keys = t.export()[0].numpy()
+    assert len(np.unique(keys)) == len(keys) == int(t.size())
+    return keys
+
+
+def _full_bounded_table(num_shards):
+    """1,000 keys written at step 1, bounded at 1,000 (LRU, no extra rows)."""
+    t = table(dim=4, num_shards=num_shards)
+    t.set_step(1)
+    t.insert(tf.constant(np.arange(1000), tf.int64), tf.zeros([1000, 4]))
+    t.set_bound(1000, 0, "lru")
+    return t
+
+
 def test_bound_holds_under_writers_at_far_apart_steps():
     """Four writers, each setting the table's step from its own range (50 steps apart), with
     a reader polling the size: whoever writes at the lowest step finds every row left newer
     than its step once the old rows are gone (before rows of later stamps could go: up to
     146 keys over a 1,000-key bound, in every round)."""
-    for _ in range(4):
-        t = table(dim=4, num_shards=1024)
-        t.set_step(1)
-        t.insert(tf.constant(np.arange(1000), tf.int64), tf.zeros([1000, 4]))
-        t.set_bound(1000, 0, "lru")
-        sizes, polled, errors, done = [], [], [], threading.Event()
-
-        def writer(k, t=t, sizes=sizes, errors=errors):
-            try:
-                for j in range(100):   # 10,000 new keys in all
-                    t.set_step(2 + j + 50 * k)
-                    ids = np.arange(10**6 * (k + 1) + 25 * j, 10**6 * (k + 1) + 25 * j + 25)
-                    t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
-                    sizes.append(int(t.size()))
-            except Exception as e:   # pylint: disable=broad-except
-                errors.append(e)
-
-        def reader(t=t, polled=polled, done=done):
-            while not done.is_set():
-                polled.append(int(t.size()))
-
-        poller = threading.Thread(target=reader)
-        poller.start()
-        threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
-        done.set()
-        poller.join(60)
-        assert not errors and len(sizes) == 400 and polled
-        assert max(sizes) <= 1000 and max(polled) <= 1000 and int(t.size()) <= 1000
-        keys = t.export()[0].numpy()
-        assert len(np.unique(keys)) == len(keys) == int(t.size())
+    for _ in range(4):   # 10,000 new keys a round
+        _write_new_keys_with_a_poller(_full_bounded_table(1024), 100,
+                                      lambda k, j: 2 + j + 50 * k)
 
 
 def test_bound_holds_under_concurrent_writers():
@@ -502,39 +519,10 @@ def test_bound_holds_under_concurrent_writers():
     shards' sizes read under way counted a key evicted in one shard and added in another twice:
     such rounds showed a size over the bound in a quarter to a third of them.)"""
     for _ in range(30):
-        t = table(dim=4, num_shards=4096)   # ~1 row a shard: most evictions are in other shards
-        t.set_step(1)
-        t.insert(tf.constant(np.arange(1000), tf.int64), tf.zeros([1000, 4]))
+        t = _full_bounded_table(4096)   # ~1 row a shard: most evictions are in other shards
         t.set_step(2)
-        t.set_bound(1000, 0, "lru")
-        sizes, polled, errors, done = [], [], [], threading.Event()
-
-        def writer(base, t=t, sizes=sizes, errors=errors):
-            try:   # 600 new keys in all: old rows to evict stay in shards no writer holds
-                for j in range(6):
-                    ids = np.arange(base + 25 * j, base + 25 * j + 25)
-                    t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
-                    sizes.append(int(t.size()))
-            except Exception as e:   # pylint: disable=broad-except
-                errors.append(e)
-
-        def reader(t=t, polled=polled, done=done):
-            while not done.is_set():
-                polled.append(int(t.size()))
-
-        poller = threading.Thread(target=reader)
-        poller.start()
-        threads = [threading.Thread(target=writer, args=(10**6 * (k + 1),)) for k in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
-        done.set()
-        poller.join(60)
-        assert not errors and len(sizes) == 24 and polled
-        assert max(sizes) <= 1000 and max(polled) <= 1000 and int(t.size()) <= 1000
-        keys = t.export()[0].numpy()
-        assert len(np.unique(keys)) == len(keys) == int(t.size())
+        # 600 new keys in all: old rows to evict stay in shards no writer holds.
+        keys = _write_new_keys_with_a_poller(t, 6, lambda k, j: None)
         new = [10**6 * (k + 1) + np.arange(150) for k in range(4)]
         assert np.isin(np.concatenate(new), keys).all()   # old rows made room, never new ones
 
