@@ -336,3 +336,18 @@ def test_tfras_module_paths_import_as_its_tests_and_users_write_them():
     with pytest.raises(ImportError, match="HvdVariable"):
         from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops \
             import HvdVariable  # noqa: F401
+
+
+def test_tfras_documented_layer_module_path_holds_the_layers():
+    """TFRA documents `de.keras.layers.embedding.reduce_pooling` and the layers under
+    `de.keras.layers.embedding`; they are the same objects as `de.keras.layers`'."""
+    module = de.keras.layers.embedding
+    for name in ("Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding",
+                 "HvdAllToAllEmbedding", "reduce_pooling"):
+        assert getattr(module, name) is getattr(de.keras.layers, name)
+    rows = tf.reshape(tf.range(24, dtype=tf.float32), [3, 2, 4])
+    np.testing.assert_array_equal(module.reduce_pooling(rows, "mean").numpy(),
+                                  rows.numpy().mean(axis=1))
+    np.testing.assert_array_equal(module.reduce_pooling(rows[0]).numpy(), rows.numpy()[0].sum(0))
+    with pytest.raises(ValueError, match="rank"):
+        module.reduce_pooling(tf.ones([4]))

@@ -21,6 +21,7 @@ Example:
 import contextlib
 import contextvars
 import numbers
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -491,3 +492,7 @@ def _pool(rows, pooling):
 
 binding.register([(Embedding, "Layer"), (SquashedEmbedding, "Layer"),
                   (FieldWiseEmbedding, "Layer"), (LayerNormalization, "LayerNormalization")])
+
+# TFRA documents its layers under the module `keras.layers.embedding` too
+# (`de.keras.layers.embedding.reduce_pooling`); here that module is this one.
+embedding = sys.modules[__name__]
