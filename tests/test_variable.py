@@ -508,6 +508,31 @@ def test_int8_and_string_rows_on_the_builtin_backend(key_dtype, value_dtype):
             de.Variable(value_dtype=value_dtype, dim=2, kv_creator=de.NativeKVCreator())
 
 
+def test_constant_initializers_must_fit_integer_and_string_rows_exactly():
+    keys = tf.constant([1, 2], tf.int64)
+
+    def rows(value_dtype, initializer):
+        w = de.Variable(value_dtype=value_dtype, dim=2, initializer=initializer,
+                        kv_creator=de.BuiltinKVCreator())
+        return w.lookup(keys).numpy().tolist()
+
+    # TF would cut 1.5 to 1 and wrap 300 to 44 in int8 rows, or fail at the first lookup
+    for value_dtype, initializer in [(tf.int64, 1.5), (tf.int64, np.array([1.5, 2.0])),
+                                     (tf.int8, 300), (tf.int8, np.array(-129)),
+                                     (tf.int64, 2.0 ** 63), (tf.int32, float("nan"))]:
+        with pytest.raises(ValueError, match=f"initializer .* value_dtype {value_dtype.name}"):
+            de.Variable(value_dtype=value_dtype, dim=2, initializer=initializer,
+                        kv_creator=de.BuiltinKVCreator())
+    assert rows(tf.int64, 1.0) == [[1, 1], [1, 1]]          # a whole float (TF refused it)
+    assert rows(tf.int64, np.array([3.0, -4.0])) == [[3, -4], [3, -4]]
+    assert rows(tf.int8, -128) == [[-128, -128], [-128, -128]]
+    # string rows: None is empty text, a str is text (not a Keras initializer's name)
+    assert rows(tf.string, None) == [[b"", b""], [b"", b""]]
+    assert rows(tf.string, "uniform") == [[b"uniform", b"uniform"], [b"uniform", b"uniform"]]
+    with pytest.raises(ValueError, match="initializer 0 cannot fill rows of value_dtype string"):
+        de.Variable(value_dtype=tf.string, dim=2, initializer=0)
+
+
 def test_builtin_key_value_pairs_without_a_kernel_are_named():
     with pytest.raises(ValueError, match="key_dtype string to value_dtype string"):
         de.Variable(key_dtype=tf.string, value_dtype=tf.string, dim=1)

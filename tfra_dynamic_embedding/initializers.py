@@ -6,6 +6,8 @@ missing keys of one shard). Lookups call it for exactly the distinct missing key
 
 - None (zeros), a number, a scalar, `[1]` (broadcast, as TFRA) or `[dim]` array, list or tensor,
   Zeros / Ones / Constant initializers (a Constant may hold a `[dim]` row): that row for every key.
+  Integer rows take only whole numbers in their range (TF would cut or wrap the rest); string
+  rows take text (None: empty text).
 - RandomNormal / RandomUniform / TruncatedNormal of TF, tf.compat.v1, Keras 3 or tf_keras with an
   integer seed: a key's row is a pure function of (seed, key) (tables/keyed_random.py), the same
   whatever batch, shard count, backend or process first makes it; different keys get different
@@ -59,8 +61,11 @@ def rows_maker(initializer, dim, dtype):
     Raises ValueError naming `initializer` when it cannot make `[n, dim]` rows.
     """
     dtype = tf.as_dtype(dtype)
-    if initializer is None:
-        return _fused(_constant_rows(0, dim, dtype), None, dim, dtype)
+    if initializer is None:   # zeros; empty text in string rows
+        return _fused(_constant_rows(b"" if dtype == tf.string else 0, dim, dtype), None, dim,
+                      dtype)
+    if dtype == tf.string and isinstance(initializer, (str, bytes)):   # text, not a Keras name
+        return _constant_rows(initializer, dim, dtype)
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
         try:
             initializer = tf.keras.initializers.get(initializer)
@@ -143,6 +148,7 @@ def _constant_rows(value, dim, dtype):
         if not (numeric or text):
             raise ValueError(f"initializer must be None, a number, a [dim] array or a callable "
                              f"initializer; got {value!r}")
+        row = _exact_row(value, row, dtype)
         if row.shape in ((), (1,)):   # one number for every column (TFRA broadcasts [1])
             scalar = row.reshape(()).item()
 
@@ -158,6 +164,33 @@ def _constant_rows(value, dim, dtype):
                              f"shape {list(row.shape)}")
     make_rows.is_constant = True
     return make_rows
+
+
+def _exact_row(value, row, dtype):
+    """`row` (numpy, from the constant `value`) as rows of `dtype` hold it; a ValueError naming
+    `initializer` when they cannot hold it exactly (TF would cut 1.5 to 1 or wrap 300 to 44 in
+    int8 rows, or refuse a number for string rows only at the first lookup).
+
+    Example: _exact_row(2.0, np.asarray(2.0), tf.int64)   # array(2)
+    """
+    if dtype == tf.string:
+        if row.dtype.kind not in "SU":
+            raise ValueError(f"initializer {value!r} cannot fill rows of value_dtype string; "
+                             "give it as text, e.g. initializer=''")
+        return row
+    if not dtype.is_integer:
+        return row
+    info = np.iinfo(dtype.as_numpy_dtype)
+    if row.dtype.kind in "iu":
+        exact = row.size == 0 or (int(row.min()) >= info.min and int(row.max()) <= info.max)
+    else:
+        as_float = row.astype(np.float64)
+        exact = bool(np.all(np.isfinite(as_float)) and np.all(as_float == np.round(as_float))
+                     and np.all(as_float >= info.min) and np.all(as_float < float(info.max) + 1.0))
+    if not exact:
+        raise ValueError(f"initializer {value!r} cannot fill rows of value_dtype {dtype.name} "
+                         f"exactly: give whole numbers in [{info.min}, {info.max}]")
+    return row.astype(dtype.as_numpy_dtype)
 
 
 def _seed_of(initializer):
