@@ -223,6 +223,19 @@ def test_field_wise_embedding_pools_ids_by_slot():
         de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=to_slot, combiner="max")
 
 
+def test_squashed_and_field_wise_embeddings_name_the_layer_for_sparse_and_ragged_ids():
+    # only Embedding pools variable-length ids; these said "RaggedTensor has no len()"
+    layers = [de.keras.layers.SquashedEmbedding(2, name="tfra_squash_dense"),
+              de.keras.layers.FieldWiseEmbedding(2, 3, slot_map_fn=lambda x: x % 3,
+                                                 name="tfra_field_dense")]
+    for layer, ids in itertools.product(layers, [
+            tf.ragged.constant([[1, 2, 3], [4]], dtype=tf.int64),
+            tf.sparse.from_dense(tf.constant([[1, 0, 3], [0, 5, 0]], tf.int64))]):
+        with pytest.raises(TypeError, match=f"{type(layer).__name__} '{layer.name}' takes "
+                                            f"dense ids; got a {type(ids).__name__}.*pooling"):
+            layer(ids)
+
+
 def test_field_wise_embedding_trains_in_a_sequential_model():
     layer = de.keras.layers.FieldWiseEmbedding(4, 2, tf.function(lambda x: x % 2), bp_v2=True,
                                                initializer=tf.keras.initializers

@@ -326,7 +326,7 @@ class SquashedEmbedding(Embedding):
         super().__init__(embedding_size, key_dtype, value_dtype, combiner, *args, **kwargs)
 
     def call(self, ids):
-        ids = tf.convert_to_tensor(ids)
+        ids = tf.convert_to_tensor(_dense_ids(ids, self))
         if ids.shape.rank is not None and ids.shape.rank < 1:
             raise ValueError(f"ids must have rank >= 1; got shape {ids.shape}")
         return reduce_pooling(self._lookup(self._keys(ids)), self.combiner)
@@ -366,7 +366,7 @@ class FieldWiseEmbedding(Embedding):
                          name, with_unique, **kwargs)
 
     def call(self, ids):
-        ids = self._keys(tf.convert_to_tensor(ids))
+        ids = self._keys(tf.convert_to_tensor(_dense_ids(ids, self)))
         if ids.shape.rank != 2:
             raise ValueError(f"ids must be [batch, n]; got shape {ids.shape}")
         rows = self._lookup(tf.reshape(ids, [-1]))
@@ -453,6 +453,16 @@ class LayerNormalization:
         lengths = inputs.nested_row_lengths()
         dense = super().call(inputs.to_tensor())
         return tf.RaggedTensor.from_tensor(dense, lengths=lengths)
+
+
+def _dense_ids(ids, layer):
+    """`ids`, refusing the sparse and ragged ids that only `Embedding` takes."""
+    if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(
+            f"{type(layer).__name__} {layer.name!r} takes dense ids; got a {type(ids).__name__}: "
+            f"pool variable-length ids with de.keras.layers.Embedding(..., pooling='sum', "
+            f"'mean' or 'sqrtn'), or pad them to a dense tensor")
+    return ids
 
 
 def _whole_number(name, value):
