@@ -368,10 +368,11 @@ def test_wide_gpu_evaluation_is_reproduced_and_the_default_beats_column_greedy(s
     assert float(column.split()[-1]) > ratio
 
 
-def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monkeypatch):
-    """`placement_gpu.py measure --passes 3` measures every device three times (each device's
-    cost is the median of its passes) and `report` gives each pass's table and the spread
-    between passes. The GPU is replaced by a fake whose device cost is known per pass."""
+def _fake_gpu_bench(monkeypatch):
+    """benchmarks/placement_gpu.py with the GPU replaced by a fake whose device cost is known:
+    a device's true cost is sum(dim * pooling) / 100, x 1.0, 1.3, 0.9 on its 1st, 2nd, 3rd
+    measurement; no modelled all-to-all, so that a plan's cost scales with its devices'.
+    Returns (module, list of the measured keys)."""
     import importlib.util  # pylint: disable=import-outside-toplevel
     import types as pytypes  # pylint: disable=import-outside-toplevel
     path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "placement_gpu.py")
@@ -387,7 +388,7 @@ def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monk
         (shards,) = devices
         key = bench.torch_cuda.shard_key(shards, batch)
         calls.append(key)
-        seen = calls.count(key)          # pass 1, 2, 3: x 1.0, 1.3, 0.9 of the true cost
+        seen = calls.count(key)
         true_ms = sum(s.table.dim * s.table.pooling_factor for s in shards) / 100
         return [{"total_ms": true_ms * {1: 1.0, 2: 1.3, 3: 0.9}[seen], "forward_ms": 0.0,
                  "backward_ms": 0.0, "step_ms": 0.0, "threads": 0, "lookups": 1,
@@ -395,9 +396,16 @@ def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monk
 
     monkeypatch.setattr(bench.torch_cuda, "prefetch", lambda *a, **k: None)
     monkeypatch.setattr(bench.torch_cuda, "benchmark_devices", fake_benchmark)
-    # no modelled all-to-all, so that a plan's cost scales with its devices' measured ones
     monkeypatch.setattr(bench, "AllToAll", lambda: pytypes.SimpleNamespace(
         step_ms=lambda pooled, n: 0.0))
+    return bench, calls
+
+
+def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monkeypatch):
+    """`placement_gpu.py measure --passes 3` measures every device three times (each device's
+    cost is the median of its passes) and `report` gives each pass's table and the spread
+    between passes. The GPU is replaced by a fake whose device cost is known per pass."""
+    bench, calls = _fake_gpu_bench(monkeypatch)
     tables = workloads.generate_pool(24, seed=5, batch_size=65536, row_scale=1 / 64)[:12]
     task = _task(tables, 3, "/GPU:{i}")
     plans = []
@@ -423,3 +431,32 @@ def test_gpu_measurement_passes_give_medians_and_the_timing_noise(tmp_path, monk
     assert third["lookup-greedy"] == pytest.approx(0.9 * first["lookup-greedy"], rel=1e-3)
     assert summary["table"]["lookup-greedy"]["max_ms"] == pytest.approx(
         first["lookup-greedy"], rel=1e-3)
+
+
+def test_gpu_report_scores_only_the_measured_strategies(tmp_path, monkeypatch, capsys):
+    """`report --plans P --measured M` of a measurement restricted to some strategies scores
+    only those: a plan of another strategy that shares its devices with a measured one on some
+    tasks only must not cut the tasks compared to those."""
+    bench, _ = _fake_gpu_bench(monkeypatch)
+    tables = workloads.generate_pool(24, seed=5, batch_size=65536, row_scale=1 / 64)
+    tasks = [_task(tables[:12], 3, "/GPU:{i}"), _task(tables[12:], 3, "/GPU:{i}")]
+    plans = []
+    for k, task in enumerate(tasks):
+        for name in ("lookup-greedy", "size-greedy"):
+            plans.append({"task": k, "strategy": name, "seed": 0,
+                          "plan": proposers.propose(task, name).to_dict()})
+    # an unmeasured strategy whose plan on task 0 alone equals a measured one
+    plans.append(dict(plans[0], strategy="twin"))
+    plans.append({"task": 1, "strategy": "twin", "seed": 0,
+                  "plan": proposers.propose(tasks[1], "random", seed=3).to_dict()})
+    data = {"tasks": [t.to_dict() for t in tasks], "plans": plans}
+    plans_path, measured_path = tmp_path / "plans.json", tmp_path / "measured.json"
+    plans_path.write_text(json.dumps(data))
+    bench.measure(data, str(measured_path), strategies=["lookup-greedy", "size-greedy"],
+                  bound_sets=False)
+    assert bench.main(["report", "--plans", str(plans_path), "--measured",
+                       str(measured_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["tasks"] == 2 and summary["unmeasured_plans"] == 0
+    assert sorted(line.split()[0] for line in lines[2:-1]) == ["lookup-greedy", "size-greedy"]
