@@ -584,18 +584,19 @@ class Table : public TableBase {
     const bool has_row = sorted.front() == 0;
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
-      // Read under the shard's lock: groups are added with every shard locked.
-      const bool whole = distinct_prefix && static_cast<int>(n) == groups_.load();
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
       NoteWriteStamp(s, stamp);
       auto pre = [&](int64_t i) {
         for (size_t j = 0; j < n; ++j) PrefetchRow(in[j] + i * dim, /*write=*/false);
       };
       return ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) -> Status {
-        const bool fresh = row < 0;
-        if (fresh) {
+        bool fresh = false;
+        if (row < 0) {
+          // Read under the shard's lock (groups are added with every shard
+          // locked), per key: a bounded insert may let go of it (InsertNewBounded).
+          const bool whole = distinct_prefix && static_cast<int>(n) == groups_.load();
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r,
+          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r, &fresh,
                                               whole ? kAllGroupsWritten : -1));
           row = r;
         }
@@ -1063,7 +1064,8 @@ class Table : public TableBase {
       const int64_t i = b.order[p];
       int64_t row = cand[p & (kRing - 1)];
       // A candidate found ahead may have been evicted (freed, or reused for
-      // another key) by a bounded write of an earlier key: check it again.
+      // another key) by a bounded write of an earlier key, or by other writers
+      // while that write waited without the lock: check it again.
       if (row < 0 || Freq(s.slab + size_t(row) * rec_bytes_) == 0 ||
           !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
         row = FindRow(s, b.keys[i], b.hash[p]);
@@ -1096,10 +1098,14 @@ class Table : public TableBase {
         const V* src = in + i * dim;
         if (row < 0) {
           uint32_t r;
-          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r, group));
-          std::memcpy(GVals(s, r, group), src, row_bytes_);
-          SetMeta(s, r, stamp, 1);
-          return absl::OkStatus();
+          bool fresh;
+          TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r, &fresh, group));
+          if (fresh) {
+            std::memcpy(GVals(s, r, group), src, row_bytes_);
+            SetMeta(s, r, stamp, 1);
+            return absl::OkStatus();
+          }
+          row = r;  // another writer added the key while this one made room
         }
         V* dst = GVals(s, row, group);
         if (accum) {
@@ -1167,45 +1173,100 @@ class Table : public TableBase {
     }
   }
 
-  // Adds `key` (known absent) with a fresh row; values/meta are the caller's.
+  // Adds `key` (absent when called) with a fresh row; values/meta are the caller's.
   // A training write's new key (Upsert, UpsertGroups): in a table with a bound
   // (SetBound) its place is counted first and, over the bound, rows go before it
   // is added (MakeRoom), so writers running at the same time never take the
-  // table past the bound together.
+  // table past the bound together. The caller holds `s` exclusively (through
+  // ForEachShard); when the only rows left to evict lie in shards other writers
+  // hold, this lets go of `s` while it waits for them (holding no lock while
+  // waiting: no lock order needed), and a writer may add the key meanwhile:
+  // then `*fresh` is false and `*row_out` is that key's row.
   Status InsertNewBounded(Shard& s, const Batch& b, const KIn& key, uint64_t h, uint32_t now,
-                          uint32_t* row_out, int written) {
+                          uint32_t* row_out, bool* fresh, int written) {
+    *fresh = true;
     const int64_t bound = bound_.load(std::memory_order_relaxed);
     if (bound <= 0) return InsertNew(s, key, h, row_out, written);
     const int64_t after = total_.fetch_add(1, std::memory_order_acq_rel) + 1;
     if (after > bound) {
+      const int64_t need = after - bound;
       const int64_t extra = bound_extra_.load(std::memory_order_relaxed) / num_shards_;
-      MakeRoom(s, b, now, after - bound + extra);
+      bool busy = false;
+      const int64_t got = MakeRoom(s, b, now, need + extra, &busy);
+      if (got < need && busy) {
+        const int groups = groups_.load(std::memory_order_relaxed);
+        {
+          s.mu.unlock();
+          Relock relock{s.mu};  // also when the waiting pass throws
+          MakeRoomWaiting(s, b, now, need - got);
+        }
+        // Groups added meanwhile are not among those the caller writes.
+        if (groups_.load(std::memory_order_relaxed) != groups) written = -1;
+        const int64_t r = FindRow(s, key, h);
+        if (r >= 0) {
+          total_.fetch_sub(1, std::memory_order_relaxed);
+          *row_out = static_cast<uint32_t>(r);
+          *fresh = false;
+          return absl::OkStatus();
+        }
+      }
     }
     Status st = InsertNew(s, key, h, row_out, written, /*counted=*/true);
     if (!st.ok()) total_.fetch_sub(1, std::memory_order_relaxed);
     return st;
   }
 
+  // Locks a mutex again when it goes out of scope.
+  struct Relock {
+    std::shared_mutex& mu;
+    ~Relock() { mu.lock(); }
+  };
+
   // Evicts up to `n` rows for a bounded write holding `s`: from `s` first, then
   // from other shards whose lock is free at once (never waiting while holding
-  // one: no lock order to keep). A shard found without a row to evict is
-  // skipped for the rest of the stamp, until a write at another stamp touches it.
-  void MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n) {
+  // one: no lock order to keep); returns how many, and sets `*busy` when a shard
+  // that may have rows to evict was skipped for its lock. A shard found without
+  // a row to evict is skipped for the rest of the stamp, until a write at
+  // another stamp touches it.
+  int64_t MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n, bool* busy) {
     const int home = static_cast<int>(&s - shards_.get());
-    if (s.barren_stamp != now + 1) {
-      const int64_t got = EvictLowest(s, home, b, now, n);
-      if (got < n) s.barren_stamp = now + 1;
-      n -= got;
-    }
-    for (int d = 1; n > 0 && d < num_shards_; ++d) {
+    int64_t got = 0;
+    if (s.barren_stamp != now + 1) got += EvictMarking(s, home, b, now, n);
+    for (int d = 1; got < n && d < num_shards_; ++d) {
       const int si = (home + d) & (num_shards_ - 1);
       Shard& t = shards_[si];
       std::unique_lock<std::shared_mutex> l(t.mu, std::try_to_lock);
-      if (!l.owns_lock() || t.barren_stamp == now + 1) continue;
-      const int64_t got = EvictLowest(t, si, b, now, n);
-      if (got < n) t.barren_stamp = now + 1;
-      n -= got;
+      if (!l.owns_lock()) {
+        *busy = true;
+        continue;
+      }
+      if (t.barren_stamp != now + 1) got += EvictMarking(t, si, b, now, n - got);
     }
+    return got;
+  }
+
+  // MakeRoom's second pass, holding no lock: waits for each other shard's lock
+  // in turn, then for `s`'s (evicting there too if rows are still owed).
+  void MakeRoomWaiting(Shard& s, const Batch& b, uint32_t now, int64_t n) {
+    const int home = static_cast<int>(&s - shards_.get());
+    for (int d = 1; n > 0 && d < num_shards_; ++d) {
+      const int si = (home + d) & (num_shards_ - 1);
+      Shard& t = shards_[si];
+      std::unique_lock<std::shared_mutex> l(t.mu);
+      if (t.barren_stamp != now + 1) n -= EvictMarking(t, si, b, now, n);
+    }
+    if (n > 0) {
+      std::unique_lock<std::shared_mutex> l(s.mu);
+      if (s.barren_stamp != now + 1) EvictMarking(s, home, b, now, n);
+    }
+  }
+
+  // EvictLowest on shard `si` (locked), marking it as having no row to evict
+  // at this stamp when it had fewer than `n`.
+  int64_t EvictMarking(Shard& t, int si, const Batch& b, uint32_t now, int64_t n) {
+    const int64_t got = EvictLowest(t, si, b, now, n);
+    if (got < n) t.barren_stamp = now + 1;
+    return got;
   }
 
   // Erases up to `n` live rows of shard `s` (index `si`, locked), the
