@@ -299,7 +299,13 @@ def pass_noise(results):
 
 
 def report(data, measured):
+    """Prints the strategies' measured max device ms and a JSON summary line; scores only the
+    strategies the measurement names (its "strategies"), all of the plans' when it names none."""
     results = measured["results"]
+    if measured.get("strategies"):   # a plan of another strategy can share devices with
+        # measured ones on some tasks only; scored there, it would cut the tasks compared
+        data = dict(data, plans=[e for e in data["plans"]
+                                 if e["strategy"] in measured["strategies"]])
     comm = AllToAll()
     table, complete, winners, unmeasured = strategy_table(data, results, comm)
     heuristics = [s for s in table
@@ -417,9 +423,6 @@ def main(argv=None):
         data = (_read_json(args.plans) if args.plans else
                 make_plans(num_tasks, task_seed=args.task_seed, wide_dim=args.wide_dim,
                            strategies=strategies))
-        if strategies:   # a plan of another strategy can share devices with measured ones on
-            # some tasks only; scored there, it would cut the tasks compared to those
-            data["plans"] = [e for e in data["plans"] if e["strategy"] in strategies]
         report(data, measured)
     return 0
 
