@@ -256,7 +256,9 @@ print(json.dumps({"keys": int(t.size()) - 1, "resident": (end - base) / n,
 # `upsert` of batches made on the fly from numpy, RSS after minus RSS right after creating the
 # variable. Split by /proc/self/smaps: the table's own bytes (memory_bytes()), growth of glibc's
 # main heap (numpy's and TF's freed batch buffers it keeps) and the rest (other mappings: TF's
-# allocator pool holding a batch tensor, code pages faulted in, thread stacks).
+# allocator pool holding a batch tensor, code pages faulted in, thread stacks). With argv[3] ==
+# "batches" the loop makes the same batches and writes none of them: what the user's own batches
+# leave in the allocators, beside the table.
 USER_MEMORY_CHILD = r'''
 import os, sys, json, ctypes
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -283,10 +285,14 @@ n, dim, batch = int(sys.argv[1]), 64, 65536
 var = de.Variable(dim=dim, name="user_mem", initializer=tf.random_normal_initializer(0, 0.01))
 base, base_heap = rss(), heap()
 rng = np.random.default_rng(0)
+write = sys.argv[3] != "batches"
 for i in range(0, n, batch):
     m = min(batch, n - i)
-    var.upsert(tf.constant(rng.integers(1, 2**63 - 1, m, dtype=np.int64)),
-               tf.constant(rng.standard_normal((m, dim)).astype(np.float32)))
+    keys = tf.constant(rng.integers(1, 2**63 - 1, m, dtype=np.int64))
+    values = tf.constant(rng.standard_normal((m, dim)).astype(np.float32))
+    if write:
+        var.upsert(keys, values)
+    del keys, values
 end, end_heap = rss(), heap()
 table = sum(int(t.kv_table.memory_bytes()) for t in var.tables) if hasattr(
     var.tables[0], "kv_table") else None
@@ -323,9 +329,10 @@ def run_memory(n, backend):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_user_memory(n):
+def run_user_memory(n, what="upsert"):
+    """`what`: "upsert" (the user's loop) or "batches" (the same loop writing nothing)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", USER_MEMORY_CHILD, str(n), repo],
+    out = subprocess.run([sys.executable, "-c", USER_MEMORY_CHILD, str(n), repo, what],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -403,15 +410,17 @@ def main():
                 table = f"{m['table']:>13.1f}" if m["table"] is not None else f"{'-':>13}"
                 print(f"{backend:<10}{n:>10}{m['resident']:>16.1f}{m['peak']:>12.1f}{table}")
         print("\nmemory as a user measures it (de.Variable.upsert of numpy-made 65,536-key "
-              "batches, dim 64; RSS growth over the process' RSS after creating the variable)")
+              "batches, dim 64; RSS growth over the process' RSS after creating the variable; "
+              "batches alone: the same loop writing nothing)")
         print(f"{'keys':>10}{'RSS B/key':>11}{'table':>8}{'heap':>8}{'other':>8}"
-              f"{'after malloc_trim':>19}")
+              f"{'after malloc_trim':>19}{'batches alone':>15}")
         for n in (1_000_000, 4_000_000):
             m = run_user_memory(n)
+            m["batches_alone"] = run_user_memory(n, "batches")["resident"]
             report["memory"].setdefault("user", {})[n] = m
             other = m["resident"] - (m["table"] or 0) - m["heap"]
             print(f"{n:>10}{m['resident']:>11.1f}{m['table'] or 0:>8.1f}{m['heap']:>8.1f}"
-                  f"{other:>8.1f}{m['after_trim']:>19.1f}")
+                  f"{other:>8.1f}{m['after_trim']:>19.1f}{m['batches_alone']:>15.1f}")
     print(json.dumps(report))
 
 

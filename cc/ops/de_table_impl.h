@@ -1065,8 +1065,10 @@ class Table : public TableBase {
       int64_t row = cand[p & (kRing - 1)];
       // A candidate found ahead may have been evicted (freed, or reused for
       // another key) by a bounded write of an earlier key, or by other writers
-      // while that write waited without the lock: check it again.
-      if (row < 0 || Freq(s.slab + size_t(row) * rec_bytes_) == 0 ||
+      // while that write waited without the lock (a clear or load may then
+      // have replaced the shard's rows too): check it again.
+      if (row < 0 || row >= static_cast<int64_t>(s.high_water) ||
+          Freq(s.slab + size_t(row) * rec_bytes_) == 0 ||
           !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
         row = FindRow(s, b.keys[i], b.hash[p]);
       }
