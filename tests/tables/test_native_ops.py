@@ -455,22 +455,14 @@ def test_bound_holds_when_writers_steps_interleave(order):
     assert int(t.size()) == 4 and 31 in held and 30 not in held
 
 
-def _write_new_keys_with_a_poller(t, rounds, step_of):
-    """Four writer threads each insert `rounds` batches of 25 new keys (writer k's keys from
-    10**6 (k + 1)), setting `t.set_step(step_of(k, j))` before batch j when it is not None,
-    while a reader thread polls `t.size()`. Asserts the bound of 1,000 keys held throughout
-    and the export's keys are unique; returns the exported keys."""
-    sizes, polled, errors, done = [], [], [], threading.Event()
+def _poll_size_while(t, writer, writers=4):
+    """Runs `writer(k)` for k < `writers` in threads while a reader thread polls `t.size()`;
+    asserts that no writer raised and returns the polled sizes."""
+    polled, errors, done = [], [], threading.Event()
 
-    def writer(k):
+    def guarded(k):
         try:
-            for j in range(rounds):
-                step = step_of(k, j)
-                if step is not None:
-                    t.set_step(step)
-                ids = np.arange(10**6 * (k + 1) + 25 * j, 10**6 * (k + 1) + 25 * j + 25)
-                t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
-                sizes.append(int(t.size()))
+            writer(k)
         except Exception as e:   # pylint: disable=broad-except
             errors.append(e)
 
@@ -480,14 +472,35 @@ def _write_new_keys_with_a_poller(t, rounds, step_of):
 
     poller = threading.Thread(target=reader)
     poller.start()
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(writers)]
     for th in threads:
         th.start()
     for th in threads:
         th.join(60)
     done.set()
     poller.join(60)
-    assert not errors and len(sizes) == 4 * rounds and polled
+    assert not errors and polled
+    return polled
+
+
+def _write_new_keys_with_a_poller(t, rounds, step_of):
+    """Four writer threads each insert `rounds` batches of 25 new keys (writer k's keys from
+    10**6 (k + 1)), setting `t.set_step(step_of(k, j))` before batch j when it is not None,
+    while a reader thread polls `t.size()`. Asserts the bound of 1,000 keys held throughout
+    and the export's keys are unique; returns the exported keys."""
+    sizes = []
+
+    def writer(k):
+        for j in range(rounds):
+            step = step_of(k, j)
+            if step is not None:
+                t.set_step(step)
+            ids = np.arange(10**6 * (k + 1) + 25 * j, 10**6 * (k + 1) + 25 * j + 25)
+            t.insert(tf.constant(ids, tf.int64), tf.ones([25, 4]))
+            sizes.append(int(t.size()))
+
+    polled = _poll_size_while(t, writer)
+    assert len(sizes) == 4 * rounds
     assert max(sizes) <= 1000 and max(polled) <= 1000 and int(t.size()) <= 1000
     keys = t.export()[0].numpy()
     assert len(np.unique(keys)) == len(keys) == int(t.size())
@@ -545,40 +558,25 @@ def test_bound_holds_when_the_rows_to_evict_lie_in_a_shard_other_writers_hold(ac
     that waited may find its key added meanwhile: it then adds to that row."""
     first, second = _keys_by_shard(20000)
     old = first[:1000]
+
+    def batch(w, j):   # writer w's j-th batch: 12 new keys in each shard
+        at = (j if accum else w * 8 + j) * 12
+        return np.concatenate([first[1000 + at:1000 + at + 12], second[at:at + 12]])
+
     for _ in range(40):
         t = table(dim=4, num_shards=2)
         t.set_step(1)
         t.insert(tf.constant(old, tf.int64), tf.zeros([1000, 4]))
         t.set_bound(1000, 0, "lru")
         t.set_step(2)
-        polled, errors, done = [], [], threading.Event()
 
-        def batch(w, j):
-            at = (j if accum else w * 8 + j) * 12
-            return np.concatenate([first[1000 + at:1000 + at + 12], second[at:at + 12]])
+        def writer(w, t=t):
+            for j in range(8):
+                ids = tf.constant(batch(w, j), tf.int64)
+                (t.accum if accum else t.insert)(ids, tf.ones([24, 4]))
 
-        def writer(w):
-            try:
-                for j in range(8):
-                    ids = tf.constant(batch(w, j), tf.int64)
-                    (t.accum if accum else t.insert)(ids, tf.ones([24, 4]))
-            except Exception as e:   # pylint: disable=broad-except
-                errors.append(e)
-
-        def reader():
-            while not done.is_set():
-                polled.append(int(t.size()))
-
-        poller = threading.Thread(target=reader)
-        poller.start()
-        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
-        done.set()
-        poller.join(60)
-        assert not errors and polled and max(polled) <= 1000 and int(t.size()) <= 1000
+        polled = _poll_size_while(t, writer)
+        assert max(polled) <= 1000 and int(t.size()) <= 1000
         held = content(t)
         new = np.concatenate([batch(w, j) for w in range(4) for j in range(8)])
         # Old rows made the room (a writer that found its key added gives its place back,
