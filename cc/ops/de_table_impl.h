@@ -121,6 +121,7 @@ class Table : public TableBase {
       auto locks = LockAll();
       total_.store(ShardSum(), std::memory_order_relaxed);
       live_.store(ShardSum(), std::memory_order_relaxed);
+      recounts_.fetch_add(1, std::memory_order_relaxed);
       TableBase::SetBound(max_rows, extra_rows, lfu);
       return;
     }
@@ -1197,6 +1198,7 @@ class Table : public TableBase {
       const int64_t got = MakeRoom(s, b, now, need + extra, &busy);
       if (got < need && busy) {
         const int groups = groups_.load(std::memory_order_relaxed);
+        const uint64_t recounts = recounts_.load(std::memory_order_relaxed);
         {
           s.mu.unlock();
           Relock relock{s.mu};  // also when the waiting pass throws
@@ -1204,6 +1206,12 @@ class Table : public TableBase {
         }
         // Groups added meanwhile are not among those the caller writes.
         if (groups_.load(std::memory_order_relaxed) != groups) written = -1;
+        // A bound cleared and set again meanwhile recounted the table without
+        // this write's place: take it again (the recount locks every shard, so
+        // none can come between this and the insert).
+        if (recounts_.load(std::memory_order_relaxed) != recounts && Bounded()) {
+          total_.fetch_add(1, std::memory_order_relaxed);
+        }
         const int64_t r = FindRow(s, key, h);
         if (r >= 0) {
           total_.fetch_sub(1, std::memory_order_relaxed);
@@ -1505,6 +1513,9 @@ class Table : public TableBase {
   // live_ only those present, what Size() reports.
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> live_{0};
+  // Counts the recounts of total_ (SetBound on an unbounded table), so that a
+  // write that waited without its lock knows whether its place is still counted.
+  std::atomic<uint64_t> recounts_{0};
   int64_t ShardSum() const {
     int64_t n = 0;
     for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);
