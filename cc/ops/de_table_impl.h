@@ -417,7 +417,7 @@ class Table : public TableBase {
     // When filled in: per shard, the rows this import wrote.
     std::vector<std::vector<uint8_t>> seen;
     auto body = [&](Shard& s, int64_t lo, int64_t hi) {
-      std::vector<uint8_t>* mark = seen.empty() ? nullptr : &seen[&s - shards_.get()];
+      std::vector<uint8_t>* mark = seen.empty() ? nullptr : &seen[Index(s)];
       s.barren_stamp = 0;  // rows of any stamp may come in
       return ForEachRow(s, b, lo, hi, [&](int64_t i, uint64_t h, int64_t row) -> Status {
         const uint32_t stamp = st ? ClampU32(st[i]) : now;
@@ -1199,11 +1199,14 @@ class Table : public TableBase {
       if (got < need && busy) {
         const int groups = groups_.load(std::memory_order_relaxed);
         const uint64_t recounts = recounts_.load(std::memory_order_relaxed);
+        int64_t owed;
         {
           s.mu.unlock();
           Relock relock{s.mu};  // also when the waiting pass throws
-          MakeRoomWaiting(s, b, now, need - got);
+          owed = MakeRoomWaiting(s, b, now, need - got);
         }
+        // Rows still owed come from `s` itself, now that it is held again.
+        if (owed > 0 && s.barren_stamp != now + 1) EvictMarking(s, Index(s), b, now, owed);
         // Groups added meanwhile are not among those the caller writes.
         if (groups_.load(std::memory_order_relaxed) != groups) written = -1;
         // A bound cleared and set again meanwhile recounted the table without
@@ -1239,7 +1242,7 @@ class Table : public TableBase {
   // a row to evict is skipped for the rest of the stamp, until a write at
   // another stamp touches it.
   int64_t MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n, bool* busy) {
-    const int home = static_cast<int>(&s - shards_.get());
+    const int home = Index(s);
     int64_t got = 0;
     if (s.barren_stamp != now + 1) got += EvictMarking(s, home, b, now, n);
     for (int d = 1; got < n && d < num_shards_; ++d) {
@@ -1255,21 +1258,20 @@ class Table : public TableBase {
     return got;
   }
 
-  // MakeRoom's second pass, holding no lock: waits for each other shard's lock
-  // in turn, then for `s`'s (evicting there too if rows are still owed).
-  void MakeRoomWaiting(Shard& s, const Batch& b, uint32_t now, int64_t n) {
-    const int home = static_cast<int>(&s - shards_.get());
+  // MakeRoom's second pass, holding no lock: waits for each shard's lock but
+  // `s`'s in turn, evicting up to `n` rows; returns how many are still owed.
+  int64_t MakeRoomWaiting(Shard& s, const Batch& b, uint32_t now, int64_t n) {
+    const int home = Index(s);
     for (int d = 1; n > 0 && d < num_shards_; ++d) {
       const int si = (home + d) & (num_shards_ - 1);
       Shard& t = shards_[si];
       std::unique_lock<std::shared_mutex> l(t.mu);
       if (t.barren_stamp != now + 1) n -= EvictMarking(t, si, b, now, n);
     }
-    if (n > 0) {
-      std::unique_lock<std::shared_mutex> l(s.mu);
-      if (s.barren_stamp != now + 1) EvictMarking(s, home, b, now, n);
-    }
+    return n;
   }
+
+  int Index(const Shard& s) const { return static_cast<int>(&s - shards_.get()); }
 
   // EvictLowest on shard `si` (locked), marking it as having no row to evict
   // at this stamp when it had fewer than `n`.
