@@ -14,6 +14,7 @@ Example:
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +37,8 @@ class LocalCluster:
     Args:
       servers: which jobs get a `tfra-de server` process per task on `start()` (default: ps and
         worker; a chief is usually the calling process or a script started with `run`).
-      log_dir: where each process writes `<job>_<task>.log` (default: a temporary directory).
+      log_dir: where each process writes `<job>_<task>.log` (default: a temporary directory,
+        removed with the logs on `close()`; a directory passed here is kept).
       env: extra environment variables for every process.
       **job_sizes: tasks per job, e.g. ps=2, worker=2, chief=1.
     """
@@ -44,6 +46,7 @@ class LocalCluster:
     def __init__(self, servers=("ps", "worker"), log_dir=None, env=None, **job_sizes):
         self.spec = cluster_lib.local_spec(**job_sizes)
         self._servers = tuple(job for job in servers if job in self.spec)
+        self._own_log_dir = not log_dir
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="tfra_de_cluster_")
         self._env = dict(env or {})
         self.processes = {}  # (job, task) -> Popen
@@ -62,9 +65,12 @@ class LocalCluster:
         return self
 
     def close(self):
-        """Kills every process still running (SIGKILL by pid) and reaps it."""
+        """Kills every process still running (SIGKILL by pid) and reaps it; removes the log
+        directory if this cluster made it."""
         for key in list(self.processes):
             self.kill(*key)
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()

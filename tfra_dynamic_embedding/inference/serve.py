@@ -120,6 +120,9 @@ def add_parser(subparsers):
                         help="seconds a shard replica may take to answer")
     parser.add_argument("--shards", metavar="JSON", default=None,
                         help="shards already running: {shard: [host:port, ...]} (none started)")
+    parser.add_argument("--log-dir", default=None,
+                        help="keep the shard processes' logs here (default: a temporary "
+                             "directory, removed at exit)")
     parser.set_defaults(run=run)
     return parser
 
@@ -136,7 +139,7 @@ def run(args):
         if args.shards:
             addresses = json.loads(args.shards)
         else:
-            cluster = start_shards(args.export_dir, args.replicas)
+            cluster = start_shards(args.export_dir, args.replicas, args.log_dir)
             addresses = cluster.spec
             for (shard, task), proc in sorted(cluster.processes.items()):
                 print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
