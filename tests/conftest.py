@@ -1,8 +1,20 @@
 """Test session setup: 4 logical CPU devices (for sharded variables) and backend fixtures."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# One temporary directory per test session, inherited by every process a test starts, removed
+# at exit: TensorFlow's autograph writes a source file per converted function to the temporary
+# directory and deletes it only at a normal exit, so processes a test kills (or that end with
+# os._exit) would otherwise leave them in /tmp, thousands per `make test`.
+_SESSION_TMP = tempfile.mkdtemp(prefix="tfra_de_tests_")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = _SESSION_TMP
+atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

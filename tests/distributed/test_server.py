@@ -142,8 +142,10 @@ def test_a_restarted_server_is_ready_only_when_it_says_so_again(tmp_path):
 @pytest.mark.parametrize("own_dir", [True, False])
 def test_a_cluster_removes_only_the_log_directory_it_made(tmp_path, own_dir):
     """Without `log_dir` a LocalCluster logs to a temporary directory and removes it on close
-    (a `tfra-de serve` per run left one behind in /tmp); a directory given to it is kept."""
-    cluster = LocalCluster(servers=(), log_dir=None if own_dir else str(tmp_path), ps=1)
+    (a `tfra-de serve` per run left one behind in /tmp); a directory given to it is made if
+    missing, and kept."""
+    given = tmp_path / "logs" / "serve"   # missing: the cluster makes it
+    cluster = LocalCluster(servers=(), log_dir=None if own_dir else str(given), ps=1)
     try:
         proc = cluster.run("ps", 0, [sys.executable, "-c",
                                      "import time; print('up', flush=True); time.sleep(60)"])
@@ -155,3 +157,5 @@ def test_a_cluster_removes_only_the_log_directory_it_made(tmp_path, own_dir):
     assert proc.poll() is not None
     assert os.path.exists(log) is not own_dir
     assert os.path.isdir(tmp_path)
+    if not own_dir:
+        assert os.path.dirname(log) == str(given)

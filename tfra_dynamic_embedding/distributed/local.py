@@ -38,7 +38,8 @@ class LocalCluster:
       servers: which jobs get a `tfra-de server` process per task on `start()` (default: ps and
         worker; a chief is usually the calling process or a script started with `run`).
       log_dir: where each process writes `<job>_<task>.log` (default: a temporary directory,
-        removed with the logs on `close()`; a directory passed here is kept).
+        removed with the logs on `close()`; a directory passed here is made if missing, and
+        kept).
       env: extra environment variables for every process.
       **job_sizes: tasks per job, e.g. ps=2, worker=2, chief=1.
     """
@@ -48,6 +49,7 @@ class LocalCluster:
         self._servers = tuple(job for job in servers if job in self.spec)
         self._own_log_dir = not log_dir
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="tfra_de_cluster_")
+        os.makedirs(self.log_dir, exist_ok=True)
         self._env = dict(env or {})
         self.processes = {}  # (job, task) -> Popen
         self._log_starts = {}  # (job, task) -> length of its log when last started

@@ -121,8 +121,8 @@ def add_parser(subparsers):
     parser.add_argument("--shards", metavar="JSON", default=None,
                         help="shards already running: {shard: [host:port, ...]} (none started)")
     parser.add_argument("--log-dir", default=None,
-                        help="keep the shard processes' logs here (default: a temporary "
-                             "directory, removed at exit)")
+                        help="keep the shard processes' logs here, made if missing (default: "
+                             "a temporary directory, removed at exit)")
     parser.set_defaults(run=run)
     return parser
 
