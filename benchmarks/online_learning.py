@@ -9,7 +9,8 @@ admission filters on the demo's data, and delta exports.
    (hot ids come back). After every step the table size is read: `peak_keys` must not exceed
    `capacity_keys`. Peak RSS (VmHWM, read before the first export) less the process baseline
    (VmRSS after a warm-up step) is set against the bound's bytes: capacity x (8-byte key + row +
-   Adagrad slot row), and so are the bytes the table itself holds then (`memory_bytes()`).
+   Adagrad slot row), and so are the bytes the table itself holds then (`memory_bytes()`, split
+   by `memory_parts()` into records, the rows they hold, and the hash index).
 2. Delta exports. Over the last `--export-share` of the stream, every `--interval` steps an
    `online.delta.DeltaExporter` writes an export (the first full); each delta's bytes are set
    against a full export of the table as it is then. At the end all exports are replayed into a
@@ -104,6 +105,11 @@ def capacity_stream(args, work):
         if hwm is None and seen >= args.unique * (1 - args.export_share):
             hwm = proc_status("VmHWM")
             table_mb = sum(int(t.kv_table.memory_bytes()) for t in var.tables) / 2 ** 20
+            parts = [{k: int(v) for k, v in t.kv_table.memory_parts().items()}
+                     for t in var.tables]
+            rows_made = sum(p["rows"] for p in parts)
+            record_bytes = sum(p["records"] for p in parts) // max(1, rows_made)
+            index_mb = sum(p["index"] for p in parts) / 2 ** 20
             seconds = time.perf_counter() - began
             ids_trained = steps * args.batch
         if hwm is not None and steps % args.interval == 0:
@@ -124,6 +130,8 @@ def capacity_stream(args, work):
         "bound_mb": round(bound_mb, 1),
         "peak_rss_over_bound": round((hwm - baseline) / bound_mb, 3),
         "table_mb": round(table_mb, 1), "table_over_bound": round(table_mb / bound_mb, 3),
+        "table_rows_made": rows_made, "table_record_bytes": record_bytes,
+        "raw_key_bytes": row_bytes, "table_index_mb": round(index_mb, 1),
         "delta_roundtrip_exact": exact, "exports": exports,
         "delta_over_full": [e["over_full"] for e in exports[1:]],
     }
@@ -208,8 +216,12 @@ def main(argv=None):
           f"{'met' if stream['peak_rss_over_bound'] <= 1.1 else 'NOT met'}; peak / (bound + "
           f"baseline) = {stream['peak_rss_mb'] / (stream['bound_mb'] + stream['baseline_rss_mb']):.3f})")
     print(f"  of which the table holds {stream['table_mb']:.0f} MiB = "
-          f"{stream['table_over_bound']:.2f} x the bound (records with their metadata and slot "
-          f"columns, index); the rest is the training step's buffers and the allocator's")
+          f"{stream['table_over_bound']:.2f} x the bound: {stream['table_rows_made']:,} records "
+          f"of {stream['table_record_bytes']} bytes (key, stamp and count, row, slot row; "
+          f"{stream['raw_key_bytes']} raw) = "
+          f"{stream['table_rows_made'] / args.capacity:.3f} x the bound's keys, and an index of "
+          f"{stream['table_index_mb']:.1f} MiB ({stream['table_index_mb'] / stream['bound_mb']:.1%} "
+          f"of the bound); the rest is the training step's buffers and the allocator's")
     ratios = stream["delta_over_full"]
     print(f"exports every {args.interval} steps: {len(ratios)} deltas, bytes / a full export's "
           f"median {np.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}); "

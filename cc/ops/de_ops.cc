@@ -193,6 +193,17 @@ REGISTER_OP("TfraDeMemory")
     .Doc("Bytes the table holds (records, index, free lists, long string keys); 0 for a "
          "column-group view, whose columns are counted in its table.");
 
+REGISTER_OP("TfraDeMemoryParts")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Output("parts: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(4));
+      return absl::OkStatus();
+    })
+    .Doc("TfraDeMemory's bytes by part: [record bytes, rows those records hold (live, freed "
+         "for reuse, prefaulted), index bytes, other bytes (free lists, long string keys)].");
+
 REGISTER_OP("TfraDeExport")
     .Input("table: resource")
     .SetIsStateful()
@@ -540,6 +551,21 @@ class MemoryOp : public TableOp {
   }
 };
 
+class MemoryPartsOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+  void Run(OpKernelContext* ctx, TableBase* t) override {
+    const TableBase::MemoryUse use = t->Memory();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({4}), &out));
+    auto parts = out->vec<int64_t>();
+    parts(0) = use.records;
+    parts(1) = use.rows;
+    parts(2) = use.index;
+    parts(3) = use.other;
+  }
+};
+
 class ExportOp : public TableOp {
  public:
   explicit ExportOp(OpKernelConstruction* c) : TableOp(c) {
@@ -809,6 +835,7 @@ TFRA_DE_KERNEL("TfraDeRemove", RemoveOp);
 TFRA_DE_KERNEL("TfraDeClear", ClearOp);
 TFRA_DE_KERNEL("TfraDeSize", SizeOp);
 TFRA_DE_KERNEL("TfraDeMemory", MemoryOp);
+TFRA_DE_KERNEL("TfraDeMemoryParts", MemoryPartsOp);
 TFRA_DE_KERNEL("TfraDeExport", ExportOp);
 TFRA_DE_KERNEL("TfraDeImport", ImportOp);
 TFRA_DE_KERNEL("TfraDeSetStep", SetStepOp);

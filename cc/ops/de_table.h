@@ -121,9 +121,18 @@ class TableBase : public tensorflow::ResourceBase {
   // Group 0: removes every key. Group g >= 1: resets the group to its fill.
   virtual void Clear(int group) = 0;
   virtual int64_t Size() const = 0;
-  // Bytes the table holds: record slabs as far as rows were handed out or
-  // prefaulted, hash indexes, free lists and long string keys.
-  virtual int64_t MemoryBytes() const = 0;
+  // Where the table's bytes go: record slabs as far as rows were handed out or
+  // prefaulted (`rows` of them), hash indexes, and the rest (free lists, long
+  // string keys).
+  struct MemoryUse {
+    int64_t records = 0;
+    int64_t rows = 0;
+    int64_t index = 0;
+    int64_t other = 0;
+    int64_t Bytes() const { return records + index + other; }
+  };
+  virtual MemoryUse Memory() const = 0;
+  int64_t MemoryBytes() const { return Memory().Bytes(); }
   // Rows from `cursor` on, at most `limit` (<0: all, as one consistent
   // snapshot). *next is -1 once the table is exhausted.
   virtual Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
@@ -196,7 +205,7 @@ class GroupView : public TableBase {
     return table_->Find(ctx, keys, defaults, values, exists, group_);
   }
   // A group's columns live in its table's records: counted there, not here.
-  int64_t MemoryBytes() const override { return 0; }
+  MemoryUse Memory() const override { return {}; }
   Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override {
     return table_->Contains(ctx, keys, exists);
   }

@@ -328,22 +328,24 @@ class Table : public TableBase {
 
   // ------------------------------------------------------- export/import --
 
-  int64_t MemoryBytes() const override {
-    int64_t total = 0;
+  MemoryUse Memory() const override {
+    MemoryUse use;
     for (int i = 0; i < num_shards_; ++i) {
       const Shard& s = shards_[i];
       std::shared_lock<std::shared_mutex> l(s.mu);
       const size_t rows = std::max<size_t>(s.faulted_rows, s.high_water);
-      size_t bytes = rows * rec_bytes_ + s.cap * 4 + s.free_rows.capacity() * 4;
+      use.rows += static_cast<int64_t>(rows);
+      use.records += static_cast<int64_t>(rows * rec_bytes_);
+      use.index += static_cast<int64_t>(s.cap * 4);
+      use.other += static_cast<int64_t>(s.free_rows.capacity() * 4);
       if constexpr (std::is_same<K, tensorflow::tstring>::value) {  // long keys live on the heap
         for (uint32_t row = 0; row < s.high_water; ++row) {
           const char* rec = s.slab + size_t{row} * rec_bytes_;
-          if (Freq(rec) != 0) bytes += KO::HeapBytes(*reinterpret_cast<const KS*>(rec));
+          if (Freq(rec) != 0) use.other += KO::HeapBytes(*reinterpret_cast<const KS*>(rec));
         }
       }
-      total += static_cast<int64_t>(bytes);
     }
-    return total;
+    return use;
   }
 
   Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,

@@ -628,17 +628,29 @@ def test_export_chunk_without_values_gives_the_same_keys_and_metadata():
     assert whole[1].shape == (500, 0) and sorted(whole[0].numpy()) == ids.tolist()
 
 
+def _parts(t):
+    return {name: int(v) for name, v in t.memory_parts().items()}
+
+
 def test_memory_bytes_counts_records_index_free_rows_and_long_string_keys():
     n, dim = 5000, 16
     t = table(tf.int64, tf.float32, dim, num_shards=1)
     assert int(t.memory_bytes()) == 0
+    assert _parts(t) == {"records": 0, "rows": 0, "index": 0, "other": 0}
     t.insert(keys_of(tf.int64, np.arange(n)), tf.zeros([n, dim]))
     record = 8 + 8 + 4 * dim      # key, stamp and count, row
     slots = 1 << int(np.ceil(np.log2(n / 0.875)))   # the index's power-of-2 size at <= 7/8 load
     full = int(t.memory_bytes())
     assert n * record + 4 * slots <= full <= 1.05 * n * record + 4 * slots
+    parts = _parts(t)
+    assert parts["index"] == 4 * slots and n <= parts["rows"] <= 1.05 * n
+    assert parts["records"] == parts["rows"] * record
+    assert sum(parts[k] for k in ("records", "index", "other")) == full
     t.remove(keys_of(tf.int64, np.arange(n // 2)))   # rows stay allocated, on the free list
     assert int(t.memory_bytes()) >= full + 4 * (n // 2)
+    removed = _parts(t)
+    assert removed["rows"] == parts["rows"] and removed["other"] >= parts["other"] + 4 * (n // 2)
+    assert tf.function(lambda: t.memory_parts()["rows"])().numpy() == parts["rows"]  # graph too
     t.clear()
     assert int(t.memory_bytes()) < full // 10
     # Keys longer than the record's inline bytes are held on the heap, and counted.
@@ -646,12 +658,13 @@ def test_memory_bytes_counts_records_index_free_rows_and_long_string_keys():
     short.insert(tf.constant([f"{i:05d}" for i in range(300)]), tf.zeros([300, 2]))
     long_.insert(tf.constant([f"{i:05d}" + "x" * 95 for i in range(300)]), tf.zeros([300, 2]))
     assert int(long_.memory_bytes()) - int(short.memory_bytes()) == 300 * 100
+    assert _parts(long_)["other"] - _parts(short)["other"] == 300 * 100
     # A slot's columns widen the table's records and are counted there, not in the slot view.
     base = table(tf.int64, tf.float32, dim, num_shards=1)
     base.insert(keys_of(tf.int64, np.arange(n)), tf.zeros([n, dim]))
     slot = native_slots.NativeSlotView(base, fill=0.0, name="t/slot")
     slot.insert(keys_of(tf.int64, np.arange(n)), tf.ones([n, dim]))
-    assert int(slot.memory_bytes()) == 0
+    assert int(slot.memory_bytes()) == 0 and set(_parts(slot).values()) == {0}
     assert int(base.memory_bytes()) >= n * (record + 4 * dim)
 
 

@@ -441,6 +441,17 @@ class NativeKVTable(base.KVTable):
         with tf.device(self.device):
             return self._gen.tfra_de_memory(self.resource_handle)
 
+    def memory_parts(self):
+        """`memory_bytes()` by part, a dict of int64 scalars: "records" (bytes of the rows made:
+        held, freed for reuse and prefaulted), "rows" (how many rows that is), "index" (the hash
+        index's bytes) and "other" (free lists, long string keys).
+
+        Example: parts = t.memory_parts(); int(parts["records"]) // int(parts["rows"])  # record bytes
+        """
+        with tf.device(self.device):
+            parts = tf.unstack(self._gen.tfra_de_memory_parts(self.resource_handle))
+        return dict(zip(("records", "rows", "index", "other"), parts))
+
     # -- export / import ------------------------------------------------------------------
 
     def export(self):
