@@ -9,8 +9,8 @@ admission filters on the demo's data, and delta exports.
    (hot ids come back). After every step the table size is read: `peak_keys` must not exceed
    `capacity_keys`. Peak RSS (VmHWM, read before the first export) less the process baseline
    (VmRSS after a warm-up step) is set against the bound's bytes: capacity x (8-byte key + row +
-   Adagrad slot row), and so are the bytes the table itself holds then (`memory_bytes()`, split
-   by `memory_parts()` into records, the rows they hold, and the hash index).
+   Adagrad slot row), and so are the bytes the table itself holds then (`memory_parts()`:
+   records, the rows they hold, the hash index, the rest; together `memory_bytes()`).
 2. Delta exports. Over the last `--export-share` of the stream, every `--interval` steps an
    `online.delta.DeltaExporter` writes an export (the first full); each delta's bytes are set
    against a full export of the table as it is then. At the end all exports are replayed into a
@@ -104,9 +104,9 @@ def capacity_stream(args, work):
                   flush=True)
         if hwm is None and seen >= args.unique * (1 - args.export_share):
             hwm = proc_status("VmHWM")
-            table_mb = sum(int(t.kv_table.memory_bytes()) for t in var.tables) / 2 ** 20
             parts = [{k: int(v) for k, v in t.kv_table.memory_parts().items()}
                      for t in var.tables]
+            table_mb = sum(p["records"] + p["index"] + p["other"] for p in parts) / 2 ** 20
             rows_made = sum(p["rows"] for p in parts)
             record_bytes = sum(p["records"] for p in parts) // max(1, rows_made)
             index_mb = sum(p["index"] for p in parts) / 2 ** 20
