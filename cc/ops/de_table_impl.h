@@ -71,6 +71,7 @@ class Table : public TableBase {
     size_t slab_rows = 0;        // allocated rows
     uint32_t high_water = 0;     // rows ever handed out
     size_t faulted_rows = 0;     // rows [0, faulted_rows) have their pages faulted in
+    size_t fault_ahead = 0;      // new rows this batch may still fault in (PrepareNewRows)
     std::vector<uint32_t> free_rows;
     uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1);
                                  // cleared by a write at another stamp (NoteWriteStamp)
@@ -92,6 +93,9 @@ class Table : public TableBase {
   // Read-only batches at least this large visit their keys in batch order
   // (ForEachKeyInOrder), in chunks of 512 to 4096 keys.
   static constexpr int64_t kInOrderMinKeys = 16384;
+  // AllocRow faults new rows' pages in ahead in chunks this large: one call per
+  // chunk, and at most a chunk per shard faulted but never used.
+  static constexpr size_t kFaultChunkBytes = 16384;
 
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
@@ -222,10 +226,7 @@ class Table : public TableBase {
       // Pass 1 reads, so `exists` reports the table as it was before this op,
       // also for a key repeated in the batch. Pass 2 creates the missing rows.
       std::vector<int64_t> missing;
-      if (insert) {
-        PrepareNewRows(s, static_cast<size_t>(hi - lo));
-        NoteWriteStamp(s, stamp);
-      }
+      if (insert) NoteWriteStamp(s, stamp);
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
       TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
         ex[i] = row >= 0;
@@ -239,6 +240,7 @@ class Table : public TableBase {
         }
         return absl::OkStatus();
       }));
+      if (insert) PrepareNewRows(s, missing.size() / 2);
       for (size_t j = 0; j < missing.size(); j += 2) {
         const int64_t i = missing[j];
         const uint64_t h = static_cast<uint64_t>(missing[j + 1]);
@@ -1246,7 +1248,18 @@ class Table : public TableBase {
   int64_t MakeRoom(Shard& s, const Batch& b, uint32_t now, int64_t n, bool* busy) {
     const int home = Index(s);
     int64_t got = 0;
-    if (s.barren_stamp != now + 1) got += EvictMarking(s, home, b, now, n);
+    // Below its share of the bound, `s` takes the rows from the largest shard
+    // instead: evicting from the writer's own shard alone let the shards' sizes
+    // drift apart without limit (each gains keys evenly but loses them in
+    // chunks), and a shard keeps the rows of the largest size it ever had.
+    const int64_t share = (bound_.load(std::memory_order_relaxed) + num_shards_ - 1) / num_shards_;
+    const int largest = ShardSize(home) < share ? LargestShard() : home;
+    if (largest != home) {
+      Shard& t = shards_[largest];
+      std::unique_lock<std::shared_mutex> l(t.mu, std::try_to_lock);
+      if (l.owns_lock() && t.barren_stamp != now + 1) got += EvictMarking(t, largest, b, now, n);
+    }
+    if (got < n && s.barren_stamp != now + 1) got += EvictMarking(s, home, b, now, n - got);
     for (int d = 1; got < n && d < num_shards_; ++d) {
       const int si = (home + d) & (num_shards_ - 1);
       Shard& t = shards_[si];
@@ -1274,6 +1287,14 @@ class Table : public TableBase {
   }
 
   int Index(const Shard& s) const { return static_cast<int>(&s - shards_.get()); }
+  int64_t ShardSize(int si) const { return shards_[si].size.load(std::memory_order_relaxed); }
+  int LargestShard() const {
+    int best = 0;
+    for (int si = 1; si < num_shards_; ++si) {
+      if (ShardSize(si) > ShardSize(best)) best = si;
+    }
+    return best;
+  }
 
   // EvictLowest on shard `si` (locked), marking it as having no row to evict
   // at this stamp when it had fewer than `n`.
@@ -1417,6 +1438,7 @@ class Table : public TableBase {
       return absl::OkStatus();
     }
     if (s.high_water == s.slab_rows) TF_RETURN_IF_ERROR(GrowSlab(s, s.slab_rows + 1));
+    FaultAhead(s);
     *row = s.high_water++;
     return absl::OkStatus();
   }
@@ -1440,16 +1462,32 @@ class Table : public TableBase {
   }
 
   // Before a batch that may create up to `n` rows in shard `s`: reserves them
-  // and faults their pages in with one call. Over-faults only rows that later
-  // inserts use anyway (rows are handed out in order), at most one batch.
+  // (virtual space only) and lets AllocRow fault their pages in ahead, a chunk
+  // per call, up to `n` rows. In chunks, because `n` counts every key of the
+  // batch, also those the table already holds: faulting all `n` at once left a
+  // batch of rows resident that a table not growing never used. A bounded table
+  // faults none past the room its bound leaves (at the bound, a new key takes
+  // the row an eviction freed).
   void PrepareNewRows(Shard& s, size_t n) {
-    const size_t reused = std::min(n, s.free_rows.size());
-    const size_t end = std::min<size_t>(size_t{kRowMask} + 1, size_t{s.high_water} + n - reused);
+    n -= std::min(n, s.free_rows.size());
+    if (Bounded()) {
+      const int64_t room = bound_.load(std::memory_order_relaxed) - total_.load(std::memory_order_relaxed);
+      n = std::min<size_t>(n, static_cast<size_t>(std::max<int64_t>(0, room)));
+    }
+    s.fault_ahead = n;
+    const size_t end = std::min<size_t>(size_t{kRowMask} + 1, size_t{s.high_water} + n);
+    if (end > s.slab_rows) GrowSlab(s, end).IgnoreError();  // AllocRow reports it
+  }
+
+  // Faults in the pages of the next rows of `s` past high_water, in one call
+  // for up to kFaultChunkBytes (within what PrepareNewRows allowed).
+  void FaultAhead(Shard& s) {
+    if (s.high_water < s.faulted_rows || s.fault_ahead == 0) return;
+    const size_t chunk = std::max<size_t>(1, kFaultChunkBytes / rec_bytes_);
+    const size_t end = std::min<size_t>(s.slab_rows, s.high_water + std::min(s.fault_ahead, chunk));
     if (end <= s.high_water) return;
-    if (end > s.slab_rows && !GrowSlab(s, end).ok()) return;  // AllocRow reports it
-    const size_t from = std::max<size_t>(s.faulted_rows, s.high_water);
-    if (end <= from) return;
-    Prefault(s.slab + from * rec_bytes_, (end - from) * rec_bytes_);
+    Prefault(s.slab + size_t{s.high_water} * rec_bytes_, (end - s.high_water) * rec_bytes_);
+    s.fault_ahead -= std::min(s.fault_ahead, end - s.high_water);
     s.faulted_rows = end;
   }
 
@@ -1465,6 +1503,7 @@ class Table : public TableBase {
     s->slab_rows = 0;
     s->high_water = 0;
     s->faulted_rows = 0;
+    s->fault_ahead = 0;
     std::vector<uint32_t>().swap(s->free_rows);
     s->slots = nullptr;
     s->cap = 0;
@@ -1505,6 +1544,7 @@ class Table : public TableBase {
     std::swap(a->slab_rows, b->slab_rows);
     std::swap(a->high_water, b->high_water);
     std::swap(a->faulted_rows, b->faulted_rows);
+    std::swap(a->fault_ahead, b->fault_ahead);
     a->free_rows.swap(b->free_rows);
   }
 

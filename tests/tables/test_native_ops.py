@@ -668,6 +668,42 @@ def test_memory_bytes_counts_records_index_free_rows_and_long_string_keys():
     assert int(base.memory_bytes()) >= n * (record + 4 * dim)
 
 
+def test_writes_of_held_keys_make_no_rows():
+    """Rows are faulted in ahead only for keys a write adds: rewriting the keys a table holds
+    (training's steady state) leaves its rows as they were."""
+    n, dim = 16384, 16
+    t = table(tf.int64, tf.float32, dim)   # 64 shards: 256 keys each per write
+    keys = tf.constant(np.arange(n) * 7919, tf.int64)
+    t.insert(keys, tf.zeros([n, dim]))
+    made = _parts(t)["rows"]
+    assert n <= made <= n + 64 * (16384 // (8 + 8 + 4 * dim) + 1)
+    for _ in range(5):
+        t.insert(keys, tf.ones([n, dim]))
+        t.accum(keys, tf.ones([n, dim]))
+    assert _parts(t)["rows"] == made and int(t.size()) == n
+
+
+def test_bound_under_an_endless_stream_keeps_rows_and_index_near_the_bound():
+    """A bounded table fed new keys step after step: each write over the bound evicts a chunk
+    (`extra_rows`), and the shard it comes from is the writer's own only while that holds
+    its share of the bound (else the largest one's): so the shards' sizes cannot drift
+    apart, which left every shard holding the rows and index of the largest size it ever
+    had (the rows made grew without limit: 1.37 x the bound after 300 of these steps)."""
+    bound, batch = 20000, 1024
+    t = table(tf.int64, tf.float32, 16)
+    t.set_bound(bound, bound // 20, "lru")
+    for step in range(240):
+        t.set_step(step + 1)
+        keys = np.arange(step * batch, (step + 1) * batch, dtype=np.int64) * 2654435761
+        t.insert(tf.constant(keys), tf.zeros([batch, 16]))
+        assert int(t.size()) <= bound
+        if step == 59:
+            filled = _parts(t)
+    end = _parts(t)
+    assert end["rows"] <= 1.12 * bound, end
+    assert end["index"] <= 1.1 * filled["index"], (filled, end)
+
+
 def test_bad_input_is_an_error_not_a_crash():
     t = table(dim=3)
     gen = native._ops()  # pylint: disable=protected-access

@@ -532,7 +532,8 @@ class NativeKVTable(base.KVTable):
     def set_bound(self, max_rows, extra_rows=0, order="lru"):
         """Bounds the keys that training writes (`insert`, `accum`, `upsert_groups`) leave in
         the table: a new key that would take it over `max_rows` (0: no bound) first evicts
-        the lowest-scoring rows of its lock stripe not written at the current stamp ("lru":
+        the lowest-scoring rows of its lock stripe (of the largest stripe while its own holds
+        less than its share of the bound) not written at the current stamp ("lru":
         oldest stamp; "lfu": fewest writes, then oldest) and not among the batch's keys,
         `extra_rows` more over the table. Concurrent writers never exceed it together."""
         if order not in ("lru", "lfu"):
