@@ -11,6 +11,8 @@ admission filters on the demo's data, and delta exports.
    (VmRSS after a warm-up step) is set against the bound's bytes: capacity x (8-byte key + row +
    Adagrad slot row), and so are the bytes the table itself holds then (`memory_parts()`:
    records, the rows they hold, the hash index, the rest; together `memory_bytes()`).
+   `step_peak_mb`: how far the warm-up step, run again on its own (held) keys, peaks above the
+   RSS it leaves: the step's own buffers, which the growth includes.
 2. Delta exports. Over the last `--export-share` of the stream, every `--interval` steps an
    `online.delta.DeltaExporter` writes an export (the first full); each delta's bytes are set
    against a full export of the table as it is then. At the end all exports are replayed into a
@@ -52,6 +54,16 @@ def proc_status(field):
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def reset_peak_rss():
+    """Sets VmHWM to the current RSS (Linux >= 4.0); False where that is not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def id_stream(rng, unique, batch):
     """Batches (unique int64 ids): half never seen, half Zipf(1.1) over the ids seen so far."""
     fresh_per_batch = batch // 2
@@ -81,11 +93,19 @@ def capacity_stream(args, work):
         opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
         return loss
 
-    step(tf.constant(np.arange(-args.batch, 0, dtype=np.int64)))   # warm-up: traced, slots made
+    warm_ids = tf.constant(np.arange(-args.batch, 0, dtype=np.int64))
+    step(warm_ids)   # warm-up: traced, slots made
+    # What a step itself takes at its peak, above the RSS it leaves: the same step again, its
+    # keys all held now (the table does not grow).
+    resting, step_peak = proc_status("VmRSS"), None
+    if reset_peak_rss():
+        step(warm_ids)
+        step_peak = proc_status("VmHWM") - resting
     var.clear()
     for slot in var.get_slot_variables(opt):
         slot.clear()
     baseline = proc_status("VmRSS")
+    reset_peak_rss()   # the peak read below is the stream's
     exporter = delta.DeltaExporter([var], os.path.join(work, "deltas"))
     rng = np.random.default_rng(args.seed)
     peak_keys, steps, exports, began = 0, 0, [], time.perf_counter()
@@ -130,6 +150,7 @@ def capacity_stream(args, work):
         "bound_mb": round(bound_mb, 1),
         "peak_rss_over_bound": round((hwm - baseline) / bound_mb, 3),
         "table_mb": round(table_mb, 1), "table_over_bound": round(table_mb / bound_mb, 3),
+        "step_peak_mb": None if step_peak is None else round(step_peak, 1),
         "table_rows_made": rows_made, "table_record_bytes": record_bytes,
         "raw_key_bytes": row_bytes, "table_index_mb": round(index_mb, 1),
         "delta_roundtrip_exact": exact, "exports": exports,
@@ -221,7 +242,10 @@ def main(argv=None):
           f"{stream['raw_key_bytes']} raw) = "
           f"{stream['table_rows_made'] / args.capacity:.3f} x the bound's keys, and an index of "
           f"{stream['table_index_mb']:.1f} MiB ({stream['table_index_mb'] / stream['bound_mb']:.1%} "
-          f"of the bound); the rest is the training step's buffers and the allocator's")
+          f"of the bound); the rest, "
+          f"{stream['peak_rss_mb'] - stream['baseline_rss_mb'] - stream['table_mb']:.0f} MiB, is the "
+          f"training step's buffers and the allocator's (a step that writes only keys the table "
+          f"holds peaks {stream['step_peak_mb']} MiB over the RSS it leaves)")
     ratios = stream["delta_over_full"]
     print(f"exports every {args.interval} steps: {len(ratios)} deltas, bytes / a full export's "
           f"median {np.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}); "

@@ -688,7 +688,8 @@ def test_bound_under_an_endless_stream_keeps_rows_and_index_near_the_bound():
     (`extra_rows`), and the shard it comes from is the writer's own only while that holds
     its share of the bound (else the largest one's): so the shards' sizes cannot drift
     apart, which left every shard holding the rows and index of the largest size it ever
-    had (the rows made grew without limit: 1.37 x the bound after 300 of these steps)."""
+    had (the rows made grew without limit: 1.37 x the bound after 300 of these steps). A
+    bounded table's index grows to a load of 0.7, not by doubling (1.64 slots a key here)."""
     bound, batch = 20000, 1024
     t = table(tf.int64, tf.float32, 16)
     t.set_bound(bound, bound // 20, "lru")
@@ -702,6 +703,30 @@ def test_bound_under_an_endless_stream_keeps_rows_and_index_near_the_bound():
     end = _parts(t)
     assert end["rows"] <= 1.12 * bound, end
     assert end["index"] <= 1.1 * filled["index"], (filled, end)
+    assert end["index"] <= 4 * 1.55 * bound, end   # 4-byte slots, a load of 0.7 or more
+
+
+def test_bounded_index_of_any_group_count_finds_every_key_under_churn():
+    """A bounded table's index grows to sizes that are not powers of two: inserts, removals
+    (tombstones) and rebuilds keep every key findable, checked against a dict."""
+    rng = np.random.default_rng(3)
+    t = table(tf.int64, tf.float32, 2, num_shards=1)
+    t.set_bound(1 << 20, 0, "lru")   # bounded, never reached
+    held, sizes = {}, set()
+    for step in range(60):
+        new = rng.integers(0, 1 << 40, size=400)
+        t.insert(tf.constant(new), tf.constant(np.stack([new % 97, new % 89], 1), tf.float32))
+        held.update({int(k): (k % 97, k % 89) for k in new})
+        gone = rng.choice(sorted(held), size=150, replace=False)
+        t.remove(tf.constant(gone))
+        for k in gone:
+            del held[int(k)]
+        sizes.add(_parts(t)["index"] // 4)
+    assert any(n & (n - 1) for n in sizes), sizes   # some index was not a power of two
+    assert content(t) == {k: tuple(map(float, v)) for k, v in held.items()}
+    probe = np.concatenate([np.array(sorted(held)[:500]), rng.integers(1 << 41, 1 << 42, 500)])
+    found = t.contains(tf.constant(probe)).numpy()
+    assert found.tolist() == [int(k) in held for k in probe]
 
 
 def test_bad_input_is_an_error_not_a_crash():
