@@ -1,13 +1,16 @@
 // Table<K, V>: the concurrent, compact hash table behind every native op.
 //
 // Layout. Keys hash to one of S shards (top hash bits); each shard owns
-//  - an index: open addressing over 8-slot groups, one control byte per slot
-//    (empty / deleted / 7-bit hash tag) plus a uint32 row id per slot, probed
-//    group by group in triangular steps (visits every group, power-of-2 size);
+//  - an index: open addressing over 8-slot groups, each slot a uint32 of a
+//    7-bit hash tag and a 25-bit row id (0xFFFFFFFF: empty; 0xFFFFFFFE:
+//    deleted); a key's first group is its hash scaled to the group count (any
+//    multiple of 8 slots), probing goes on group by group;
 //  - a slab: one contiguous array of fixed-size records
 //      [key | u32 stamp | u32 freq | dim values | dim values per slot group]
 //    grown with mremap (no copy, no resident doubling); freed rows are reused
-//    through a free list, and freq == 0 marks a free row.
+//    through a free list, and freq == 0 marks a free row. After removals a
+//    shard may compact: its top rows move into free ones and the pages above
+//    go back to the OS (MaybeCompact).
 // Growth is per shard, so at most one shard's index exists twice at a time.
 //
 // Concurrency. A shard's reader-writer lock guards both its index and slab.
@@ -21,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -75,6 +79,7 @@ class Table : public TableBase {
     std::vector<uint32_t> free_rows;
     uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1);
                                  // cleared by a write at another stamp (NoteWriteStamp)
+    uint32_t compactions = 0;    // times rows moved (Compact): chunked export cursors carry it
   };
 
   // A batch of keys bucketed by shard.
@@ -96,6 +101,13 @@ class Table : public TableBase {
   // AllocRow faults new rows' pages in ahead in chunks this large: one call per
   // chunk, and at most a chunk per shard faulted but never used.
   static constexpr size_t kFaultChunkBytes = 16384;
+  // Chunked export cursors: bits 0-31 a row, 32-47 a shard; a scan that began
+  // at cursor 0 is registered (kScanCursor), its cursors also carry the
+  // shard's compaction count (bits 48-61, kCompactionMask).
+  static constexpr int64_t kScanCursor = int64_t{1} << 62;
+  static constexpr uint32_t kCompactionMask = (1u << 14) - 1;
+  // A registered scan with no chunk read for this long counts as abandoned.
+  static constexpr int64_t kScanLeaseNs = int64_t{300} * 1000 * 1000 * 1000;
 
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
@@ -307,6 +319,7 @@ class Table : public TableBase {
         }
       }
       count += c;
+      if (c > 0) MaybeCompact(s);
       return absl::OkStatus();
     });
     *removed = count.load();
@@ -354,11 +367,25 @@ class Table : public TableBase {
                 int group) override {
     TF_RETURN_IF_ERROR(CheckGroup(group));
     if (limit < 0) return ExportAll(sink, next, group);
-    const int64_t shard0 = cursor >> 32;
-    if (cursor < 0 || shard0 >= num_shards_) {
+    const bool registered = cursor >= 0 && (cursor & kScanCursor) != 0;
+    const int64_t shard0 = (cursor >> 32) & 0xFFFF;
+    if (cursor < 0 || shard0 >= num_shards_ || (!registered && (cursor >> 48) != 0)) {
       return absl::InvalidArgumentError(absl::StrCat("export: cursor ", cursor,
                                                      " is not a cursor returned by this table"));
     }
+    // A scan from cursor 0 is registered until its last chunk: while one is
+    // open, no shard compacts (rows moving behind its cursor would be missed).
+    const bool scan = registered || (cursor == 0 && limit > 0);
+    if (cursor == 0 && scan) scans_open_.fetch_add(1);
+    if (scan) scan_seen_ns_.store(NowNs());
+    Status st = ExportChunk(cursor, limit, registered, scan, sink, next, group);
+    if (scan && (!st.ok() || *next < 0)) CloseScan();
+    return st;
+  }
+
+  Status ExportChunk(int64_t cursor, int64_t limit, bool registered, bool scan, ExportSink* sink,
+                     int64_t* next, int group) {
+    const int64_t shard0 = (cursor >> 32) & 0xFFFF;
     // A chunk may span shards; each is read under its own lock into staging
     // buffers, so no lock is held while output tensors are allocated.
     std::vector<typename KO::Owned> keys;
@@ -377,9 +404,16 @@ class Table : public TableBase {
     for (int64_t si = shard0; si < num_shards_ && *next < 0; ++si, row = 0) {
       const Shard& s = shards_[si];
       std::shared_lock<std::shared_mutex> l(s.mu);
+      if (registered && si == shard0 && row > 0 &&
+          static_cast<uint32_t>(cursor >> 48 & kCompactionMask) != (s.compactions & kCompactionMask)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "export: the table moved rows of shard ", si, " while this chunked export was idle "
+            "for over ", kScanLeaseNs / 1000000000, " s; export again from cursor 0"));
+      }
       for (; row < s.high_water; ++row) {
         if (static_cast<int64_t>(keys.size()) == want) {
           *next = (si << 32) | row;
+          if (scan) *next |= kScanCursor | int64_t{s.compactions & kCompactionMask} << 48;
           break;
         }
         const char* rec = s.slab + size_t{row} * rec_bytes_;
@@ -635,6 +669,7 @@ class Table : public TableBase {
           ++count;
         }
       }
+      MaybeCompact(s);
     }
     *removed = count;
     return absl::OkStatus();
@@ -1447,6 +1482,86 @@ class Table : public TableBase {
     return absl::OkStatus();
   }
 
+  // After removals from `s` (held exclusively; the caller keeps none of its
+  // rows): gives back the rows it no longer needs, when they are worth it. A
+  // bounded table's shard keeps up to its share of the bound (rows it fills
+  // again); without that, every shard kept the rows of the most keys it ever
+  // held, and shards' sizes differ by chance. An unbounded table's shard
+  // compacts once a quarter of its rows are free (a large removal, a TTL sweep).
+  void MaybeCompact(Shard& s) {
+    const size_t live = static_cast<size_t>(s.size.load(std::memory_order_relaxed));
+    // Free rows not worth moving rows for: a page's (fewer in a small shard, so
+    // that small tables compact too).
+    const size_t keep = std::min<size_t>(4096 / rec_bytes_, s.high_water / 8);
+    size_t target = live;
+    if (Bounded()) {
+      const int64_t bound = bound_.load(std::memory_order_relaxed);
+      target = std::max(live, static_cast<size_t>((bound + num_shards_ - 1) / num_shards_));
+    } else if (s.free_rows.size() * 4 <= s.high_water) {
+      return;
+    }
+    if (s.high_water <= target + keep || ScanOpen()) return;
+    Compact(s, target);
+  }
+
+  // Moves the live rows of `s` at or above `target` (>= its size) into its
+  // lowest free rows, repointing their index slots, and releases the pages
+  // past the new top. Chunked export cursors into `s` become stale (see Export).
+  void Compact(Shard& s, size_t target) {
+    std::vector<uint32_t> holes;
+    for (uint32_t r : s.free_rows) {
+      if (r < target) holes.push_back(r);
+    }
+    size_t movers = 0;
+    for (uint32_t row = static_cast<uint32_t>(target); row < s.high_water; ++row) {
+      movers += Freq(s.slab + size_t{row} * rec_bytes_) != 0;
+    }
+    if (movers > holes.size()) return;  // the free list is short of holes: keep all rows
+    std::sort(holes.begin(), holes.end());
+    size_t used = 0;
+    for (uint32_t row = static_cast<uint32_t>(target); row < s.high_water; ++row) {
+      char* rec = s.slab + size_t{row} * rec_bytes_;
+      if (Freq(rec) == 0) continue;
+      const KS& k = *reinterpret_cast<const KS*>(rec);
+      const uint64_t h = KO::HashStored(k);
+      const int64_t slot = FindSlotStored(s, k, h);
+      if (slot >= 0) {  // (a row no slot points at is unreachable: it is dropped)
+        const uint32_t to = holes[used++];
+        // A record moves as its bytes: a long key's heap block goes with it.
+        std::memcpy(s.slab + size_t{to} * rec_bytes_, rec, rec_bytes_);
+        s.slots[slot] = FullSlot(h, to);
+      }
+      SetMeta(s, row, 0, 0);  // rows past the top read as free when handed out again
+    }
+    s.free_rows.assign(holes.begin() + used, holes.end());
+    s.free_rows.shrink_to_fit();
+    const size_t top = std::max<size_t>(s.faulted_rows, s.high_water);
+    if (s.slab_rows * rec_bytes_ >= kMmapMin) {
+      ReleasePages(s.slab + target * rec_bytes_, (top - target) * rec_bytes_);
+    }
+    s.high_water = static_cast<uint32_t>(target);
+    s.faulted_rows = std::min(s.faulted_rows, target);
+    ++s.compactions;
+  }
+
+  // Whether a registered chunked export is open; one idle for kScanLeaseNs
+  // counts as abandoned (its next chunk then fails if its shard compacted).
+  bool ScanOpen() {
+    if (scans_open_.load() <= 0) return false;
+    if (NowNs() - scan_seen_ns_.load() < kScanLeaseNs) return true;
+    scans_open_.store(0);
+    return false;
+  }
+  void CloseScan() {
+    int64_t n = scans_open_.load();
+    while (n > 0 && !scans_open_.compare_exchange_weak(n, n - 1)) {
+    }
+  }
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
   Status AllocRow(Shard& s, uint32_t* row) {
     if (!s.free_rows.empty()) {
       *row = s.free_rows.back();
@@ -1576,6 +1691,9 @@ class Table : public TableBase {
   // Counts the recounts of total_ (SetBound on an unbounded table), so that a
   // write that waited without its lock knows whether its place is still counted.
   std::atomic<uint64_t> recounts_{0};
+  // Registered chunked exports still open, and when one last read a chunk.
+  std::atomic<int64_t> scans_open_{0};
+  std::atomic<int64_t> scan_seen_ns_{0};
   int64_t ShardSum() const {
     int64_t n = 0;
     for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);

@@ -281,6 +281,20 @@ inline void Prefault(char* p, size_t bytes) {
 #endif
 }
 
+// Gives the whole pages inside [p, p + bytes) of a BigAlloc buffer back to the
+// OS; they read as zeros when touched again. Best effort, like Prefault.
+inline void ReleasePages(char* p, size_t bytes) {
+#if defined(__linux__)
+  const uintptr_t page = 4096;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 // Grows (or shrinks) a BigAlloc buffer keeping the first min(old, new) bytes.
 // Returns nullptr on failure, leaving the old buffer valid.
 inline void* BigRealloc(void* p, size_t old_bytes, size_t new_bytes) {

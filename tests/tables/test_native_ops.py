@@ -646,11 +646,14 @@ def test_memory_bytes_counts_records_index_free_rows_and_long_string_keys():
     assert parts["index"] == 4 * slots and n <= parts["rows"] <= 1.05 * n
     assert parts["records"] == parts["rows"] * record
     assert sum(parts[k] for k in ("records", "index", "other")) == full
-    t.remove(keys_of(tf.int64, np.arange(n // 2)))   # rows stay allocated, on the free list
-    assert int(t.memory_bytes()) >= full + 4 * (n // 2)
+    t.remove(keys_of(tf.int64, np.arange(n // 10)))   # a few: rows wait on the free list
+    assert int(t.memory_bytes()) >= full + 4 * (n // 10)
     removed = _parts(t)
-    assert removed["rows"] == parts["rows"] and removed["other"] >= parts["other"] + 4 * (n // 2)
-    assert tf.function(lambda: t.memory_parts()["rows"])().numpy() == parts["rows"]  # graph too
+    assert removed["rows"] == parts["rows"] and removed["other"] >= parts["other"] + 4 * (n // 10)
+    t.remove(keys_of(tf.int64, np.arange(n // 10, n // 2)))   # half: the rows go back
+    half = _parts(t)
+    assert half["rows"] == n - n // 2 and half["records"] == half["rows"] * record
+    assert tf.function(lambda: t.memory_parts()["rows"])().numpy() == half["rows"]  # graph too
     t.clear()
     assert int(t.memory_bytes()) < full // 10
     # Keys longer than the record's inline bytes are held on the heap, and counted.
@@ -727,6 +730,118 @@ def test_bounded_index_of_any_group_count_finds_every_key_under_churn():
     probe = np.concatenate([np.array(sorted(held)[:500]), rng.integers(1 << 41, 1 << 42, 500)])
     found = t.contains(tf.constant(probe)).numpy()
     assert found.tolist() == [int(k) in held for k in probe]
+
+
+def _meta(t):
+    keys, values, stamps, freqs = t.export_with_meta()
+    return {k: (tuple(v), int(s), int(f)) for k, v, s, f in
+            zip(ids_of(keys).tolist(), to_np(values), stamps.numpy(), freqs.numpy())}
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_removals_give_rows_back_and_moved_rows_keep_key_values_and_metadata(key_dtype):
+    """Once a quarter of a shard's rows are free, its top rows move into the free ones and the
+    rest go back: the rows a table holds follow its size down. Each moved record keeps its
+    key (long string keys live on the heap: the pointer moves with it), row and metadata."""
+    rng = np.random.default_rng(11)
+    n, dim = 12000, 4
+    ids = rng.permutation(n).astype(np.int64) * 1000003
+    if key_dtype == tf.string:   # long keys: held off the record
+        keys = tf.constant(["x" * 40 + f"key-{i}" for i in ids])
+    else:
+        keys = tf.constant(ids)
+    t = table(key_dtype, tf.float32, dim, num_shards=4)
+    values = tf.constant(np.stack([ids % 101, ids % 7, -(ids % 13), ids % 5], 1), tf.float32)
+    for step in range(3):   # counts 1-3 and stamps per key
+        t.set_step(step + 1)
+        t.insert(keys[: n // (step + 1)], values[: n // (step + 1)])
+    before = _meta(t)
+    assert _parts(t)["rows"] >= n
+    gone = rng.choice(n, size=n * 7 // 10, replace=False)
+    assert int(t.remove(tf.gather(keys, gone))) == len(gone)
+    kept = sorted(set(range(n)) - set(gone.tolist()))
+    want = {k: v for k, v in before.items() if k not in set(ids[gone].tolist())}
+    parts = _parts(t)
+    assert len(kept) <= parts["rows"] <= len(kept) * 1.05 + 4, parts
+    assert _meta(t) == want
+    # The table goes on as usual: new keys, rewrites, lookups, a clear.
+    t.set_step(9)
+    t.insert(tf.gather(keys, gone[:1000]), tf.gather(values, gone[:1000]))
+    t.accum(tf.gather(keys, kept[:500]), tf.ones([500, dim]))
+    after = _meta(t)
+    assert len(after) == len(kept) + 1000
+    for i in kept[:500]:
+        k = int(ids[i])
+        assert after[k][0] == tuple(np.asarray(before[k][0]) + 1) and after[k][1:] == (9, before[k][2] + 1)
+    found = t.lookup(tf.gather(keys, kept), tf.zeros([len(kept), dim]))
+    np.testing.assert_array_equal(found.numpy()[:, 0], (ids[kept] % 101) + (np.arange(len(kept)) < 500))
+    t.clear()
+    assert int(t.size()) == 0 and _parts(t)["rows"] == 0
+
+
+def test_a_chunked_export_open_across_removals_sees_every_kept_key_once():
+    """Compaction moves rows from a shard's top into free rows: behind an open chunked
+    export's cursor, that would hide them from it. No shard compacts while a chunked export
+    begun at cursor 0 is open; the next removal after its last chunk does."""
+    n = 20000
+    ids = np.arange(n, dtype=np.int64) * 7919
+    t = table(tf.int64, tf.float32, 2, num_shards=2)
+    t.insert(tf.constant(ids), tf.constant(np.stack([ids % 3, ids % 5], 1), tf.float32))
+    rows = _parts(t)["rows"]
+    rng = np.random.default_rng(5)
+    gone = rng.choice(ids, size=n * 3 // 5, replace=False)
+    seen, cursor, chunks = [], 0, 0
+    while cursor >= 0:
+        keys, _, _, _, cursor = t.export_chunk(cursor, 1500, with_values=False)
+        seen.extend(keys.numpy().tolist())
+        cursor = int(cursor)
+        chunks += 1
+        if chunks == 3:   # mid-scan: most rows go, the shards' tops among them
+            t.remove(tf.constant(gone))
+            assert _parts(t)["rows"] == rows   # not compacted: the export is open
+    kept = np.setdiff1d(ids, gone)
+    assert np.isin(kept, seen).all() and len(seen) == len(set(seen))
+    t.remove(tf.constant(kept[:100]))   # the export has ended: the shards compact now
+    assert _parts(t)["rows"] <= (len(kept) - 100) * 1.05 + 2
+    assert sorted(t.export()[0].numpy().tolist()) == kept[100:].tolist()
+
+
+def test_a_bounded_shard_gives_back_rows_only_above_its_share_of_the_bound():
+    """Under a bound a shard keeps the rows of its share (it fills them again after an
+    eviction sweep, without rows moving back and forth); above its share, a removal gives
+    the excess back: a lowered bound, or a shard the sweeps' chance left larger."""
+    bound, dim = 40000, 2
+    t = table(tf.int64, tf.float32, dim, num_shards=8)
+    t.set_bound(bound, 0, "lru")
+    ids = np.arange(bound, dtype=np.int64) * 2654435761
+    t.insert(tf.constant(ids), tf.zeros([bound, dim]))
+    full = _parts(t)["rows"]
+    assert int(t.size()) == bound and full >= bound
+    t.remove(tf.constant(ids[:2000]))   # 5%: every shard is near its share, rows stay
+    assert _parts(t)["rows"] == full
+    t.set_bound(bound // 4, 0, "lru")
+    t.remove(tf.constant(ids[2000: bound * 3 // 4]))
+    assert int(t.size()) == bound // 4
+    assert _parts(t)["rows"] <= bound // 4 * 1.1, _parts(t)
+    assert sorted(t.export()[0].numpy().tolist()) == sorted(ids[bound * 3 // 4:].tolist())
+
+
+def test_removed_rows_pages_go_back_to_the_os():
+    """Rows given back by a compaction return their pages: the process's RSS falls."""
+    def rss_mib():
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    n, dim = 300000, 32
+    t = table(tf.int64, tf.float32, dim, num_shards=4)
+    ids = np.arange(n, dtype=np.int64) * 7919
+    t.insert(tf.constant(ids), tf.ones([n, dim]))
+    gone = tf.constant(ids[: n * 3 // 4])
+    held = _parts(t)["records"] / 2 ** 20
+    before = rss_mib()
+    t.remove(gone)
+    released = held - _parts(t)["records"] / 2 ** 20
+    assert released >= 0.7 * held
+    assert before - rss_mib() >= 0.8 * released, (before, rss_mib(), released)
 
 
 def test_bad_input_is_an_error_not_a_crash():

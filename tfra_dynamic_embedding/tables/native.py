@@ -474,7 +474,9 @@ class NativeKVTable(base.KVTable):
         """(keys, values, stamps, freqs, next_cursor): up to `limit` rows from `cursor`.
 
         Start at cursor 0; next_cursor is -1 once the table is exhausted. Unlike
-        `export_with_meta` the chunks are not one snapshot under concurrent writes.
+        `export_with_meta` the chunks are not one snapshot under concurrent writes, but a key
+        held throughout comes once: until the last chunk, removals move no rows (a scan with
+        no chunk for 5 minutes counts as abandoned).
         `with_values=False`: values is [n, 0] (a scan of the metadata copies no rows).
         """
         with tf.device(self.device):
