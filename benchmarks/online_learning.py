@@ -35,7 +35,6 @@ and `admission`. `--quick` streams 4M unique ids (batches of 16,384) into a 400k
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -228,6 +227,11 @@ def run_stream_process(args, dim):
     return json.loads(lines[-1])
 
 
+def stream_ok(stream, args):
+    """The bound held and the exports replayed exactly."""
+    return stream["peak_keys"] <= args.capacity and stream["delta_roundtrip_exact"]
+
+
 def print_stream(stream, args):
     dim = stream["dim"]
     print(f"capacity stream, dim {dim}: {stream['unique_ids']:,} unique ids in {stream['steps']} "
@@ -278,23 +282,16 @@ def main(argv=None):
     if args.quick:
         args.unique, args.capacity, args.batch = 4_000_000, 400_000, 16_384
         args.interval, args.rows = 5, 40_000
+    args.dim = args.dims[0]
     if args.stream_only:
-        args.dim = args.dims[0]
-        work = tempfile.mkdtemp(prefix="tfra_de_online_")
-        try:
+        with tempfile.TemporaryDirectory(prefix="tfra_de_online_") as work:
             stream = capacity_stream(args, work)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         print(json.dumps(stream))
-        return 0 if stream["peak_keys"] <= args.capacity and stream["delta_roundtrip_exact"] else 1
+        return 0 if stream_ok(stream, args) else 1
     began = time.perf_counter()
     streams = [run_stream_process(args, dim) for dim in args.dims]
-    args.dim = args.dims[0]
-    work = tempfile.mkdtemp(prefix="tfra_de_online_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tfra_de_online_") as work:
         admission = admission_runs(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     for stream in streams:
         print_stream(stream, args)
     for name, r in admission.items():
@@ -302,7 +299,6 @@ def main(argv=None):
               f"{r['auc']:.4f}, log loss {r['log_loss']:.4f}")
     print(f"wall time {time.perf_counter() - began:.0f} s")
     first = streams[0]
-    ok = all(s["peak_keys"] <= args.capacity and s["delta_roundtrip_exact"] for s in streams)
     print(json.dumps({
         **first,
         "peak_keys": max(s["peak_keys"] for s in streams),
@@ -310,7 +306,7 @@ def main(argv=None):
         "memory_goal_met": {str(s["dim"]): s["peak_rss_over_bound"] <= 1.1 for s in streams},
         "streams": streams, "admission": admission, "quick": args.quick,
         "benchmark": "online_learning"}))
-    return 0 if ok else 1
+    return 0 if all(stream_ok(s, args) for s in streams) else 1
 
 
 if __name__ == "__main__":

@@ -407,8 +407,9 @@ class Table : public TableBase {
       if (registered && si == shard0 && row > 0 &&
           static_cast<uint32_t>(cursor >> 48 & kCompactionMask) != (s.compactions & kCompactionMask)) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "export: the table moved rows of shard ", si, " while this chunked export was idle "
-            "for over ", kScanLeaseNs / 1000000000, " s; export again from cursor 0"));
+            "export: rows of shard ", si, " moved since this chunked export's previous chunk "
+            "(an export with no chunk for ", kScanLeaseNs / 1000000000,
+            " s counts as abandoned); export again from cursor 0"));
       }
       for (; row < s.high_water; ++row) {
         if (static_cast<int64_t>(keys.size()) == want) {
