@@ -232,7 +232,7 @@ def score_measured(tasks, model_est, records_out=None, label="80/8",
     seen = {r["key"] for r in devices}   # judged on every measured device of these tables
     devices += [r for r in reused if r["source"] != "eval:bound" and r["key"] not in seen
                 and r.get("pool_seed") == pool["seed"]]
-    cm_metrics = cm.metrics(model_est.model, devices)
+    cm_metrics = train.metrics(model_est.model, devices)
     print(f"cost model on the {len(devices)} measured devices (unseen tables): MAE "
           f"{cm_metrics.get('mae_ms', float('nan')):.2f} ms, correlation "
           f"{cm_metrics.get('corr', float('nan')):.3f}")

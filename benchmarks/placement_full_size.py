@@ -158,7 +158,7 @@ def main(argv=None):
 
     def keep(shards, batch, result):
         # A task's devices are measured in one interleaved run: they share that run's drift
-        # (`cost_model.measurement_group`), which another run of the same task does not.
+        # (`train.measurement_group`), which another run of the same task does not.
         group = (f"full-size-plans:{args.half}:{args.row_scale}:task"
                  f"{args.first_task + len(per_task) - 1}:{started}")
         records.append(collect.make_record(shards, result, batch, 0, split=args.half,

@@ -22,9 +22,10 @@ def test_learns_a_known_multi_table_cost_on_unseen_tables(halves):
     seen, unseen = halves
     train_recs = train.synthetic_records(seen, 400, max_tables=8, seed=1)
     test_recs = train.synthetic_records(unseen, 100, max_tables=8, seed=2)
-    split_train, split_test = cm.split_by_tables(train_recs + test_recs, seed=0)
+    split_train, split_test = train.split_by_tables(train_recs + test_recs, seed=0)
     assert split_train and split_test   # pure records exist on both sides of a name split
-    model = cm.fit(train_recs, test_recs, epochs=50, batch_size=32, lr=3e-3, seed=0, early_stop=0)
+    model = train.fit(train_recs, test_recs, epochs=50, batch_size=32, lr=3e-3, seed=0,
+                      early_stop=0)
     true = np.array([r["total_ms"] for r in test_recs])
     baseline_mse = float(((true - np.mean([r["total_ms"] for r in train_recs])) ** 2).mean())
     unseen_metrics = model.meta["unseen_metrics"]
@@ -38,13 +39,13 @@ def test_learns_a_known_multi_table_cost_on_unseen_tables(halves):
 
 
 def test_numpy_export_matches_keras():
-    keras_model = cm.build_keras_model(None, seed=4)
+    keras_model = train.build_keras_model(None, seed=4)
     rng = np.random.default_rng(0)
     x = rng.random((5, 3, 21)).astype(np.float32)
     mask = np.ones((5, 3, 1), dtype=np.float32)
     mask[0, 2] = 0.0
     mean, std = np.zeros(21), np.ones(21)
-    model = cm.CostModel(cm.export_params(keras_model, mean, std, 2.0), {"batch_size": 1024})
+    model = cm.CostModel(train.export_params(keras_model, mean, std, 2.0), {"batch_size": 1024})
     want = keras_model.predict([x * mask, mask], verbose=0) * 2.0
     got = np.stack([model.heads(model.embed(x[i][mask[i, :, 0] > 0]).sum(axis=0))
                     for i in range(5)])
@@ -55,8 +56,8 @@ def test_save_load_roundtrip_and_record_parsing(tmp_path, halves):
     recs = train.synthetic_records(halves[0], 3, seed=5)
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"tables\": [trunc")
-    assert len(cm.load_records(str(path))) == 3          # a half-written last line is skipped
-    x, mask, y = cm.pad_records(recs)
+    assert len(train.load_records(str(path))) == 3          # a half-written last line is skipped
+    x, mask, y = train.pad_records(recs)
     assert x.shape[2] == 21 and mask.sum() == sum(len(r["tables"]) for r in recs)
     model = cm.CostModel.load()
     model.save(str(tmp_path / "m.npz"))
@@ -134,11 +135,11 @@ def test_split_by_tables_uses_the_pool_halves_of_the_placement_tasks():
                                                               max_tables=2, seed=3)
              if len(r["tables"]) == 2 and r["tables"][0]["name"] != r["tables"][1]["name"]]
     for seed in (0, 5):   # the name-split seed does not matter for pool records
-        got_seen, got_unseen = cm.split_by_tables(seen + mixed + unseen, seed=seed)
+        got_seen, got_unseen = train.split_by_tables(seen + mixed + unseen, seed=seed)
         assert got_seen == seen and got_unseen == unseen
     # an explicit "split" field wins
     forced = dict(seen[0], split="test")
-    assert cm.split_by_tables([forced])[1] == [forced]
+    assert train.split_by_tables([forced])[1] == [forced]
 
 
 class FakeMeasured(estimators.CostEstimator):
@@ -169,7 +170,7 @@ def test_train_planner_keeps_the_measured_plans_as_records(tmp_path, halves, mon
                                   tasks=1, samples=2, log=lambda *_: None, refine_rounds=1,
                                   plans_per_round=1)
     assert summary["refined_with"] == "measured-cpu"
-    kept = cm.load_records(str(tmp_path / "w" / "measured_plans.jsonl"))
+    kept = train.load_records(str(tmp_path / "w" / "measured_plans.jsonl"))
     assert len(kept) == len(FakeMeasured.calls) >= 2       # every measured device, once
     assert all(r["split"] == "train" and r["forward_ms"] == 2.0 * len(r["tables"]) for r in kept)
 
@@ -180,7 +181,7 @@ def test_refinement_measures_the_policys_own_plans_and_refits(halves, monkeypatc
     monkeypatch.setattr(FakeMeasured, "calls", [])
     monkeypatch.setitem(estimators._ESTIMATORS, "fake-measured", FakeMeasured)  # pylint: disable=protected-access
     records = train.synthetic_records(seen, 60, max_tables=4, seed=1)
-    model = cm.fit(records, epochs=2, seed=0, early_stop=0)
+    model = train.fit(records, epochs=2, seed=0, early_stop=0)
     tasks = workloads.make_tasks(seen, 2, tables_per_task=6, num_devices=2, seed=0,
                                  batch_size=1024)
     _, policy, out = train.refine_with_measurements(
@@ -212,7 +213,7 @@ def test_remove_drift_divides_out_each_measurement_groups_common_speed():
         records.append({"true_ms": true, "forward_ms": 0.4 * true * drift,
                         "backward_ms": 0.6 * true * drift, "total_ms": true * drift,
                         "group": group})
-    fixed = cm.remove_drift(records, _Exact(), prior=0.0)
+    fixed = train.remove_drift(records, _Exact(), prior=0.0)
     for old, new in zip(records, fixed):
         if old["group"] is None:
             assert new is old                            # lone measurements: unchanged
@@ -221,10 +222,10 @@ def test_remove_drift_divides_out_each_measurement_groups_common_speed():
             assert new["forward_ms"] / new["backward_ms"] == pytest.approx(0.4 / 0.6)
             assert old["total_ms"] != pytest.approx(old["true_ms"])   # inputs untouched
     # a prior shrinks a small group's correction towards none
-    shrunk = cm.remove_drift(records, _Exact(), prior=8.0)
+    shrunk = train.remove_drift(records, _Exact(), prior=8.0)
     assert records[0]["total_ms"] > shrunk[0]["total_ms"] > records[0]["true_ms"]
     # whole-plan records from `collect --whole-plans` group by their plan
     plan = {"plan_devices": 8, "pool_seed": 1, "half": "train", "index": 7, "source": "task:x"}
-    assert cm.measurement_group(plan) == cm.measurement_group(dict(plan)) is not None
-    assert cm.measurement_group(dict(plan, index=8)) != cm.measurement_group(plan)
-    assert cm.measurement_group({"source": "random"}) is None
+    assert train.measurement_group(plan) == train.measurement_group(dict(plan)) is not None
+    assert train.measurement_group(dict(plan, index=8)) != train.measurement_group(plan)
+    assert train.measurement_group({"source": "random"}) is None

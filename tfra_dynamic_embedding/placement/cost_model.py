@@ -1,5 +1,7 @@
 """Neural multi-table cost model: what the embedding kernels of a device cost, learned from data.
 
+This module is inference only (numpy); training (TF/Keras) is `train.fit`.
+
 Architecture (trained with TF/Keras, run in numpy for planning):
   per table:   21 features --standardise--> Dense(128, relu) --> Dense(32, relu)   (shared MLP)
   per device:  sum of its tables' 32-d representations
@@ -9,7 +11,7 @@ Architecture (trained with TF/Keras, run in numpy for planning):
 
 The sum of learned representations lets the heads model multi-table interactions (cache
 sharing, contention, kernel overheads) that an additive model cannot. Training data are
-benchmark records (JSONL, one per device shard, see `load_records`); the model is exported to
+benchmark records (JSONL, one per device shard, see `train.load_records`); the model is exported to
 plain numpy arrays (`CostModel`), so planning needs neither TensorFlow nor a GPU.
 
 The estimator "learned" (predicted costs, not measured; estimators.py names it):
@@ -28,16 +30,13 @@ and size scaled by the slice's share of rows. Costs are predicted at the batch s
 trained on and scaled linearly to the task's batch size (placement only needs relative costs).
 """
 
-import functools
 import json
-import math
 import os
 
 import numpy as np
 
 from tfra_dynamic_embedding.placement import comm as comm_lib
-from tfra_dynamic_embedding.placement import estimators, features, streams, workloads
-from tfra_dynamic_embedding.placement.benchmark import records as records_lib
+from tfra_dynamic_embedding.placement import estimators, features, streams
 from tfra_dynamic_embedding.placement.types import TableSpec
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -109,16 +108,7 @@ def comm_ms(model, shards, task):
     return comm.step_ms(comm_lib.pooled_bytes(shards, task.batch_size), task.num_devices)
 
 
-# -- records -------------------------------------------------------------------------------------
-def load_records(path):
-    """Benchmark records from a JSONL file (blank and malformed trailing lines are skipped, as a
-    file still being written may end mid-line)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no benchmark records at {path}")
-    return [rec for rec in records_lib.read_records(path)
-            if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec]
-
-
+# -- features of shards and records -------------------------------------------------------------
 def shard_features(table, fraction=1.0, scales=features.FeatureScales(), batch_size=1024):
     """21 features of a (slice of a) table: rows, pooling and size scale with the slice.
 
@@ -158,61 +148,6 @@ def record_features(record, scales=features.FeatureScales()):
             x = np.asarray(entry["features"], dtype=float)
         rows.append(x)
     return np.stack(rows)
-
-
-def table_names(record):
-    return [entry.get("name") or (entry.get("spec") or {}).get("name") for entry in record["tables"]]
-
-
-def pad_records(records, scales=features.FeatureScales()):
-    """(x [n, T, 21], mask [n, T, 1], y [n, 2] forward/backward ms) of records, zero-padded."""
-    feats = [record_features(r, scales) for r in records]
-    width = max(len(f) for f in feats)
-    x = np.zeros((len(records), width, features.NUM_FEATURES), dtype=np.float32)
-    mask = np.zeros((len(records), width, 1), dtype=np.float32)
-    for i, f in enumerate(feats):
-        x[i, :len(f)] = f
-        mask[i, :len(f)] = 1.0
-    y = np.array([[r["forward_ms"], r["backward_ms"]] for r in records], dtype=np.float32)
-    return x, mask, y
-
-
-def split_by_tables(records, seed=0):
-    """(train, unseen) records by unseen tables; records mixing both sides are dropped.
-
-    A record's side comes from, in order: its "split" field ("train" / "test"); for records
-    measured on a generated pool (fields pool_seed, pool_tables, row_scale, batch_size), that
-    pool's halves `workloads.split_pool(pool, seed=pool_seed)` -- the halves the placement tasks
-    train and test on (`train.cpu_pool_tasks`); otherwise table names split in random halves
-    (`seed`).
-    """
-    names = sorted({n for r in records for n in table_names(r)})
-    order = np.random.default_rng(seed).permutation(len(names))
-    by_name = {names[i] for i in order[:len(names) // 2]}
-    train, unseen = [], []
-    for rec in records:
-        if rec.get("split") in ("train", "test"):
-            (train if rec["split"] == "train" else unseen).append(rec)
-            continue
-        first = by_name
-        if "pool_seed" in rec and "pool_tables" in rec:
-            first = _pool_train_names(int(rec["pool_tables"]), int(rec["pool_seed"]),
-                                      float(rec.get("row_scale", 1.0)),
-                                      int(rec.get("batch_size", 65536)))
-        inside = [n in first for n in table_names(rec)]
-        if all(inside):
-            train.append(rec)
-        elif not any(inside):
-            unseen.append(rec)
-    return train, unseen
-
-
-@functools.lru_cache(maxsize=8)
-def _pool_train_names(pool_tables, pool_seed, row_scale, batch_size):
-    """Names of the first (training) half of a generated pool."""
-    pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
-                                   row_scale=row_scale)
-    return frozenset(t.name for t in workloads.split_pool(pool, seed=pool_seed)[0])
 
 
 # -- the numpy model -----------------------------------------------------------------------------
@@ -448,194 +383,3 @@ class LearnedEstimator(estimators.CostEstimator):
         ms = float(model.total(summed))
         batch = task.batch_size if task is not None else model.batch_size
         return (ms * model.batch_factor(batch) + comm_ms(model, shards, task)) / 1e3
-
-
-
-# -- training (TensorFlow imported here only) -----------------------------------------------------
-def build_keras_model(width, seed=0):
-    """The Keras model: inputs x [B, T, 21] (standardised), mask [B, T, 1]; outputs [B, 2]."""
-    import keras  # pylint: disable=import-outside-toplevel
-    keras.utils.set_random_seed(seed)
-    x_in = keras.Input((width, features.NUM_FEATURES), name="x")
-    m_in = keras.Input((width, 1), name="mask")
-    h = keras.layers.Dense(HIDDEN, activation="relu", name="table_1")(x_in)
-    h = keras.layers.Dense(EMBED_DIM, activation="relu", name="table_2")(h)
-    summed = keras.ops.sum(h * m_in, axis=1)
-    outs = []
-    for stage in STAGES:
-        g = keras.layers.Dense(HEAD_HIDDEN, activation="relu", name=f"{stage}_1")(summed)
-        outs.append(keras.layers.Dense(1, activation="softplus", name=f"{stage}_2")(g))
-    return keras.Model([x_in, m_in], keras.layers.Concatenate(name="stages")(outs))
-
-
-def export_params(model, x_mean, x_std, y_scale):
-    """numpy params of a trained Keras model (see CostModel)."""
-    params = {"x_mean": x_mean, "x_std": x_std, "y_scale": np.array(y_scale)}
-    for ours, layer in (("1", "table_1"), ("2", "table_2")):
-        w, b = model.get_layer(layer).get_weights()
-        params[f"w{ours}"], params[f"b{ours}"] = w, b
-    for stage in STAGES:
-        for k in ("1", "2"):
-            w, b = model.get_layer(f"{stage}_{k}").get_weights()
-            params[f"{stage}_w{k}"], params[f"{stage}_b{k}"] = w, b
-    return params
-
-
-def metrics(model, records):
-    """MAE / MSE (ms, total = forward + backward) and relative MAE of a CostModel on records."""
-    if not records:
-        return {"n": 0}
-    pred = model.predict_records(records).sum(axis=1)
-    true = np.array([r["forward_ms"] + r["backward_ms"] for r in records])
-    err = pred - true
-    corr = float(np.corrcoef(pred, true)[0, 1]) if len(true) > 2 and true.std() > 0 else math.nan
-    return {"n": len(records), "mae_ms": float(np.abs(err).mean()),
-            "mse_ms2": float((err ** 2).mean()),
-            "mape": float(np.mean(np.abs(err) / np.maximum(np.abs(true), 1e-9))),
-            "corr": corr}
-
-
-def measurement_group(record):
-    """The key shared by records whose devices were measured together in one interleaved run
-    (so their costs share that minute's machine speed), or None for a lone measurement:
-    the record's "group" field, else, for `collect --whole-plans` records, their plan."""
-    if record.get("group") is not None:
-        return str(record["group"])
-    if "plan_devices" in record:
-        return "plan:{}:{}:{}:{}".format(*(record.get(k) for k in (
-            "pool_seed", "half", "index", "source")))
-    return None
-
-
-def remove_drift(records, model, prior=2.0):
-    """Copies of `records` with each measurement group's common speed factor divided out.
-
-    This VM's speed moves by up to a third between days and ~10% within minutes, and it
-    moves all devices measured together alike; placement needs the costs of devices relative
-    to each other. For a group of n records whose log residuals under `model` are
-    r_i = log(measured_i / predicted_i), costs are divided by exp(n / (n + prior) * mean(r))
-    (shrunk towards 1 for small groups). Records outside any group are returned unchanged.
-
-    Example: fit(remove_drift(records, first_model), drift=False)   # what fit() does itself
-    """
-    members = {}
-    for i, rec in enumerate(records):
-        key = measurement_group(rec)
-        if key is not None:
-            members.setdefault(key, []).append(i)
-    out = list(records)
-    if not members:
-        return out
-    grouped = [i for idx in members.values() for i in idx]
-    pred = model.predict_records([records[i] for i in grouped]).sum(axis=1)
-    measured = np.array([records[i]["forward_ms"] + records[i]["backward_ms"] for i in grouped])
-    residual = dict(zip(grouped, np.log(np.maximum(measured, 1e-9) / np.maximum(pred, 1e-9))))
-    for idx in members.values():
-        factor = math.exp(-np.mean([residual[i] for i in idx]) * len(idx) / (len(idx) + prior))
-        for i in idx:
-            rec = dict(records[i])
-            for key in ("forward_ms", "backward_ms", "total_ms"):
-                if key in rec:
-                    rec[key] = rec[key] * factor
-            out[i] = rec
-    return out
-
-
-def fit(train_records, val_records=(), epochs=200, batch_size=64, lr=2e-3, seed=0,
-        verbose=0, history=None, scales=features.FeatureScales(), init=None, weight_decay=1e-3,
-        early_stop=0.15, patience=100, std_floor=0.25, drift=True):
-    """Trains a cost model on records (MSE on forward/backward ms scaled by their mean);
-    returns a CostModel whose meta holds train/unseen metrics (on the records as given).
-
-    `drift`: records measured together (`measurement_group`) first have their group's common
-    speed factor divided out (`remove_drift`), judged by `init` or else by a first fit on the
-    raw records (which doubles the training time). On the placement evaluation's measured
-    devices this lowered the model's error between devices of one task by ~10% (session 9).
-
-    `history` (a list) receives per-epoch {"epoch", "loss", "val_loss"} (val_loss: on
-    `val_records`, the unseen tables). `init` (a CostModel) warm-starts a refit from its weights.
-    `std_floor`: least scale of a standardised feature.
-    `early_stop`: this share of the training records (seen tables, never `val_records`) is held
-    back to stop training when its loss has not improved for `patience` epochs, keeping the best
-    weights (0, or fewer than 200 records: train all epochs on all records).
-    """
-    import keras  # pylint: disable=import-outside-toplevel
-    if not train_records:
-        raise ValueError("no training records")
-    given = train_records
-    if drift and any(measurement_group(r) is not None for r in train_records):
-        judge = init if init is not None else fit(
-            train_records, (), epochs, batch_size, lr, seed, scales=scales,
-            weight_decay=weight_decay, early_stop=early_stop, patience=patience,
-            std_floor=std_floor, drift=False)
-        train_records = remove_drift(train_records, judge)
-    x, mask, y = pad_records(train_records, scales)
-    flat = x[mask[..., 0] > 0]
-    x_mean = flat.mean(axis=0)
-    # Features are O(1) (shares, scaled sizes): a floor on their scale keeps a reuse bin that is
-    # (almost) never hit in training from blowing an unseen table's input up 40-fold (measured:
-    # unseen-table MAE 14.4 ms -> 5.5 ms with floor 0.2 instead of 1e-3).
-    x_std = np.maximum(flat.std(axis=0), std_floor)
-    y_scale = max(float(y.mean()), 1e-6)
-    model = build_keras_model(None, seed)
-    if init is not None:
-        _load_into(model, init)
-        x_mean, x_std = init.params["x_mean"], init.params["x_std"]
-        y_scale = float(init.params["y_scale"])
-    prep = lambda xx, mm: (((xx - x_mean) / x_std) * mm).astype(np.float32)  # noqa: E731
-    val = None
-    if val_records:
-        vx, vm, vy = pad_records(list(val_records), scales)
-        val = ([prep(vx, vm), vm], vy / y_scale)
-    model.compile(optimizer=keras.optimizers.AdamW(lr, weight_decay=weight_decay), loss="mse")
-    xs, ys = [prep(x, mask), mask], y / y_scale
-    inner = None
-    n_stop = int(round(early_stop * len(y))) if early_stop and len(y) >= 200 else 0
-    if n_stop:
-        order = np.random.default_rng(seed).permutation(len(y))
-        hold, keep = order[:n_stop], order[n_stop:]
-        inner = ([xs[0][hold], xs[1][hold]], ys[hold])
-        xs, ys = [xs[0][keep], xs[1][keep]], ys[keep]
-    callbacks = []
-    if history is not None or inner is not None:
-        def on_epoch_end(epoch, logs):
-            row = {"epoch": epoch + 1, "loss": float(logs["loss"]), "val_loss": None}
-            if val is not None:
-                row["val_loss"] = float(model.evaluate(val[0], val[1], verbose=0))
-            if inner is not None:
-                logs["stop_loss"] = row["stop_loss"] = float(
-                    model.evaluate(inner[0], inner[1], verbose=0))
-            if history is not None:
-                history.append(row)
-        callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end))
-    if inner is not None:
-        callbacks.append(keras.callbacks.EarlyStopping("stop_loss", patience=patience, mode="min",
-                                                       restore_best_weights=True))
-    model.fit(xs, ys, epochs=epochs, batch_size=batch_size, verbose=verbose, shuffle=True,
-              callbacks=callbacks)
-    batch = train_records[0].get("batch_size", 4096)
-    meta = {"batch_size": int(batch), "backend": train_records[0].get("backend", "?"),
-            "scales": scales.to_dict(), "records": len(train_records)}
-    meta.update(feature_range(flat))
-    result = CostModel(export_params(model, x_mean, x_std, y_scale), meta)
-    result.meta["train_metrics"] = metrics(result, given)
-    result.meta["unseen_metrics"] = metrics(result, list(val_records))
-    return result
-
-
-def feature_range(flat):
-    """{"x_min", "x_max"}: each feature's range over training tables ([n, 21] rows), stored
-    with a model so a planner can tell tables inside what it saw (`CostModel.outside`)."""
-    flat = np.asarray(flat, dtype=float)
-    return {"x_min": [float(f"{v:.6g}") for v in flat.min(axis=0)],
-            "x_max": [float(f"{v:.6g}") for v in flat.max(axis=0)]}
-
-
-def _load_into(keras_model, model):
-    p = model.params
-    for ours, layer in (("1", "table_1"), ("2", "table_2")):
-        keras_model.get_layer(layer).set_weights([p[f"w{ours}"], p[f"b{ours}"]])
-    for stage in STAGES:
-        for k in ("1", "2"):
-            keras_model.get_layer(f"{stage}_{k}").set_weights([p[f"{stage}_w{k}"],
-                                                               p[f"{stage}_b{k}"]])

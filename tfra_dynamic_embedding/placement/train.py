@@ -3,7 +3,7 @@
     tfra-de train-planner --data tfra_dynamic_embedding/placement/data/cpu_shards.jsonl.gz --out DIR
     tfra-de train-planner --profile gpu --data .../data/gpu_shards.jsonl.gz --out DIR
 
-1. Cost model (`cost_model.fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
+1. Cost model (`fit`, TF/Keras): records split by unseen tables (`split_by_tables`),
    MSE on forward / backward ms; MAE / MSE reported on train and unseen tables. Records of
    filled (full-size) shards -- the only ones where a table's size shows -- are a small part
    of the data and can be repeated in training (`oversample_filled`).
@@ -29,6 +29,7 @@ Each profile's settings are one entry of `PROFILES`.
 development only; they are never shipped as measurements (their backend is "synthetic").
 """
 
+import functools
 import json
 import math
 import os
@@ -38,7 +39,9 @@ import time
 import numpy as np
 
 from tfra_dynamic_embedding.placement import comm as comm_lib
-from tfra_dynamic_embedding.placement import features
+from tfra_dynamic_embedding.placement import cost_model as cm
+from tfra_dynamic_embedding.placement import features, workloads
+from tfra_dynamic_embedding.placement.benchmark import records as records_lib
 
 # The pool the CPU benchmark records come from (placement/benchmark/collect.py defaults).
 CPU_POOL = {"num_tables": 256, "seed": 0, "batch_size": 1024, "row_scale": 1 / 64}
@@ -92,6 +95,259 @@ def synthetic_records(tables, num_records, max_tables=12, batch_size=1024, seed=
     return out
 
 
+# -- the cost model (`cost_model.CostModel`; TensorFlow is imported by `fit` only) -------------
+def load_records(path):
+    """Benchmark records from a JSONL file (blank and malformed trailing lines are skipped, as a
+    file still being written may end mid-line)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no benchmark records at {path}")
+    return [rec for rec in records_lib.read_records(path)
+            if rec.get("tables") and "forward_ms" in rec and "backward_ms" in rec]
+
+
+def table_names(record):
+    return [entry.get("name") or (entry.get("spec") or {}).get("name") for entry in record["tables"]]
+
+
+def pad_records(records, scales=features.FeatureScales()):
+    """(x [n, T, 21], mask [n, T, 1], y [n, 2] forward/backward ms) of records, zero-padded."""
+    feats = [cm.record_features(r, scales) for r in records]
+    width = max(len(f) for f in feats)
+    x = np.zeros((len(records), width, features.NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(records), width, 1), dtype=np.float32)
+    for i, f in enumerate(feats):
+        x[i, :len(f)] = f
+        mask[i, :len(f)] = 1.0
+    y = np.array([[r["forward_ms"], r["backward_ms"]] for r in records], dtype=np.float32)
+    return x, mask, y
+
+
+def split_by_tables(records, seed=0):
+    """(train, unseen) records by unseen tables; records mixing both sides are dropped.
+
+    A record's side comes from, in order: its "split" field ("train" / "test"); for records
+    measured on a generated pool (fields pool_seed, pool_tables, row_scale, batch_size), that
+    pool's halves `workloads.split_pool(pool, seed=pool_seed)` -- the halves the placement tasks
+    train and test on (`cpu_pool_tasks`); otherwise table names split in random halves
+    (`seed`).
+    """
+    names = sorted({n for r in records for n in table_names(r)})
+    order = np.random.default_rng(seed).permutation(len(names))
+    by_name = {names[i] for i in order[:len(names) // 2]}
+    train, unseen = [], []
+    for rec in records:
+        if rec.get("split") in ("train", "test"):
+            (train if rec["split"] == "train" else unseen).append(rec)
+            continue
+        first = by_name
+        if "pool_seed" in rec and "pool_tables" in rec:
+            first = _pool_train_names(int(rec["pool_tables"]), int(rec["pool_seed"]),
+                                      float(rec.get("row_scale", 1.0)),
+                                      int(rec.get("batch_size", 65536)))
+        inside = [n in first for n in table_names(rec)]
+        if all(inside):
+            train.append(rec)
+        elif not any(inside):
+            unseen.append(rec)
+    return train, unseen
+
+
+@functools.lru_cache(maxsize=8)
+def _pool_train_names(pool_tables, pool_seed, row_scale, batch_size):
+    """Names of the first (training) half of a generated pool."""
+    pool = workloads.generate_pool(pool_tables, seed=pool_seed, batch_size=batch_size,
+                                   row_scale=row_scale)
+    return frozenset(t.name for t in workloads.split_pool(pool, seed=pool_seed)[0])
+
+
+def build_keras_model(width, seed=0):
+    """The Keras model: inputs x [B, T, 21] (standardised), mask [B, T, 1]; outputs [B, 2]."""
+    import keras  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(seed)
+    x_in = keras.Input((width, features.NUM_FEATURES), name="x")
+    m_in = keras.Input((width, 1), name="mask")
+    h = keras.layers.Dense(cm.HIDDEN, activation="relu", name="table_1")(x_in)
+    h = keras.layers.Dense(cm.EMBED_DIM, activation="relu", name="table_2")(h)
+    summed = keras.ops.sum(h * m_in, axis=1)
+    outs = []
+    for stage in cm.STAGES:
+        g = keras.layers.Dense(cm.HEAD_HIDDEN, activation="relu", name=f"{stage}_1")(summed)
+        outs.append(keras.layers.Dense(1, activation="softplus", name=f"{stage}_2")(g))
+    return keras.Model([x_in, m_in], keras.layers.Concatenate(name="stages")(outs))
+
+
+def export_params(model, x_mean, x_std, y_scale):
+    """numpy params of a trained Keras model (see CostModel)."""
+    params = {"x_mean": x_mean, "x_std": x_std, "y_scale": np.array(y_scale)}
+    for ours, layer in (("1", "table_1"), ("2", "table_2")):
+        w, b = model.get_layer(layer).get_weights()
+        params[f"w{ours}"], params[f"b{ours}"] = w, b
+    for stage in cm.STAGES:
+        for k in ("1", "2"):
+            w, b = model.get_layer(f"{stage}_{k}").get_weights()
+            params[f"{stage}_w{k}"], params[f"{stage}_b{k}"] = w, b
+    return params
+
+
+def metrics(model, records):
+    """MAE / MSE (ms, total = forward + backward) and relative MAE of a CostModel on records."""
+    if not records:
+        return {"n": 0}
+    pred = model.predict_records(records).sum(axis=1)
+    true = np.array([r["forward_ms"] + r["backward_ms"] for r in records])
+    err = pred - true
+    corr = float(np.corrcoef(pred, true)[0, 1]) if len(true) > 2 and true.std() > 0 else math.nan
+    return {"n": len(records), "mae_ms": float(np.abs(err).mean()),
+            "mse_ms2": float((err ** 2).mean()),
+            "mape": float(np.mean(np.abs(err) / np.maximum(np.abs(true), 1e-9))),
+            "corr": corr}
+
+
+def measurement_group(record):
+    """The key shared by records whose devices were measured together in one interleaved run
+    (so their costs share that minute's machine speed), or None for a lone measurement:
+    the record's "group" field, else, for `collect --whole-plans` records, their plan."""
+    if record.get("group") is not None:
+        return str(record["group"])
+    if "plan_devices" in record:
+        return "plan:{}:{}:{}:{}".format(*(record.get(k) for k in (
+            "pool_seed", "half", "index", "source")))
+    return None
+
+
+def remove_drift(records, model, prior=2.0):
+    """Copies of `records` with each measurement group's common speed factor divided out.
+
+    A machine's speed drifts between runs and moves all devices measured together alike
+    (docs/learned_placement.md, "The cost model"); placement needs the costs of devices relative
+    to each other. For a group of n records whose log residuals under `model` are
+    r_i = log(measured_i / predicted_i), costs are divided by exp(n / (n + prior) * mean(r))
+    (shrunk towards 1 for small groups). Records outside any group are returned unchanged.
+
+    Example: fit(remove_drift(records, first_model), drift=False)   # what fit() does itself
+    """
+    members = {}
+    for i, rec in enumerate(records):
+        key = measurement_group(rec)
+        if key is not None:
+            members.setdefault(key, []).append(i)
+    out = list(records)
+    if not members:
+        return out
+    grouped = [i for idx in members.values() for i in idx]
+    pred = model.predict_records([records[i] for i in grouped]).sum(axis=1)
+    measured = np.array([records[i]["forward_ms"] + records[i]["backward_ms"] for i in grouped])
+    residual = dict(zip(grouped, np.log(np.maximum(measured, 1e-9) / np.maximum(pred, 1e-9))))
+    for idx in members.values():
+        factor = math.exp(-np.mean([residual[i] for i in idx]) * len(idx) / (len(idx) + prior))
+        for i in idx:
+            rec = dict(records[i])
+            for key in ("forward_ms", "backward_ms", "total_ms"):
+                if key in rec:
+                    rec[key] = rec[key] * factor
+            out[i] = rec
+    return out
+
+
+def fit(train_records, val_records=(), epochs=200, batch_size=64, lr=2e-3, seed=0,
+        verbose=0, history=None, scales=features.FeatureScales(), init=None, weight_decay=1e-3,
+        early_stop=0.15, patience=100, std_floor=0.25, drift=True):
+    """Trains a cost model on records (MSE on forward/backward ms scaled by their mean);
+    returns a CostModel whose meta holds train/unseen metrics (on the records as given).
+
+    `drift`: records measured together (`measurement_group`) first have their group's common
+    speed factor divided out (`remove_drift`), judged by `init` or else by a first fit on the
+    raw records (which doubles the training time; what it gains: docs/learned_placement.md).
+
+    `history` (a list) receives per-epoch {"epoch", "loss", "val_loss"} (val_loss: on
+    `val_records`, the unseen tables). `init` (a CostModel) warm-starts a refit from its weights.
+    `std_floor`: least scale of a standardised feature.
+    `early_stop`: this share of the training records (seen tables, never `val_records`) is held
+    back to stop training when its loss has not improved for `patience` epochs, keeping the best
+    weights (0, or fewer than 200 records: train all epochs on all records).
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    if not train_records:
+        raise ValueError("no training records")
+    given = train_records
+    if drift and any(measurement_group(r) is not None for r in train_records):
+        judge = init if init is not None else fit(
+            train_records, (), epochs, batch_size, lr, seed, scales=scales,
+            weight_decay=weight_decay, early_stop=early_stop, patience=patience,
+            std_floor=std_floor, drift=False)
+        train_records = remove_drift(train_records, judge)
+    x, mask, y = pad_records(train_records, scales)
+    flat = x[mask[..., 0] > 0]
+    x_mean = flat.mean(axis=0)
+    # Features are O(1) (shares, scaled sizes): a floor on their scale keeps a reuse bin that is
+    # (almost) never hit in training from blowing an unseen table's input up many-fold
+    # (docs/learned_placement.md, "Shipped weights and results").
+    x_std = np.maximum(flat.std(axis=0), std_floor)
+    y_scale = max(float(y.mean()), 1e-6)
+    model = build_keras_model(None, seed)
+    if init is not None:
+        _load_into(model, init)
+        x_mean, x_std = init.params["x_mean"], init.params["x_std"]
+        y_scale = float(init.params["y_scale"])
+    prep = lambda xx, mm: (((xx - x_mean) / x_std) * mm).astype(np.float32)  # noqa: E731
+    val = None
+    if val_records:
+        vx, vm, vy = pad_records(list(val_records), scales)
+        val = ([prep(vx, vm), vm], vy / y_scale)
+    model.compile(optimizer=keras.optimizers.AdamW(lr, weight_decay=weight_decay), loss="mse")
+    xs, ys = [prep(x, mask), mask], y / y_scale
+    inner = None
+    n_stop = int(round(early_stop * len(y))) if early_stop and len(y) >= 200 else 0
+    if n_stop:
+        order = np.random.default_rng(seed).permutation(len(y))
+        hold, keep = order[:n_stop], order[n_stop:]
+        inner = ([xs[0][hold], xs[1][hold]], ys[hold])
+        xs, ys = [xs[0][keep], xs[1][keep]], ys[keep]
+    callbacks = []
+    if history is not None or inner is not None:
+        def on_epoch_end(epoch, logs):
+            row = {"epoch": epoch + 1, "loss": float(logs["loss"]), "val_loss": None}
+            if val is not None:
+                row["val_loss"] = float(model.evaluate(val[0], val[1], verbose=0))
+            if inner is not None:
+                logs["stop_loss"] = row["stop_loss"] = float(
+                    model.evaluate(inner[0], inner[1], verbose=0))
+            if history is not None:
+                history.append(row)
+        callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end))
+    if inner is not None:
+        callbacks.append(keras.callbacks.EarlyStopping("stop_loss", patience=patience, mode="min",
+                                                       restore_best_weights=True))
+    model.fit(xs, ys, epochs=epochs, batch_size=batch_size, verbose=verbose, shuffle=True,
+              callbacks=callbacks)
+    batch = train_records[0].get("batch_size", 4096)
+    meta = {"batch_size": int(batch), "backend": train_records[0].get("backend", "?"),
+            "scales": scales.to_dict(), "records": len(train_records)}
+    meta.update(feature_range(flat))
+    result = cm.CostModel(export_params(model, x_mean, x_std, y_scale), meta)
+    result.meta["train_metrics"] = metrics(result, given)
+    result.meta["unseen_metrics"] = metrics(result, list(val_records))
+    return result
+
+
+def feature_range(flat):
+    """{"x_min", "x_max"}: each feature's range over training tables ([n, 21] rows), stored
+    with a model so a planner can tell tables inside what it saw (`CostModel.outside`)."""
+    flat = np.asarray(flat, dtype=float)
+    return {"x_min": [float(f"{v:.6g}") for v in flat.min(axis=0)],
+            "x_max": [float(f"{v:.6g}") for v in flat.max(axis=0)]}
+
+
+def _load_into(keras_model, model):
+    p = model.params
+    for ours, layer in (("1", "table_1"), ("2", "table_2")):
+        keras_model.get_layer(layer).set_weights([p[f"w{ours}"], p[f"b{ours}"]])
+    for stage in cm.STAGES:
+        for k in ("1", "2"):
+            keras_model.get_layer(f"{stage}_{k}").set_weights([p[f"{stage}_w{k}"],
+                                                               p[f"{stage}_b{k}"]])
+
+
 # -- the policy ---------------------------------------------------------------------------------
 class _Adam:
     def __init__(self, params, lr):
@@ -117,7 +373,6 @@ def pool_tasks(num_tasks, profile="cpu", half="train", tables_per_task=80, num_d
 
     Example: pool_tasks(24, "gpu")   # 80 full-size tables on /GPU:0../GPU:7 of 16 GiB each
     """
-    from tfra_dynamic_embedding.placement import workloads  # pylint: disable=import-outside-toplevel
     setup = PROFILES[profile]
     pool = pool or workloads.generate_pool(**setup["pool"])
     train, test = workloads.split_pool(pool, seed=setup["pool"]["seed"])
@@ -199,7 +454,6 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
     stages through `on_measure`, as "measured-cpu" does; it measures a plan's devices
     together), adds each device as a record, refits the cost model from its weights and
     fine-tunes the policy. Small by design."""
-    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import estimators, policy as pol  # pylint: disable=import-outside-toplevel
     measured = []   # (shards, stages) of the devices measured for the current plan
     est = estimators.get_estimator(
@@ -224,7 +478,7 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
                                 "forward_ms": forward_ms, "backward_ms": backward_ms,
                                 "total_ms": forward_ms + backward_ms})
                 added += 1
-        model = cm.fit(records, epochs=epochs, init=model, scales=model.scales)
+        model = fit(records, epochs=epochs, init=model, scales=model.scales)
         policy = train_policy(model, tasks, iterations, policy=policy)
         if log:
             log(f"measurement round {r + 1}/{rounds}: {added} measured devices added, "
@@ -285,7 +539,6 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
 
     Example: train_planner("gpu_shards.jsonl.gz", "weights/", profile="gpu")
     """
-    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import estimators  # pylint: disable=import-outside-toplevel
     setup = PROFILES[profile]
     measure = measure and setup["measure"] is not None
@@ -297,10 +550,10 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
             tf_cpu.set_threads(1)
         except ImportError:
             pass
-    records = cm.load_records(data)
+    records = load_records(data)
     if len(records) < 10:
         raise ValueError(f"{data} holds {len(records)} usable records; need at least 10")
-    train_recs, unseen = cm.split_by_tables(records, seed)
+    train_recs, unseen = split_by_tables(records, seed)
     log(f"{len(records)} records: {len(train_recs)} train, {len(unseen)} with unseen tables, "
         f"{len(records) - len(train_recs) - len(unseen)} mixed (unused)")
     if len(train_recs) < 10:
@@ -312,7 +565,7 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     if oversample_filled > 1:
         log(f"{sum(1 for r in train_recs if r.get('filled'))} filled train records, each "
             f"counted {oversample_filled} times")
-    model = cm.fit(fit_recs, unseen, epochs=epochs, seed=seed, history=cost_history,
+    model = fit(fit_recs, unseen, epochs=epochs, seed=seed, history=cost_history,
                    verbose=2 if log else 0)
     log(f"cost model trained in {time.time() - t0:.1f}s: train {model.meta['train_metrics']}, "
         f"unseen {model.meta['unseen_metrics']}")
@@ -362,7 +615,6 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
 def _set_profile(model, profile):
     """Marks a trained model's profile; a GPU model also stores the all-to-all parameters its
     device costs add (`cost_model.comm_ms`), so they ship with the weights."""
-    from tfra_dynamic_embedding.placement import cost_model as cm  # pylint: disable=import-outside-toplevel
     model.meta["profile"] = profile
     if profile in cm.GPU_PROFILES:
         model.meta["comm"] = comm_lib.AllToAll().params()

@@ -292,7 +292,7 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
 
     `fill`: measure tables holding all their rows; `row_bands` ([(lo, hi)], e.g. from
     `parse_bands`): resize each drawn table (`size_shard`, at most `max_shard_bytes` filled);
-    `split`: "train" / "test", written to each record (`cost_model.split_by_tables` reads it);
+    `split`: "train" / "test", written to each record (`train.split_by_tables` reads it);
     `dims`: the pool's dims.
 
     `backend`: "tf_cpu" (this project's kernels, TensorFlow) or "torch_cuda" (fused
@@ -427,7 +427,7 @@ def add_parser(subparsers):
                      help="with --row-bands, or --backend torch_cuda: most GiB a shard may take"
                      + by_backend)
     col.add_argument("--split", choices=("train", "test"), default=None,
-                     help="write this split into the records (cost_model.split_by_tables)")
+                     help="write this split into the records (train.split_by_tables)")
     col.add_argument("--backend", choices=sorted(BACKENDS), default=tf_cpu.BACKEND,
                      help="tf_cpu: this project's kernels with TensorFlow on the CPU, "
                      "down-scaled pool; torch_cuda: fused EmbeddingBags with PyTorch on a GPU, "

@@ -1,6 +1,6 @@
 """Benchmark records (JSONL, one measured shard per line): reading them back as data and shards.
 
-Written by `collect.py`; read by the cost model's training (`cost_model.load_records`). The
+Written by `collect.py`; read by the cost model's training (`train.load_records`). The
 record format is described in collect.py and placement/data/README.md.
 
 Example:
