@@ -78,9 +78,10 @@ def bound(task, est):
 
 
 def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, on_task=None,
-          on_plan=None, on_proposed=None, measure_bound=True):
+          on_plan=None, on_proposed=None, measure_bound=True, weights=None):
     """Rows per strategy: mean max cost, balance, speedup over random, gap to the bound, scored
-    by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`).
+    by `est`; proposers that use an estimator (cost-greedy) get `plan_est` (default `est`), the
+    learned one the trained `weights` (a directory; None: the shipped ones).
     `bound_fn(task)` gives the bound (default `bound` by `est` unless it measures);
     `on_task(task, strategy)` is called before each strategy's plans are scored,
     `on_proposed(task, {strategy: plans})` once a task's plans are proposed (before a measuring
@@ -100,7 +101,7 @@ def score(tasks, strategies, est, num_random=10, plan_est=None, bound_fn=None, o
             if name == "random":
                 continue
             try:
-                proposed[name] = [proposers.propose(task, name, 0, plan_est)]
+                proposed[name] = [proposers.propose(task, name, 0, plan_est, weights)]
             except PlacementError:
                 failures[name] += 1
         if on_proposed:

@@ -73,7 +73,6 @@ def main(argv=None):
                         help="best-verified: measure this many of best's cheapest plans (0: skip)")
     args = parser.parse_args(argv)
     tf_cpu.set_threads(1)
-    policy.use_weights(args.weights)
     model_est = cm.LearnedEstimator(
         os.path.join(args.weights, "cost_model_cpu.npz") if args.weights else None)
     candidates = ["learned"] + HEURISTICS
@@ -83,14 +82,15 @@ def main(argv=None):
     def best(task, seed=0, estimator=None):
         del estimator
         choice = select.best_plan(task, select.default_estimator(task, args.weights), seed,
-                                  strategies=candidates)
+                                  strategies=candidates, weights=args.weights)
         winners["best"].append(choice.plan.strategy)
         return choice.plan
 
     @proposers.register_strategy("best-analytic", "select.best_plan by the analytic estimator")
     def best_analytic(task, seed=0, estimator=None):
         del estimator
-        choice = select.best_plan(task, "analytic", seed, strategies=candidates)
+        choice = select.best_plan(task, "analytic", seed, strategies=candidates,
+                                  weights=args.weights)
         winners["best-analytic"].append(choice.plan.strategy)
         return choice.plan
 
@@ -111,7 +111,8 @@ def main(argv=None):
             vest.cache = {}
             try:
                 choice = select.best_plan(task, model_est, seed, strategies=candidates,
-                                          verify=vest, verify_top=args.verify_top)
+                                          verify=vest, verify_top=args.verify_top,
+                                          weights=args.weights)
             finally:
                 vest.worker.close()   # its filled tables go before the evaluation fills its own
             winners["best-verified"].append(choice.plan.strategy)
@@ -125,20 +126,13 @@ def main(argv=None):
         @proposers.register_strategy("learned-old", "learned with --old-weights")
         def learned_old(task, seed=0, estimator=None):
             del estimator
-            policy.use_weights(args.old_weights)
-            try:
-                return policy.learned_plan(task, seed)
-            finally:
-                policy.use_weights(args.weights)
+            return policy.learned_plan(task, seed, weights=args.old_weights)
 
         @proposers.register_strategy("best-old", "select.best_plan with --old-weights")
         def best_old(task, seed=0, estimator=None):
             del estimator
-            policy.use_weights(args.old_weights)
-            try:
-                choice = select.best_plan(task, old_est, seed, strategies=candidates)
-            finally:
-                policy.use_weights(args.weights)
+            choice = select.best_plan(task, old_est, seed, strategies=candidates,
+                                      weights=args.old_weights)
             winners["best-old"].append(choice.plan.strategy)
             return choice.plan
 
@@ -187,7 +181,7 @@ def main(argv=None):
     try:
         rows = pe.score(tasks, strategies, mest, num_random=2, plan_est=model_est,
                         bound_fn=lambda task: pe.bound(task, mest), on_task=on_task,
-                        on_plan=on_plan)
+                        on_plan=on_plan, weights=args.weights)
     finally:
         mest.worker.close()
         if vest is not None:

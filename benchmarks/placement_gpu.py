@@ -99,39 +99,41 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, w
     out = {"tasks": [t.to_dict() for t in tasks], "plans": [], "half": half}
     for k, task in enumerate(tasks):
         began = time.time()
-        policy.use_weights(weights)
         for name in proposers.list_strategies():
             if strategies is not None and name not in strategies:
                 continue
             seeds = RANDOM_SEEDS if name == "random" else (0,)
             for seed in seeds:
-                plan = proposers.propose(task, name, seed=seed, estimator=learned)
+                plan = proposers.propose(task, name, seed=seed, estimator=learned,
+                                         weights=weights)
                 out["plans"].append({"task": k, "strategy": name, "seed": seed,
                                      "plan": plan.to_dict()})
         choice = select.best_plan(task, learned,
-                                  judge=select.default_judge(task, learned, weights))
+                                  judge=select.default_judge(task, learned, weights),
+                                  weights=weights)
         out["plans"].append({"task": k, "strategy": "best", "seed": 0, "winner":
                              choice.plan.strategy, "plan": choice.plan.to_dict()})
         if wide_dim:
             margin, policy.COLUMN_MARGIN = policy.COLUMN_MARGIN, 1.0   # keeps no column blocks
             try:
-                plan = proposers.propose(task, "learned", seed=0, estimator=learned)
+                plan = proposers.propose(task, "learned", seed=0, estimator=learned,
+                                         weights=weights)
             finally:
                 policy.COLUMN_MARGIN = margin
             out["plans"].append({"task": k, "strategy": "learned-rows", "seed": 0,
                                  "plan": plan.to_dict()})
         if old is not None:
-            policy.use_weights(old_weights)
-            plan = proposers.propose(task, "learned", seed=0, estimator=old)
+            plan = proposers.propose(task, "learned", seed=0, estimator=old,
+                                     weights=old_weights)
             out["plans"].append({"task": k, "strategy": "learned-old", "seed": 0,
                                  "plan": plan.to_dict()})
             choice = select.best_plan(task, old,
-                                      judge=select.default_judge(task, old, old_weights))
+                                      judge=select.default_judge(task, old, old_weights),
+                                      weights=old_weights)
             out["plans"].append({"task": k, "strategy": "best-old", "seed": 0, "winner":
                                  choice.plan.strategy, "plan": choice.plan.to_dict()})
         print(f"task {k}: {len(out['plans'])} plans so far ({time.time() - began:.1f}s)",
               file=sys.stderr)
-    policy.use_weights(None)
     return out
 
 

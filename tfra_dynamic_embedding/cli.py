@@ -205,7 +205,7 @@ def _out_of_range_text(item, weights, task=None):
 def _run_plan(args):
     from tfra_dynamic_embedding.placement import estimators, evaluate, proposers  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.placement import cost_model, policy, select  # pylint: disable=import-outside-toplevel
-    policy.use_weights(args.weights)  # the "learned" strategy's weights; None: the shipped ones
+    cost_model.check_weights_dir(args.weights)   # the learned weights; None: the shipped ones
     task = _make_task(args, _load_tables(args))
     estimator = args.estimator or select.default_estimator(task, args.weights)
     if args.strategy != "best" and args.strategy not in proposers.list_strategies():
@@ -213,7 +213,7 @@ def _run_plan(args):
                        f"got {args.strategy!r}")
     if args.strategy in ("best", "learned"):
         print(f"learned weights: {cost_model.profile_of(task)} profile "
-              f"({os.path.basename(policy.weights_files(task)[1])})")
+              f"({os.path.basename(policy.weights_files(task, args.weights)[1])})")
         outside = select.learned_out_of_range(task, args.weights)
         if outside:
             print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
@@ -235,7 +235,8 @@ def _run_plan(args):
         choice = select.best_plan(task, estimator, seed=args.seed,
                                   verify=(args.verify_estimator or select.default_verifier(task))
                                   if args.verify_top else None,
-                                  verify_top=args.verify_top or 1, judge=scorer)
+                                  verify_top=args.verify_top or 1, judge=scorer,
+                                  weights=args.weights)
         plan = choice.plan
         best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)
         for candidate in choice.candidates:
@@ -253,7 +254,8 @@ def _run_plan(args):
         print(f"best: {plan.strategy} (by {judged_by}{margin})")
         estimator = scorer   # the report scores the plan as the choice did
     else:
-        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=estimator)
+        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=estimator,
+                                 weights=args.weights)
     report = evaluate.evaluate_plan(plan, estimator, num_random=args.random, seed=args.seed)
     plan.save(args.out)
     _print_report(plan, report)

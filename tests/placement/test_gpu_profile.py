@@ -150,19 +150,15 @@ def test_a_gpu_task_plans_with_the_gpu_weights_a_cpu_task_with_the_cpu_ones(trai
     out, _ = trained
     gpu_task = _task(pool[:16], 4, "/GPU:{i}")
     cpu_task = _task(pool[:16], 4, "/job:ps/task:{i}")
-    try:
-        pol.use_weights(out)
-        assert pol.weights_files(gpu_task) == (os.path.join(out, "cost_model_gpu.npz"),
-                                               os.path.join(out, "policy_gpu.npz"))
-        assert pol.weights_files(cpu_task) == (os.path.join(out, "cost_model_cpu.npz"),
-                                               os.path.join(out, "policy_cpu.npz"))
-        gpu_plan = pol.learned_plan(gpu_task)
-        assert set(loaded) == {"cost_model_gpu.npz", "policy_gpu.npz"}
-        loaded.clear()
-        cpu_plan = pol.learned_plan(cpu_task)
-        assert set(loaded) == {"cost_model_cpu.npz", "policy_cpu.npz"}
-    finally:
-        pol.use_weights(None)
+    assert pol.weights_files(gpu_task, out) == (os.path.join(out, "cost_model_gpu.npz"),
+                                                os.path.join(out, "policy_gpu.npz"))
+    assert pol.weights_files(cpu_task, out) == (os.path.join(out, "cost_model_cpu.npz"),
+                                                os.path.join(out, "policy_cpu.npz"))
+    gpu_plan = pol.learned_plan(gpu_task, weights=out)
+    assert set(loaded) == {"cost_model_gpu.npz", "policy_gpu.npz"}
+    loaded.clear()
+    cpu_plan = pol.learned_plan(cpu_task, weights=out)
+    assert set(loaded) == {"cost_model_cpu.npz", "policy_cpu.npz"}
     # the plans' predicted costs are the GPU model's (with the all-to-all) and the CPU one's
     gpu_est = cm.LearnedEstimator(os.path.join(out, "cost_model_gpu.npz"))
     assert gpu_plan.meta["predicted_max_ms"] == pytest.approx(
@@ -184,11 +180,7 @@ def test_without_gpu_files_gpu_tasks_use_the_cpu_weights(tmp_path, pool, loaded)
     for name in ("cost_model_cpu.npz", "policy_cpu.npz"):
         shutil.copy(os.path.join(cm.DATA_DIR, name), tmp_path / name)
     gpu_task = _task(pool[:12], 3, "/GPU:{i}")
-    try:
-        pol.use_weights(str(tmp_path))
-        plan = pol.learned_plan(gpu_task)
-    finally:
-        pol.use_weights(None)
+    plan = pol.learned_plan(gpu_task, weights=str(tmp_path))
     assert set(loaded) == {"cost_model_cpu.npz", "policy_cpu.npz"}
     assert plan.assignment == pol.plan_task(
         gpu_task, pol.load_policy(), cm.load_cost_model(), samples=pol.BEST_OF).assignment
@@ -232,12 +224,9 @@ def test_a_directory_of_gpu_weights_alone_plans_and_scores_gpu_tasks(trained, po
     shards = [Shard(t, "") for t in pool[:3]]
     assert est.device_cost(shards, "/GPU:0", gpu_task) == pytest.approx(
         expected.device_cost(shards, "/GPU:0", gpu_task))
-    try:
-        code = cli.main(["plan", "--pool", "12", "--devices", "3", "--device-template",
-                         "/GPU:{i}", "--weights", str(gpu_only), "--random", "0",
-                         "--out", str(tmp_path / "p.json")])
-    finally:
-        pol.use_weights(None)
+    code = cli.main(["plan", "--pool", "12", "--devices", "3", "--device-template",
+                     "/GPU:{i}", "--weights", str(gpu_only), "--random", "0",
+                     "--out", str(tmp_path / "p.json")])
     assert code == 0, capsys.readouterr().out
     cpu_task = _task(pool[:12], 3, "/job:ps/task:{i}")
     with pytest.raises(FileNotFoundError, match="cost_model_cpu.npz"):
@@ -311,16 +300,13 @@ def test_plan_command_notes_out_of_range_by_the_gpu_model(capsys, tmp_path, trai
         shutil.copy(os.path.join(out, name), tmp_path / name)
     cm.CostModel(gpu.params, meta).save(str(tmp_path / "cost_model_gpu.npz"))
     notes = {}
-    try:
-        for template in ("/GPU:{i}", "/job:ps/task:{i}"):
-            code = cli.main(["plan", "--pool", "12", "--devices", "2", "--device-template",
-                             template, "--strategy", "learned", "--weights", str(tmp_path),
-                             "--random", "0", "--out", str(tmp_path / "p.json")])
-            text = capsys.readouterr().out
-            assert code == 0, text
-            notes[template] = [line for line in text.splitlines() if line.startswith("note:")]
-    finally:
-        pol.use_weights(None)   # `plan --weights` set them for the process
+    for template in ("/GPU:{i}", "/job:ps/task:{i}"):
+        code = cli.main(["plan", "--pool", "12", "--devices", "2", "--device-template",
+                         template, "--strategy", "learned", "--weights", str(tmp_path),
+                         "--random", "0", "--out", str(tmp_path / "p.json")])
+        text = capsys.readouterr().out
+        assert code == 0, text
+        notes[template] = [line for line in text.splitlines() if line.startswith("note:")]
     assert len(notes["/GPU:{i}"]) == 1 and "standard deviations" in notes["/GPU:{i}"][0]
     assert len(notes["/job:ps/task:{i}"]) == 1
     assert "standard deviations" not in notes["/job:ps/task:{i}"][0]

@@ -111,17 +111,13 @@ def test_planning_imports_no_tensorflow():
     assert run_python(code) == "False"
 
 
-def test_use_weights_directory(tmp_path, small_pool):
+def test_weights_directory(tmp_path, small_pool):
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=10, num_devices=2)[0]
     with pytest.raises(ValueError, match="does not exist"):
-        pol.use_weights(str(tmp_path / "nope"))
+        proposers.propose(task, "learned", weights=str(tmp_path / "nope"))
     cm.load_cost_model().save(str(tmp_path / "cost_model_cpu.npz"))
     pol.load_policy().save(str(tmp_path / "policy_cpu.npz"))
-    task = workloads.make_tasks(small_pool, 1, tables_per_task=10, num_devices=2)[0]
-    try:
-        pol.use_weights(str(tmp_path))
-        plan = proposers.propose(task, "learned")
-    finally:
-        pol.use_weights(None)
+    plan = proposers.propose(task, "learned", weights=str(tmp_path))
     assert plan.assignment == proposers.propose(task, "learned").assignment
 
 

@@ -79,16 +79,27 @@ def profile_of(task):
     return "gpu_wide" if any(t.dim > WIDE_DIM for t in task.tables) else "gpu"
 
 
+def check_weights_dir(directory):
+    """`directory` (a directory of trained weights, or None for the shipped ones); ValueError
+    when it does not exist, as a mistyped --weights would otherwise plan with other weights.
+
+    Example: check_weights_dir("my_weights/")
+    """
+    if directory is not None and not os.path.isdir(directory):
+        raise ValueError(f"weights directory {directory!r} does not exist")
+    return directory
+
+
 def weights_file(kind, profile="cpu", directory=None):
     """Path of `directory`/{kind}_{profile}.npz (kind "cost_model" or "policy"; directory None:
-    the shipped data), or of the file the profile falls back to (`FALLBACK`) when it has none
-    there.
+    the shipped data; ValueError when it does not exist), or of the file the profile falls back
+    to (`FALLBACK`) when it has none there.
 
     Example: weights_file("policy", "gpu_wide", "my_gpu_weights/")   # its policy_gpu.npz
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}; got {profile!r}")
-    directory = directory or DATA_DIR
+    directory = check_weights_dir(directory) or DATA_DIR
     path = os.path.join(directory, f"{kind}_{profile}.npz")
     while profile in FALLBACK and not os.path.exists(path):
         profile = FALLBACK[profile]

@@ -21,8 +21,9 @@ cost drops, then onto the cheapest while its cost rises without raising the max;
 The strategy "learned" (shipped weights of the task's hardware profile, `cm.profile_of`: GPU
 devices use cost_model_gpu.npz / policy_gpu.npz, or the *_gpu_wide.npz ones for a task with a
 table wider than the pool's, falling back as `cm.weights_file` does; no training step;
-proposers.py names it):
+proposers.py names it; trained weights are passed in, never set for the process):
     plan = propose(task, "learned")
+    plan = propose(task, "learned", weights="my_weights/")   # `tfra-de train-planner --out`
 
 A GPU cost model predicts compute only; `Problem` adds each device's modelled all-to-all
 (`cm.comm_ms`) to the costs the policy and the local search balance.
@@ -485,28 +486,17 @@ def _to_plan(problem, choices, seed, meta):
     return plan
 
 
-_WEIGHTS_DIR = [None]
-
-
-def use_weights(directory):
-    """Makes the "learned" strategy load its weights from `directory` (None: the shipped
-    package data), e.g. the --out of `tfra-de train-planner`: cost_model_{profile}.npz /
-    policy_{profile}.npz of each task's profile, the cpu files where a gpu one is missing
-    (`cm.weights_file`)."""
-    if directory is not None and not os.path.isdir(directory):
-        raise ValueError(f"weights directory {directory!r} does not exist")
-    _WEIGHTS_DIR[0] = directory
-
-
-def weights_files(task):
+def weights_files(task, weights=None):
     """(cost model path, policy path) the "learned" strategy plans `task` with: the files of
-    its profile (`cm.profile_of`) in the `use_weights` directory or the shipped data.
+    its profile (`cm.profile_of`) in the directory `weights` (e.g. the --out of `tfra-de
+    train-planner`; None: the shipped data), the cpu files where a gpu one is missing
+    (`cm.weights_file`).
 
-    Example: weights_files(gpu_task)   # (.../cost_model_gpu.npz, .../policy_gpu.npz) if present
+    Example: weights_files(gpu_task, "my_weights/")   # (.../cost_model_gpu.npz, .../policy_gpu.npz)
     """
-    profile, directory = cm.profile_of(task), _WEIGHTS_DIR[0]
-    return (cm.weights_file("cost_model", profile, directory),
-            cm.weights_file("policy", profile, directory))
+    profile = cm.profile_of(task)
+    return (cm.weights_file("cost_model", profile, weights),
+            cm.weights_file("policy", profile, weights))
 
 
 def load_policy(path=None):
@@ -516,7 +506,7 @@ def load_policy(path=None):
 
 
 def plan_task(task, policy=None, model=None, samples=0, seed=0,
-              search_evaluations=SEARCH_EVALUATIONS, hot_splits=HOT_SPLITS):
+              search_evaluations=SEARCH_EVALUATIONS, hot_splits=HOT_SPLITS, weights=None):
     """A Plan of `task` by the policy: greedy decode, plus best-of-`samples` sampled episodes
     scored by the cost model, then local search (`improve`) scoring up to `search_evaluations`
     candidate moves (0: none).
@@ -528,8 +518,9 @@ def plan_task(task, policy=None, model=None, samples=0, seed=0,
     best without.
     A dead end (memory) is retried in bytes-first order; if that fails too, the
     Partition's PlacementError is raised.
-    `policy` / `model` None: the weights of the task's profile (`weights_files`)."""
-    model_path, policy_path = weights_files(task)
+    `policy` / `model` None: the weights of the task's profile in the directory `weights`
+    (`weights_files`; None: the shipped ones)."""
+    model_path, policy_path = weights_files(task, weights)
     model = cm.load_cost_model(model_path if model is None else model)
     policy = load_policy(policy_path if policy is None else policy)
     whole = Problem(task, model)
@@ -595,22 +586,23 @@ def _decode(problem, policy, samples, seed, search_evaluations):
     return best, float(best_cost), {"decode": how, "order": order}
 
 
-def learned_plan(task, seed=0, estimator=None):
+def learned_plan(task, seed=0, estimator=None, weights=None):
     """RL policy over the learned cost model (shipped CPU weights; numpy inference)
 
-    The shipped RL policy over the shipped neural cost model (the GPU ones for tasks on GPUs
-    once shipped, `weights_files`): greedy decode, plus the best of 16 sampled plans (by the
-    cost model) for tasks of up to 200 tables, each with tables whole and with hot tables
-    cut at 1.0, 0.7 and 0.5 x L (by rows, and the wide ones by columns); bigger tasks decode
-    once, cutting tables costlier than 0.5 x L (the best single choice by the cost model on
-    400/40 and 800/80 tasks) with a smaller local-search budget, to keep planning fast."""
+    The RL policy over the neural cost model of the task's profile, from the directory
+    `weights` (None: the shipped ones; `weights_files`): greedy decode, plus the best of 16
+    sampled plans (by the cost model) for tasks of up to 200 tables, each with tables whole
+    and with hot tables cut at 1.0, 0.7 and 0.5 x L (by rows, and the wide ones by columns);
+    bigger tasks decode once, cutting tables costlier than 0.5 x L (the best single choice by
+    the cost model on 400/40 and 800/80 tasks) with a smaller local-search budget, to keep
+    planning fast."""
     del estimator
     small = len(task.tables) <= 200
     return plan_task(task, seed=seed, samples=BEST_OF if small else 0,
                      hot_splits=HOT_SPLITS if small else (HOT_SPLITS[-1],),
                      search_evaluations=SEARCH_EVALUATIONS if small
-                     else BIG_TASK_SEARCH_EVALUATIONS)
+                     else BIG_TASK_SEARCH_EVALUATIONS, weights=weights)
 
 
 __all__ = ["Policy", "Problem", "PlacementError", "learned_plan", "load_policy", "plan_task",
-           "rollout", "use_weights", "weights_files"]
+           "rollout", "weights_files"]

@@ -1,8 +1,10 @@
 """Proposers: strategies that place a task's pieces on devices, and the one table naming them.
 
-A proposer is `fn(task, seed=0, estimator=None) -> Plan`. The built-in ones are listed in
-`_STRATEGIES` (the RL policy as "learned", imported from policy.py on first use);
-`register_strategy(name)` adds one. Built in:
+A proposer is `fn(task, seed=0, estimator=None) -> Plan` (`types.Proposer`). The built-in ones
+are listed in `_STRATEGIES` (the RL policy as "learned", imported from policy.py on first use);
+`register_strategy(name)` adds one. A learned proposer also takes `weights=`, the directory of
+its trained weights: `propose(..., weights=)` and `get_strategy(name, weights)` pass it to the
+strategies in `_LEARNED`. Built in:
 
   random               each table to a uniformly random device with room
   size-greedy          biggest tables first, each to the device with the least total size
@@ -31,6 +33,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -41,15 +44,18 @@ from tfra_dynamic_embedding.placement.pieces import (Partition, column_options, 
 from tfra_dynamic_embedding.placement.types import PlacementError
 
 
-def register_strategy(name, description=""):
+def register_strategy(name, description="", learned=False):
     """Decorator adding a proposer `fn(task, seed=0, estimator=None) -> Plan` under `name`
-    (for extensions: the built-in ones are listed in `_STRATEGIES`)."""
+    (for extensions: the built-in ones are listed in `_STRATEGIES`); `learned`: it also takes
+    `weights=` (a directory of trained weights; None: its shipped ones)."""
     def decorate(fn):
         if name in _STRATEGIES and _STRATEGIES[name] is not fn:
             raise ValueError(f"strategy {name!r} is already registered")
         fn.strategy_name = name
         fn.description = description or (fn.__doc__ or "").strip().split("\n")[0]
         _STRATEGIES[name] = fn
+        if learned:
+            _LEARNED.add(name)
         return fn
     return decorate
 
@@ -57,6 +63,7 @@ def register_strategy(name, description=""):
 def unregister_strategy(name):
     """Removes a registered strategy (for plug-ins and tests)."""
     _STRATEGIES.pop(name, None)
+    _LEARNED.discard(name)
 
 
 def list_strategies():
@@ -64,11 +71,18 @@ def list_strategies():
     return list(_STRATEGIES)
 
 
-def get_strategy(name):
-    """The proposer registered as `name` (a "module:attr" entry is imported now)."""
+def get_strategy(name, weights=None):
+    """The proposer registered as `name` (a "module:attr" entry is imported now); for a learned
+    one (`_LEARNED`) with `weights` given, bound to those trained weights.
+
+    Example: get_strategy("learned", "my_weights/")(task)   # plans with my_weights/*.npz
+    """
     if name not in _STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {list_strategies()}")
-    return estimators.resolve(_STRATEGIES[name])
+    fn = estimators.resolve(_STRATEGIES[name])
+    if weights is not None and name in _LEARNED:
+        return functools.partial(fn, weights=weights)
+    return fn
 
 
 def describe_strategy(name):
@@ -77,9 +91,10 @@ def describe_strategy(name):
     return getattr(fn, "description", None) or (fn.__doc__ or "").strip().split("\n")[0]
 
 
-def propose(task, strategy="lookup-greedy", seed=0, estimator=None):
-    """A validated Plan of `task` by the named strategy."""
-    plan = get_strategy(strategy)(task, seed=seed, estimator=estimator)
+def propose(task, strategy="lookup-greedy", seed=0, estimator=None, weights=None):
+    """A validated Plan of `task` by the named strategy; `weights`: the trained weights a
+    learned one plans with (a directory; None: the shipped ones, see `get_strategy`)."""
+    plan = get_strategy(strategy, weights)(task, seed=seed, estimator=estimator)
     plan.validate()
     return plan
 
@@ -322,3 +337,5 @@ _STRATEGIES = {
     "column-greedy": column_greedy,
     "learned": "tfra_dynamic_embedding.placement.policy:learned_plan",
 }
+# The strategies that take `weights=` (trained weights), which `get_strategy` binds.
+_LEARNED = {"learned"}

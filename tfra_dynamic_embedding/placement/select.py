@@ -75,13 +75,15 @@ class Choice:
 
 
 def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify_top=3,
-              judge=None):
+              judge=None, weights=None):
     """Proposes `task` with every registered strategy but random (or `strategies`), scores
     each plan's max device cost with `judge`, returns a `Choice` holding the cheapest plan.
 
     estimator: what the proposers use (cost-greedy, column-greedy); None:
     `default_estimator(task)`. judge: what scores the candidates; None: `estimator` when one
-    was given, else `default_judge(task, ...)` (the default's own rule).
+    was given, else `default_judge(task, ...)` (the default's own rule). weights: the
+    directory of trained weights the learned proposer (and the default estimator and judge)
+    use; None: the shipped ones.
 
     verify: None, or an estimator (name or instance) that re-scores the `verify_top` cheapest
     distinct plans (strategies that proposed the same placement count once); the cheapest by it
@@ -91,9 +93,10 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
     """
     if verify is not None and int(verify_top) < 1:
         raise ValueError(f"verify_top must be >= 1; got {verify_top!r}")
-    est = estimators.get_estimator(default_estimator(task) if estimator is None else estimator)
+    est = estimators.get_estimator(default_estimator(task, weights) if estimator is None
+                                   else estimator)
     if judge is None:
-        judge = est if estimator is not None else default_judge(task, est)
+        judge = est if estimator is not None else default_judge(task, est, weights)
     judge = estimators.get_estimator(judge)
     names = list(strategies) if strategies else [
         s for s in proposers.list_strategies() if s not in SKIPPED]
@@ -104,7 +107,7 @@ def best_plan(task, estimator=None, seed=0, strategies=None, verify=None, verify
     plans, candidates = {}, []
     for name in names:
         try:
-            plan = proposers.propose(task, name, seed=seed, estimator=est)
+            plan = proposers.propose(task, name, seed=seed, estimator=est, weights=weights)
         except (ValueError, RuntimeError) as error:   # e.g. PlacementError: tables do not fit
             candidates.append(Candidate(name, error=f"{type(error).__name__}: {error}"))
             continue
