@@ -13,8 +13,8 @@ devices holding it, so the whole task must fit in memory (its tables ~4.4 GiB at
 1/8, ~8.8 GiB at 1/4, plus ~75 MB of TensorFlow per device).
 
 Strategies: random, every heuristic, cost-greedy (the cost model's greedy), learned, and
-"best" = `select.best_plan` over learned and the heuristics scored by
-`select.default_estimator` (the learned cost model: the default `tfra-de plan`),
+"best" = `planner.Planner` over learned and the heuristics scored by
+`planner.default_estimator` (the learned cost model: the default `tfra-de plan`),
 "best-analytic" the same scored by the analytic estimator (the default on CPU tasks before),
 "best-verified" = the same with its --verify-top cheapest plans
 measured and the cheapest measured kept (`tfra-de plan --verify-top`); with --old-weights also
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import placement_eval as pe  # noqa: E402  (benchmarks/ is on the path of a script run from it)
 from tfra_dynamic_embedding.placement import cost_model as cm  # noqa: E402
-from tfra_dynamic_embedding.placement import evaluate, policy, proposers, select, workloads  # noqa: E402
+from tfra_dynamic_embedding.placement import evaluate, planner, policy, proposers, workloads  # noqa: E402
 
 HEURISTICS = ["size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy",
               "capacity-balanced", "load-balanced", "nsbp", "cost-greedy"]
@@ -78,19 +78,18 @@ def main(argv=None):
     candidates = ["learned"] + HEURISTICS
     winners = {"best": [], "best-analytic": [], "best-old": []}
 
-    @proposers.register_strategy("best", "select.best_plan by the default estimator")
+    @proposers.register_strategy("best", "the Planner by the default estimator")
     def best(task, seed=0, estimator=None):
         del estimator
-        choice = select.best_plan(task, select.default_estimator(task, args.weights), seed,
-                                  strategies=candidates, weights=args.weights)
+        choice = planner.Planner(planner.default_estimator(task, args.weights), candidates,
+                                 weights=args.weights).plan(task, seed)
         winners["best"].append(choice.plan.strategy)
         return choice.plan
 
-    @proposers.register_strategy("best-analytic", "select.best_plan by the analytic estimator")
+    @proposers.register_strategy("best-analytic", "the Planner by the analytic estimator")
     def best_analytic(task, seed=0, estimator=None):
         del estimator
-        choice = select.best_plan(task, "analytic", seed, strategies=candidates,
-                                  weights=args.weights)
+        choice = planner.Planner("analytic", candidates, weights=args.weights).plan(task, seed)
         winners["best-analytic"].append(choice.plan.strategy)
         return choice.plan
 
@@ -105,14 +104,14 @@ def main(argv=None):
                                         fill=True, max_together=100_000, cache_size=1 << 20)
         winners["best-verified"] = []
 
-        @proposers.register_strategy("best-verified", "select.best_plan, top plans measured")
+        @proposers.register_strategy("best-verified", "the Planner, top plans measured")
         def best_verified(task, seed=0, estimator=None):
             del estimator
             vest.cache = {}
             try:
-                choice = select.best_plan(task, model_est, seed, strategies=candidates,
-                                          verify=vest, verify_top=args.verify_top,
-                                          weights=args.weights)
+                choice = planner.Planner(model_est, candidates, weights=args.weights,
+                                         verifier=vest,
+                                         verify_top=args.verify_top).plan(task, seed)
             finally:
                 vest.worker.close()   # its filled tables go before the evaluation fills its own
             winners["best-verified"].append(choice.plan.strategy)
@@ -128,11 +127,11 @@ def main(argv=None):
             del estimator
             return policy.learned_plan(task, seed, weights=args.old_weights)
 
-        @proposers.register_strategy("best-old", "select.best_plan with --old-weights")
+        @proposers.register_strategy("best-old", "the Planner with --old-weights")
         def best_old(task, seed=0, estimator=None):
             del estimator
-            choice = select.best_plan(task, old_est, seed, strategies=candidates,
-                                      weights=args.old_weights)
+            choice = planner.Planner(old_est, candidates,
+                                     weights=args.old_weights).plan(task, seed)
             winners["best-old"].append(choice.plan.strategy)
             return choice.plan
 

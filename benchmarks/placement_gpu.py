@@ -24,7 +24,7 @@ Tasks: 80 tables of the second (unseen) half of the full-size MetaSyn-like GPU p
 registered strategy (cost-greedy and column-greedy score with the learned GPU cost model),
 `random` (3 seeds), and `best` (what `tfra-de plan` does by default: every strategy proposes,
 the learned estimator picks, or the analytic one where a table's shape lies far outside what
-the weights saw: `select.default_judge`; tasks with a table wider than 128 plan with the
+the weights saw: `planner.default_judge`; tasks with a table wider than 128 plan with the
 `gpu_wide` weights, `cost_model.profile_of`); with --old-weights also "learned-old" / "best-old"
 planned with other weights (e.g. the shipped ones beside retrained ones, measured in the same run).
 Measured cost of a device: its pieces as fused EmbeddingBags,
@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 
-from tfra_dynamic_embedding.placement import estimators, proposers, select, train
+from tfra_dynamic_embedding.placement import estimators, planner, proposers, train
 from tfra_dynamic_embedding.placement.benchmark import collect, torch_cuda
 from tfra_dynamic_embedding.placement.comm import AllToAll, pooled_bytes
 from tfra_dynamic_embedding.placement.types import Plan, Shard, Task
@@ -108,9 +108,8 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, w
                                          weights=weights)
                 out["plans"].append({"task": k, "strategy": name, "seed": seed,
                                      "plan": plan.to_dict()})
-        choice = select.best_plan(task, learned,
-                                  judge=select.default_judge(task, learned, weights),
-                                  weights=weights)
+        choice = planner.Planner(learned, judge=planner.default_judge,
+                                 weights=weights).plan(task)
         out["plans"].append({"task": k, "strategy": "best", "seed": 0, "winner":
                              choice.plan.strategy, "plan": choice.plan.to_dict()})
         if wide_dim:
@@ -127,9 +126,8 @@ def make_plans(num_tasks, weights=None, old_weights=None, task_seed=TASK_SEED, w
                                      weights=old_weights)
             out["plans"].append({"task": k, "strategy": "learned-old", "seed": 0,
                                  "plan": plan.to_dict()})
-            choice = select.best_plan(task, old,
-                                      judge=select.default_judge(task, old, old_weights),
-                                      weights=old_weights)
+            choice = planner.Planner(old, judge=planner.default_judge,
+                                     weights=old_weights).plan(task)
             out["plans"].append({"task": k, "strategy": "best-old", "seed": 0, "winner":
                                  choice.plan.strategy, "plan": choice.plan.to_dict()})
         print(f"task {k}: {len(out['plans'])} plans so far ({time.time() - began:.1f}s)",

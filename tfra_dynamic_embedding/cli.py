@@ -17,7 +17,6 @@ list it in `SUBCOMMANDS`. Placement commands never import TensorFlow themselves.
 import argparse
 import importlib
 import json
-import math
 import os
 import sys
 
@@ -187,76 +186,29 @@ def add_plan_parser(subparsers):
     return parser
 
 
-def _out_of_range_text(item, weights, task=None):
-    """'t07, feature size_gb at 0.9 range widths beyond its training range' of one entry of
-    `select.learned_out_of_range` (by the cost model of `task`'s profile)."""
-    from tfra_dynamic_embedding.placement import features, select  # pylint: disable=import-outside-toplevel
-    name, index, distance = item
-    feature = features.FEATURE_NAMES[index] if index < len(features.FEATURE_NAMES) else index
-    model = select.learned_cost_model(weights, task)
-    if not model.has_range:   # weights without a stored range: z-scores
-        return f"{name}, feature {feature} at {distance:+.1f} standard deviations"
-    if math.isinf(distance):  # a feature that was constant in training
-        return (f"{name}, feature {feature}, which was {model.meta['x_min'][index]:g} "
-                f"throughout training")
-    return f"{name}, feature {feature} at {distance:.1f} range widths beyond its training range"
-
-
 def _run_plan(args):
-    from tfra_dynamic_embedding.placement import estimators, evaluate, proposers  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.placement import cost_model, policy, select  # pylint: disable=import-outside-toplevel
-    cost_model.check_weights_dir(args.weights)   # the learned weights; None: the shipped ones
-    task = _make_task(args, _load_tables(args))
-    estimator = args.estimator or select.default_estimator(task, args.weights)
+    from tfra_dynamic_embedding.placement import evaluate, proposers  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.placement.planner import Planner  # pylint: disable=import-outside-toplevel
     if args.strategy != "best" and args.strategy not in proposers.list_strategies():
         raise CliError(f"--strategy must be 'best' or one of {proposers.list_strategies()}; "
                        f"got {args.strategy!r}")
-    if args.strategy in ("best", "learned"):
-        print(f"learned weights: {cost_model.profile_of(task)} profile "
-              f"({os.path.basename(policy.weights_files(task, args.weights)[1])})")
-        outside = select.learned_out_of_range(task, args.weights)
-        if outside:
-            print(f"note: {len(outside)} of {len(task.tables)} tables lie outside what the "
-                  f"learned cost model was trained on (worst: "
-                  f"{_out_of_range_text(outside[0], args.weights, task)}); its predictions "
-                  f"there are extrapolations")
     if args.verify_top < 0:
         raise CliError(f"--verify-top must be >= 0; got {args.verify_top}")
     if args.verify_top and args.strategy != "best":
         raise CliError(f"--verify-top needs --strategy best; got --strategy {args.strategy}")
+    planner = Planner(args.estimator or None, None if args.strategy == "best" else [args.strategy],
+                      weights=args.weights,
+                      verifier=(args.verify_estimator or None) if args.verify_top else None,
+                      verify_top=args.verify_top)
+    task = _make_task(args, _load_tables(args))
+    choice = planner.plan(task, seed=args.seed)
+    for note in choice.notes:
+        print(note)
     if args.strategy == "best":
-        estimator = estimators.get_estimator(estimator)
-        scorer = estimator if args.estimator else select.default_judge(task, estimator,
-                                                                        args.weights)
-        if scorer is not estimator:
-            print(f"note: tables lie more than {select.EXTRAPOLATION_LIMIT} training ranges "
-                  f"beyond what the learned cost model saw, so the {scorer.name} estimator "
-                  f"scores the candidates (pass --estimator to choose)")
-        choice = select.best_plan(task, estimator, seed=args.seed,
-                                  verify=(args.verify_estimator or select.default_verifier(task))
-                                  if args.verify_top else None,
-                                  verify_top=args.verify_top or 1, judge=scorer,
-                                  weights=args.weights)
-        plan = choice.plan
-        best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)
-        for candidate in choice.candidates:
-            cost = ("failed: " + candidate.error if candidate.max_cost is None
-                    else f"max cost {candidate.max_cost * 1e3:.3f} ms"
-                    + (f" (+{candidate.max_cost / best_cost - 1:.1%})" if best_cost else ""))
-            if candidate.verified_cost is not None:
-                cost += f", {choice.verified_by} {candidate.verified_cost * 1e3:.3f} ms"
-            print(f"  candidate {candidate.strategy:<20s} {cost}")
-        margin = ("" if choice.margin is None else ", tied with the runner-up"
-                  if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
-        judged_by = (f"the {choice.verified_by} estimator of the {args.verify_top} cheapest by "
-                     f"the {choice.estimator} estimator" if choice.verified_by
-                     else f"the {choice.estimator} estimator")
-        print(f"best: {plan.strategy} (by {judged_by}{margin})")
-        estimator = scorer   # the report scores the plan as the choice did
-    else:
-        plan = proposers.propose(task, args.strategy, seed=args.seed, estimator=estimator,
-                                 weights=args.weights)
-    report = evaluate.evaluate_plan(plan, estimator, num_random=args.random, seed=args.seed)
+        _print_candidates(choice, args.verify_top)
+    plan = choice.plan
+    # the report scores the plan as the choice did
+    report = evaluate.evaluate_plan(plan, choice.judge, num_random=args.random, seed=args.seed)
     plan.save(args.out)
     _print_report(plan, report)
     print(f"wrote {args.out}")
@@ -264,6 +216,23 @@ def _run_plan(args):
         evaluate.plot_plan(plan, report, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _print_candidates(choice, verify_top):
+    best_cost = min(c.max_cost for c in choice.candidates if c.max_cost is not None)
+    for candidate in choice.candidates:
+        cost = ("failed: " + candidate.error if candidate.max_cost is None
+                else f"max cost {candidate.max_cost * 1e3:.3f} ms"
+                + (f" (+{candidate.max_cost / best_cost - 1:.1%})" if best_cost else ""))
+        if candidate.verified_cost is not None:
+            cost += f", {choice.verified_by} {candidate.verified_cost * 1e3:.3f} ms"
+        print(f"  candidate {candidate.strategy:<20s} {cost}")
+    margin = ("" if choice.margin is None else ", tied with the runner-up"
+              if choice.margin == 0 else f", {choice.margin:.1%} below the runner-up")
+    judged_by = (f"the {choice.verified_by} estimator of the {verify_top} cheapest by "
+                 f"the {choice.estimator} estimator" if choice.verified_by
+                 else f"the {choice.estimator} estimator")
+    print(f"best: {choice.plan.strategy} (by {judged_by}{margin})")
 
 
 # -- evaluate --------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import tensorflow as tf
 
 import tfra_dynamic_embedding as de
 from tfra_dynamic_embedding.placement import (apply, column_split, estimators, evaluate, pieces,
-                                              policy, proposers, select)
+                                              policy, proposers)
 from tfra_dynamic_embedding.placement.cost_model import LearnedEstimator
+from tfra_dynamic_embedding.placement.planner import Planner
 from tfra_dynamic_embedding.placement.types import (PLAN_FORMAT, PLAN_FORMAT_COLUMNS, DeviceCost,
                                                     DeviceSpec, Plan, Shard, TableSpec, Task,
                                                     column_block_spec, make_devices)
@@ -224,7 +225,7 @@ def test_column_greedy_cuts_the_hot_wide_table_and_wins():
             other = proposers.propose(task, name)
             assert not other.columns, name
             assert max(est.plan_costs(other).values()) >= hot_cost > column_max, name
-    choice = select.best_plan(task, "analytic")
+    choice = Planner("analytic").plan(task)
     assert choice.plan.strategy == "column-greedy" and choice.plan.columns == plan.columns
     assert choice.candidates[0].max_cost == pytest.approx(column_max)
     assert choice.margin > 1.0
@@ -252,7 +253,7 @@ def test_column_greedy_is_cost_greedy_where_no_split_pays():
         plan = proposers.propose(task, "column-greedy")
         greedy = proposers.propose(task, "cost-greedy")
         assert plan.columns == {} and plan.assignment == greedy.assignment
-        choice = select.best_plan(task)     # ties go to the strategy listed first
+        choice = Planner().plan(task)     # ties go to the strategy listed first
         assert choice.plan.strategy != "column-greedy"
 
 
@@ -304,7 +305,7 @@ def test_learned_cuts_a_hot_wide_table_by_columns(monkeypatch):
     for name in ("cost-greedy", "column-greedy"):
         other = proposers.propose(task, name, estimator=est)
         assert learned_max < max(est.plan_costs(other).values()), name
-    choice = select.best_plan(task)
+    choice = Planner().plan(task)
     assert choice.plan.strategy == "learned" and choice.plan.columns == plan.columns
     again = Plan.from_json(plan.to_json())
     assert again.columns == plan.columns and again.assignment == plan.assignment

@@ -19,7 +19,7 @@ from tfra_dynamic_embedding import cli
 from tfra_dynamic_embedding.placement import comm
 from tfra_dynamic_embedding.placement import cost_model as cm
 from tfra_dynamic_embedding.placement import policy as pol
-from tfra_dynamic_embedding.placement import proposers, select, train, types, workloads
+from tfra_dynamic_embedding.placement import planner, proposers, train, types, workloads
 from tfra_dynamic_embedding.placement.types import DeviceSpec, Shard, Task
 
 GPU_POOL = {"num_tables": 856, "seed": 0, "batch_size": 65536, "row_scale": 1}
@@ -169,10 +169,10 @@ def test_a_gpu_task_plans_with_the_gpu_weights_a_cpu_task_with_the_cpu_ones(trai
     # CPU tasks plan as with the shipped weights
     assert cpu_plan.assignment == pol.learned_plan(cpu_task).assignment
     # the out-of-range check reads the model of the task's profile
-    assert select.learned_cost_model(out, gpu_task).profile == "gpu"
-    assert select.learned_cost_model(out, cpu_task).profile == "cpu"
+    assert planner.learned_cost_model(out, gpu_task).profile == "gpu"
+    assert planner.learned_cost_model(out, cpu_task).profile == "cpu"
     loaded.clear()
-    select.learned_out_of_range(gpu_task, out)
+    planner.learned_out_of_range(gpu_task, out)
     assert loaded == ["cost_model_gpu.npz"]
 
 
@@ -196,15 +196,15 @@ def test_without_gpu_files_gpu_tasks_use_the_cpu_weights(tmp_path, pool, loaded)
 def test_shipped_gpu_weights_plan_and_score_gpu_tasks(pool):
     gpu_task = _task(pool[:12], 3, "/GPU:{i}")
     cpu_task = _task(pool[:12], 3, "/job:ps/task:{i}")
-    assert select.learned_cost_model(None, gpu_task).profile == "gpu"
-    assert select.learned_cost_model(None, gpu_task).meta["backend"] == "torch_cuda"
+    assert planner.learned_cost_model(None, gpu_task).profile == "gpu"
+    assert planner.learned_cost_model(None, gpu_task).meta["backend"] == "torch_cuda"
     assert pol.weights_files(gpu_task)[1].endswith("policy_gpu.npz")
-    default = select.default_estimator(gpu_task)
+    default = planner.default_estimator(gpu_task)
     assert default.name == "learned" and default.model_for(gpu_task).profile == "gpu"
-    cpu_default = select.default_estimator(cpu_task)
+    cpu_default = planner.default_estimator(cpu_task)
     assert cpu_default.name == "learned" and cpu_default.model_for(cpu_task).profile == "cpu"
-    assert select.default_verifier(gpu_task) == "measured-gpu"
-    assert select.default_verifier(cpu_task) == "measured-cpu"
+    assert planner.default_verifier(gpu_task) == "measured-gpu"
+    assert planner.default_verifier(cpu_task) == "measured-cpu"
 
 
 def test_a_directory_of_gpu_weights_alone_plans_and_scores_gpu_tasks(trained, pool, tmp_path,
@@ -218,7 +218,7 @@ def test_a_directory_of_gpu_weights_alone_plans_and_scores_gpu_tasks(trained, po
     for name in ("cost_model_gpu.npz", "policy_gpu.npz"):
         shutil.copy(os.path.join(out, name), gpu_only / name)
     gpu_task = _task(pool[:12], 3, "/GPU:{i}")
-    est = select.default_estimator(gpu_task, str(gpu_only))
+    est = planner.default_estimator(gpu_task, str(gpu_only))
     assert est.name == "learned"
     expected = cm.LearnedEstimator(str(gpu_only / "cost_model_gpu.npz"))
     shards = [Shard(t, "") for t in pool[:3]]

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from tfra_dynamic_embedding.placement.types import (DeviceCost, DeviceSpec, PlacementError, Plan,
-                                                    TableSpec, Task, format_bytes, make_devices,
-                                                    parse_bytes)
+from tfra_dynamic_embedding.placement import cost_model, estimators, proposers
+from tfra_dynamic_embedding.placement.types import (DeviceCost, DeviceSpec, Estimator,
+                                                    PlacementError, Plan, Proposer, TableSpec,
+                                                    Task, format_bytes, make_devices, parse_bytes)
 
 from .helpers import table, task
 
@@ -126,3 +127,13 @@ def test_plan_validate_memory_names_tables_and_excess():
     with pytest.raises(PlacementError, match=r"/GPU:0 over by 30 B .*\['item'\]") as info:
         plan.validate()
     assert info.value.tables == ["item"] and info.value.shortfall_bytes == 30
+
+
+
+def test_the_built_in_stages_have_the_stage_interfaces():
+    for name in ("analytic", "learned"):
+        assert isinstance(estimators.get_estimator(name), Estimator)
+    assert isinstance(cost_model.LearnedEstimator(), Estimator)
+    for name in proposers.list_strategies():
+        assert isinstance(proposers.get_strategy(name), Proposer), name
+    assert not isinstance(object(), Estimator) and not isinstance(object(), Proposer)

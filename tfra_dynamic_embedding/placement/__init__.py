@@ -9,7 +9,8 @@
   estimators  what the shards on a device cost: analytic | learned (cost_model) | measured
               (CPU: benchmark/tf_cpu, GPU: benchmark/torch_cuda; comm: the GPUs' all-to-all)
   proposers   strategies that place pieces: heuristics | learned (policy, the RL proposer)
-  select      the best plan of all strategies, by one estimator
+  planner     Planner(estimator, proposers, judge, weights).plan(task): the one place that
+              plans (every strategy proposes, one estimator judges, the cheapest wins)
   apply       a Plan -> the devices of de.Variables (row slices: the key-mod partitioner)
   column_split  a table split by columns -> one de.Variable (or Keras Embedding) per block
   evaluate    reports and plots (reads plans; no stage imports it)
@@ -31,14 +32,13 @@ no TensorFlow: apply.py and the "measured-cpu" estimator load it when used.
 from tfra_dynamic_embedding.placement.estimators import get_estimator
 from tfra_dynamic_embedding.placement.evaluate import evaluate_plan
 from tfra_dynamic_embedding.placement.loaders import load_tables
+from tfra_dynamic_embedding.placement.planner import Planner
 from tfra_dynamic_embedding.placement.proposers import propose
-from tfra_dynamic_embedding.placement.select import best_plan
 from tfra_dynamic_embedding.placement.types import (DeviceSpec, PlacementError, Plan, Shard,
                                                     TableSpec, Task)
 from tfra_dynamic_embedding.placement.workloads import generate_pool, make_tasks
 
 __all__ = [
-    "DeviceSpec", "PlacementError", "Plan", "Shard", "TableSpec", "Task",
-    "best_plan", "evaluate_plan", "generate_pool", "get_estimator", "load_tables", "make_tasks",
-    "propose",
+    "DeviceSpec", "PlacementError", "Plan", "Planner", "Shard", "TableSpec", "Task",
+    "evaluate_plan", "generate_pool", "get_estimator", "load_tables", "make_tasks", "propose",
 ]

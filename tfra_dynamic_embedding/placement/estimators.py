@@ -22,7 +22,8 @@ import importlib
 
 
 class CostEstimator(abc.ABC):
-    """Cost of the shards on one device. Subclass and `register_estimator` to plug one in."""
+    """Cost of the shards on one device: the base of the built-in `types.Estimator`s. Subclass
+    and `register_estimator` to plug one in."""
 
     name = "estimator"
     additive = False   # True when a device's cost is the sum of its shards' costs

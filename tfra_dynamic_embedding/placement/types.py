@@ -1,11 +1,14 @@
-"""Plain data of the placement planner: tables, devices, tasks and plans, with JSON in and out.
+"""Plain data of the placement planner (tables, devices, tasks, plans; JSON in and out) and the
+interfaces of its stages.
 
 A plan places each table whole, cut by rows (slice i of n: the keys with key % n == i), or cut by
 columns (blocks of columns, each holding every row); the pieces of a table lie on distinct devices.
 
 Every stage of the planner (workloads -> features -> estimator -> proposer -> evaluate -> apply)
 passes these dataclasses, so each stage can be tested alone and a plan can be saved, read and
-edited by a person, then applied again.
+edited by a person, then applied again. The stages `planner.Planner` composes each have one
+interface here: `Estimator` (what a device costs), `Proposer` (a strategy placing a task) and
+`Judge` (which estimator scores the candidate plans).
 
 Example:
     tables = [TableSpec("user", rows=1_000_000, dim=16, pooling_factor=3.0)]
@@ -21,7 +24,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Protocol, runtime_checkable
 
 NUM_REUSE_BINS = 17
 # Upper edges of the reuse bins (0,1], (1,2], (2,4], ..., (16384,32768], (32768,inf).
@@ -605,3 +608,49 @@ def _read_json(path):
             return json.load(f)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
+
+
+# -- the stages' interfaces (`planner.Planner` composes them) --------------------------------------
+@runtime_checkable
+class Estimator(Protocol):
+    """What the shards on one device cost, in seconds per training step. The built-in ones
+    subclass `estimators.CostEstimator` and are named in its registry (`get_estimator`); one
+    with `measure_plans(plans)` measures several plans' devices together (a planner's verifier).
+
+    Example: get_estimator("analytic").plan_costs(plan)   # {device name: seconds}
+    """
+
+    name: str
+
+    def device_cost(self, shards, device, task) -> float:
+        """Cost of `shards` (a list of Shard) run together on `device` (a DeviceSpec, or None
+        alone) in `task` (for its batch size)."""
+
+    def plan_costs(self, plan) -> Dict[str, float]:
+        """{device name: cost} of every device of `plan`."""
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A strategy placing a task: `proposers.py` names them. `estimator` serves those that place
+    by estimated cost; a learned one also takes `weights=` (a directory of trained weights),
+    which `proposers.get_strategy(name, weights)` binds.
+
+    Example: plan = proposers.get_strategy("lookup-greedy")(task, seed=0)
+    """
+
+    def __call__(self, task, seed=0, estimator=None) -> "Plan":
+        """A Plan of `task` (raises PlacementError when its tables do not fit)."""
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Which estimator scores a task's candidate plans, given the one the proposers used and the
+    planner's learned weights (None: the shipped ones). The default, `planner.default_judge`,
+    keeps the proposers' estimator unless it is a learned one extrapolating far.
+
+    Example: Planner(judge=lambda task, estimator, weights: "analytic")
+    """
+
+    def __call__(self, task, estimator, weights=None) -> "Estimator | str":
+        """An Estimator, or an estimator's registered name."""

@@ -1,4 +1,4 @@
-"""The default proposer (issue 23, item 2): every strategy proposes, the estimator picks.
+"""The planner (issue 23, item 2; issue 61): every strategy proposes, the estimator picks.
 
 It must never be worse (by the estimator in use) than any strategy it ran, record the ones that
 failed, and the learned proposer's out-of-range check must flag tables unlike its training data.
@@ -12,8 +12,9 @@ import pytest
 
 from tfra_dynamic_embedding import cli
 from tfra_dynamic_embedding.placement import cost_model as cm
-from tfra_dynamic_embedding.placement import (estimators, features, proposers, select, types,
+from tfra_dynamic_embedding.placement import (estimators, features, planner, proposers, types,
                                               workloads)
+from tfra_dynamic_embedding.placement.planner import Planner
 
 
 def _task(seed, tables=24, devices=4, memory=None, row_scale=1.0):
@@ -24,7 +25,7 @@ def _task(seed, tables=24, devices=4, memory=None, row_scale=1.0):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_best_is_no_worse_than_any_candidate(seed):
     task = _task(seed)
-    choice = select.best_plan(task, "analytic", seed=seed)
+    choice = Planner("analytic").plan(task, seed=seed)
     estimator = estimators.get_estimator("analytic")
     names = [c.strategy for c in choice.candidates]
     assert "learned" in names and "random" not in names
@@ -42,16 +43,16 @@ def test_default_scores_with_the_learned_cost_model_and_analytic_without_weights
     # The analytic estimator ranks lookup-greedy first, which measured ~30% above the learned
     # default on filled CPU shards (docs/learned_placement.md): CPU tasks default to learned too.
     task = _task(5, row_scale=1 / 64)
-    default = select.default_estimator(task)
+    default = planner.default_estimator(task)
     assert default.name == "learned" and default.model_for(task).profile == "cpu"
-    choice = select.best_plan(task)
+    choice = Planner().plan(task)
     assert choice.estimator == "learned"
     learned = cm.LearnedEstimator()
     for candidate in choice.candidates:
         plan = proposers.propose(task, candidate.strategy, estimator=learned)
         assert max(learned.plan_costs(plan).values()) == pytest.approx(candidate.max_cost)
-    assert select.default_estimator(task, str(tmp_path)) == "analytic"   # no weights there
-    assert select.best_plan(task, estimator="analytic").estimator == "analytic"
+    assert planner.default_estimator(task, str(tmp_path)) == "analytic"   # no weights there
+    assert Planner(estimator="analytic").plan(task).estimator == "analytic"
 
 
 class _FavoursStrategy(estimators.CostEstimator):
@@ -76,18 +77,18 @@ class _FavoursStrategy(estimators.CostEstimator):
 
 def test_verify_rescores_the_cheapest_distinct_plans_and_the_cheapest_by_it_wins():
     task = _task(0)
-    plain = select.best_plan(task, "analytic")
+    plain = Planner("analytic").plan(task)
     ranked = [c.strategy for c in plain.candidates if c.max_cost is not None]
     plans = {name: proposers.propose(task, name) for name in ranked}
     distinct = []
     for name in ranked:
-        key = select._placement_key(plans[name])   # pylint: disable=protected-access
-        if key not in {select._placement_key(plans[d]) for d in distinct}:   # pylint: disable=protected-access
+        key = planner._placement_key(plans[name])   # pylint: disable=protected-access
+        if key not in {planner._placement_key(plans[d]) for d in distinct}:   # pylint: disable=protected-access
             distinct.append(name)
     assert len(distinct) >= 3
     favoured = distinct[2]           # third by the analytic estimate, cheapest by the checker
     checker = _FavoursStrategy(favoured)
-    choice = select.best_plan(task, "analytic", verify=checker, verify_top=3)
+    choice = Planner("analytic", verifier=checker, verify_top=3).plan(task)
     assert choice.plan.strategy == favoured and choice.verified_by == "favours"
     assert sorted(checker.scored) == sorted(distinct[:3])   # each distinct placement once
     verified = [c for c in choice.candidates if c.verified_cost is not None]
@@ -99,10 +100,10 @@ def test_verify_rescores_the_cheapest_distinct_plans_and_the_cheapest_by_it_wins
     # the rest keep the first estimator's order; all candidates are still there
     assert sorted(c.strategy for c in choice.candidates) == sorted(c.strategy for c in plain.candidates)
     # verifying only the first keeps the plain choice
-    assert select.best_plan(task, "analytic", verify=checker, verify_top=1).plan.strategy == \
+    assert Planner("analytic", verifier=checker, verify_top=1).plan(task).plan.strategy == \
         plain.plan.strategy
     with pytest.raises(ValueError, match="verify_top must be >= 1; got 0"):
-        select.best_plan(task, "analytic", verify=checker, verify_top=0)
+        Planner("analytic", verifier=checker, verify_top=0)
 
 
 def test_verify_by_measurement_picks_the_cheapest_measured_plan():
@@ -110,7 +111,7 @@ def test_verify_by_measurement_picks_the_cheapest_measured_plan():
     pool = workloads.generate_pool(8, seed=4, batch_size=256, row_scale=1 / 256)
     task = types.Task(pool, types.make_devices(2), batch_size=256)
     measured = tf_cpu.MeasuredEstimator(repeat=3, warmup=1)
-    choice = select.best_plan(task, "analytic", verify=measured, verify_top=2)
+    choice = Planner("analytic", verifier=measured, verify_top=2).plan(task)
     verified = [c for c in choice.candidates if c.verified_cost is not None]
     assert len(verified) == 2 and choice.verified_by == "measured-cpu"
     assert choice.plan.strategy == verified[0].strategy
@@ -139,14 +140,14 @@ def test_plan_cli_verify_top_prints_the_verified_costs(capsys, tmp_path):
 
 def test_failures_are_recorded_and_all_failing_is_an_error():
     task = _task(0)
-    choice = select.best_plan(task, strategies=["lookup-greedy", "size-greedy"])
+    choice = Planner(proposers=["lookup-greedy", "size-greedy"]).plan(task)
     assert [c.strategy for c in choice.candidates] in (["lookup-greedy", "size-greedy"],
                                                        ["size-greedy", "lookup-greedy"])
     tight = _task(0, memory="1MiB")
     with pytest.raises(ValueError, match="no strategy could place the task: .*PlacementError"):
-        select.best_plan(tight, strategies=["lookup-greedy", "size-greedy"])
+        Planner(proposers=["lookup-greedy", "size-greedy"]).plan(tight)
     with pytest.raises(ValueError, match="unknown strategies \\['nope'\\]"):
-        select.best_plan(task, strategies=["nope"])
+        Planner(proposers=["nope"])
 
 
 def _ranges():
@@ -158,7 +159,7 @@ def _ranges():
 def _beyond(value, j):
     """Range widths beyond the widened training range of a feature `j` of `value` (above it)."""
     _, lo, hi, width = _ranges()
-    return (value - hi[j]) / width[j] - select.OUT_OF_RANGE_MARGIN
+    return (value - hi[j]) / width[j] - planner.OUT_OF_RANGE_MARGIN
 
 
 def _assert_worst_first(flagged):
@@ -173,17 +174,17 @@ def test_learned_out_of_range_flags_tables_beyond_the_training_range():
     assert model.has_range
     one_row = 4 + features.FEATURE_NAMES[4:].index("reuse(4096, 8192]")
     small_task = _task(3, row_scale=1 / 64)
-    small = select.learned_out_of_range(small_task)
+    small = planner.learned_out_of_range(small_task)
     # only the pool's 1-row table: all of a batch's lookups hit its one index, a reuse bin
     # training barely filled (share <= 0.06; the z-score rule missed it, its std floored at 0.25)
     assert [t.name for t in small_task.tables if t.rows == 1] == ["t02"]
     assert [(name, j) for name, j, _ in small] == [("t02", one_row)]
     assert small[0][2] == pytest.approx(_beyond(1.0, one_row))
     big_task = _task(3)
-    big = select.learned_out_of_range(big_task)
+    big = planner.learned_out_of_range(big_task)
     # full size: besides that table, only tables above the trained size (3.0 GB + 10%) --
     # 3 of 24, where 4 standard deviations flagged 6 (any table above ~1 GB)
-    limit = hi[3] + select.OUT_OF_RANGE_MARGIN * width[3]
+    limit = hi[3] + planner.OUT_OF_RANGE_MARGIN * width[3]
     too_big = {t.name: t.size_bytes / 2 ** 30 for t in big_task.tables
                if t.size_bytes / 2 ** 30 > limit}
     assert sorted(too_big) == ["t07", "t12"]
@@ -201,7 +202,7 @@ def test_learned_out_of_range_names_the_feature_far_outside():
         types.TableSpec("wide", rows=1000, dim=4096),                   # a dim never seen
         types.TableSpec("hot", rows=100_000, dim=16, pooling_factor=19_300)]   # 100x pooling
     task = types.Task(tables, types.make_devices(4), batch_size=4096)
-    flagged = select.learned_out_of_range(task)
+    flagged = planner.learned_out_of_range(task)
     assert [(name, j) for name, j, _ in flagged] == [
         ("hot", 2), ("wide", 0), ("huge", 1), ("t02", 17)]
     scales = cm.load_cost_model().scales
@@ -239,25 +240,25 @@ def test_weights_without_a_range_fall_back_to_z_scores(tmp_path):
     model = cm.load_cost_model()
     meta = {k: v for k, v in model.meta.items() if k not in ("x_min", "x_max")}
     cm.CostModel(model.params, meta).save(str(tmp_path / "cost_model_cpu.npz"))
-    old = select.learned_cost_model(str(tmp_path))
+    old = planner.learned_cost_model(str(tmp_path))
     assert not old.has_range and old.range_distance(np.zeros((1, 21))) is None
     assert old.outside(np.zeros((1, 21))) is None
-    assert select.learned_out_of_range(_task(3, row_scale=1 / 64), str(tmp_path)) == []
+    assert planner.learned_out_of_range(_task(3, row_scale=1 / 64), str(tmp_path)) == []
     task = _task(3)
-    big = select.learned_out_of_range(task, str(tmp_path))
+    big = planner.learned_out_of_range(task, str(tmp_path))
     # 4 standard deviations: every table above ~1 GB, by its size (the std of the size
     # feature is floored at 0.25 as most training tables are small)
     x = np.stack([cm.shard_features(t, 1.0, old.scales, task.batch_size) for t in task.tables])
     z = (x - old.params["x_mean"]) / old.params["x_std"]
     expected = sorted(((t.name, 3, z[i, 3]) for i, t in enumerate(task.tables)
-                       if np.abs(z[i]).max() > select.OUT_OF_RANGE_SIGMAS), key=lambda e: -e[2])
+                       if np.abs(z[i]).max() > planner.OUT_OF_RANGE_SIGMAS), key=lambda e: -e[2])
     assert len(big) == 6 and [(n, j) for n, j, _ in big] == [(n, j) for n, j, _ in expected]
     assert [d for _, _, d in big] == pytest.approx([d for _, _, d in expected])
-    assert all(abs(d) > select.OUT_OF_RANGE_SIGMAS for _, _, d in big)
+    assert all(abs(d) > planner.OUT_OF_RANGE_SIGMAS for _, _, d in big)
     _assert_worst_first(big)
-    assert len(select.learned_out_of_range(task, str(tmp_path), sigmas=20.0)) == 1
+    assert len(planner.learned_out_of_range(task, str(tmp_path), sigmas=20.0)) == 1
     name, _, z = big[0]
-    assert cli._out_of_range_text(big[0], str(tmp_path)) == (   # pylint: disable=protected-access
+    assert planner.out_of_range_text(big[0], str(tmp_path)) == (
         f"{name}, feature size_gb at {z:+.1f} standard deviations")
 
 
@@ -270,14 +271,14 @@ def test_plan_notes_the_worst_table_outside_the_training_range(capsys, tmp_path)
                      "--strategy", "learned", "--random", "0", "--out", str(tmp_path / "p.json")])
     out = capsys.readouterr().out
     assert code == 0, out
-    flagged = select.learned_out_of_range(types.Task(tables, types.make_devices(2), 4096))
+    flagged = planner.learned_out_of_range(types.Task(tables, types.make_devices(2), 4096))
     assert flagged[0][:2] == ("wide", 0)
     assert (f"note: {len(flagged)} of 9 tables lie outside what the learned cost model was "
             f"trained on (worst: wide, feature dim at {flagged[0][2]:.1f} range widths beyond "
             f"its training range)") in out
     assert "standard deviations" not in out
     # a feature that was constant in training (never an index looked up 32,768+ times a batch)
-    text = cli._out_of_range_text(   # pylint: disable=protected-access
+    text = planner.out_of_range_text(
         ("t13", 20, float("inf")), None)
     assert text == "t13, feature reuse(32768, inf), which was 0 throughout training"
 
@@ -295,25 +296,25 @@ def test_tasks_with_wide_tables_plan_and_score_with_the_gpu_wide_weights():
     # (widened), so the learned model scores the candidates there.
     wide, narrow = _wide_gpu_task(512), _wide_gpu_task(128)
     assert cm.profile_of(wide) == "gpu_wide" and cm.profile_of(narrow) == "gpu"
-    assert select.learned_cost_model(None, wide).profile == "gpu_wide"
-    assert select.learned_cost_model(None, narrow).profile == "gpu"
-    assert select.default_judge(wide, select.default_estimator(wide)).name == "learned"
-    choice = select.best_plan(wide)
+    assert planner.learned_cost_model(None, wide).profile == "gpu_wide"
+    assert planner.learned_cost_model(None, narrow).profile == "gpu"
+    assert planner.default_judge(wide, planner.default_estimator(wide)).name == "learned"
+    choice = Planner().plan(wide)
     assert choice.estimator == "learned"
     assert choice.candidates[0].max_cost == pytest.approx(
-        max(select.default_estimator(wide).plan_costs(choice.plan).values()))
+        max(planner.default_estimator(wide).plan_costs(choice.plan).values()))
 
 
 def test_default_scores_with_analytic_where_a_shape_lies_far_outside_the_weights():
     # Measured on GPUs, learned models predicted devices with tables wider than they had seen
     # well below their cost, so there the analytic estimator picks among the candidates.
     task = _wide_gpu_task()
-    learned = select.default_estimator(task)
+    learned = planner.default_estimator(task)
     assert learned.name == "learned"
-    flagged = select.learned_out_of_range(task)
-    assert flagged[0][:2] == ("hot", 0) and flagged[0][2] > select.EXTRAPOLATION_LIMIT
-    assert select.default_judge(task, learned).name == "analytic"
-    choice = select.best_plan(task)
+    flagged = planner.learned_out_of_range(task)
+    assert flagged[0][:2] == ("hot", 0) and flagged[0][2] > planner.EXTRAPOLATION_LIMIT
+    assert planner.default_judge(task, learned).name == "analytic"
+    choice = Planner().plan(task)
     assert choice.estimator == "analytic"
     analytic = estimators.get_estimator("analytic")
     names = [c.strategy for c in choice.candidates]
@@ -323,31 +324,31 @@ def test_default_scores_with_analytic_where_a_shape_lies_far_outside_the_weights
         assert max(analytic.plan_costs(plan).values()) == pytest.approx(candidate.max_cost)
     assert max(analytic.plan_costs(choice.plan).values()) == choice.candidates[0].max_cost
     # an estimator the caller names scores as named
-    assert select.best_plan(task, learned).estimator == "learned"
-    assert select.best_plan(task, learned, judge="analytic").estimator == "analytic"
+    assert Planner(learned).plan(task).estimator == "learned"
+    assert Planner(learned, judge="analytic").plan(task).estimator == "analytic"
     # dim 128 lies inside what the GPU weights saw
-    assert select.default_judge(_wide_gpu_task(128), learned).name == "learned"
+    assert planner.default_judge(_wide_gpu_task(128), learned).name == "learned"
 
 
 def test_default_keeps_learned_where_only_reuse_shares_lie_outside():
     # The 1-row table's reuse share lies far outside the training range, but shares are bounded
     # in [0, 1]: only a table's shape makes the learned scores extrapolate without bound.
     task = _task(3, row_scale=1 / 64)
-    flagged = select.learned_out_of_range(task)
-    assert flagged and flagged[0][2] > select.EXTRAPOLATION_LIMIT
-    assert features.FEATURE_NAMES[flagged[0][1]] not in select.SHAPE_FEATURES
-    assert select.default_judge(task, select.default_estimator(task)).name == "learned"
-    assert select.best_plan(task).estimator == "learned"
+    flagged = planner.learned_out_of_range(task)
+    assert flagged and flagged[0][2] > planner.EXTRAPOLATION_LIMIT
+    assert features.FEATURE_NAMES[flagged[0][1]] not in planner.SHAPE_FEATURES
+    assert planner.default_judge(task, planner.default_estimator(task)).name == "learned"
+    assert Planner().plan(task).estimator == "learned"
     # full size, two tables are above the trained size (3 GB): far only past EXTRAPOLATION_LIMIT
     big = _task(3)
-    sizes = {name: d for name, j, d in select.learned_out_of_range(big)
+    sizes = {name: d for name, j, d in planner.learned_out_of_range(big)
              if features.FEATURE_NAMES[j] == "size_gb"}
-    assert max(sizes.values()) > select.EXTRAPOLATION_LIMIT
-    assert select.default_judge(big, select.default_estimator(big)).name == "analytic"
-    assert select.default_judge(big, select.default_estimator(big),
+    assert max(sizes.values()) > planner.EXTRAPOLATION_LIMIT
+    assert planner.default_judge(big, planner.default_estimator(big)).name == "analytic"
+    assert planner.default_judge(big, planner.default_estimator(big),
                                 limit=max(sizes.values()) + 0.01).name == "learned"
     # any other estimator is returned as is
-    assert select.default_judge(big, "analytic").name == "analytic"
+    assert planner.default_judge(big, "analytic").name == "analytic"
 
 
 def test_plan_says_when_analytic_scores_the_candidates(capsys, tmp_path):
@@ -371,3 +372,115 @@ def test_plan_says_when_analytic_scores_the_candidates(capsys, tmp_path):
     assert cli.main(common + ["--weights", str(tmp_path / "w"),
                               "--out", str(tmp_path / "c.json")]) == 0
     assert "learned weights: gpu_wide profile (policy_gpu.npz)" in capsys.readouterr().out
+
+
+# -- the Planner (issue 61): the one place that plans -------------------------------------------
+def _other_weights(path):
+    """A weights directory whose CPU cost model weighs the forward stage 3x (the shipped policy):
+    the learned proposer plans the pool's tasks differently with it."""
+    model = cm.load_cost_model()
+    params = dict(model.params, forward_w2=model.params["forward_w2"] * 3)
+    cm.CostModel(params, model.meta).save(str(path / "cost_model_cpu.npz"))
+    shutil.copy(cm.weights_file("policy", "cpu"), path / "policy_cpu.npz")
+    return str(path)
+
+
+def test_the_default_planner_is_every_proposal_scored_by_the_default_judge():
+    # What `tfra-de plan` did before the Planner, spelled out: the default estimator proposes,
+    # the default judge scores, the cheapest wins (ties: the strategy listed first).
+    task = _task(5, row_scale=1 / 64)
+    est = planner.default_estimator(task)
+    judge = planner.default_judge(task, est)
+    names = [s for s in proposers.list_strategies() if s not in planner.SKIPPED]
+    plans = {s: proposers.propose(task, s, seed=0, estimator=est) for s in names}
+    costs = {s: max(judge.plan_costs(p).values()) for s, p in plans.items()}
+    order = sorted(names, key=lambda s: (costs[s], names.index(s)))
+    choice = Planner().plan(task)
+    assert [c.strategy for c in choice.candidates] == order
+    assert [c.max_cost for c in choice.candidates] == pytest.approx([costs[s] for s in order])
+    assert choice.plan.assignment == plans[order[0]].assignment
+    assert choice.plan.columns == plans[order[0]].columns
+    assert choice.estimator == judge.name == "learned" and choice.judge.name == "learned"
+    assert choice.notes[0] == "learned weights: cpu profile (policy_cpu.npz)"
+    assert len(choice.notes) == 1 + bool(planner.learned_out_of_range(task))
+
+
+def test_planners_with_different_weights_do_not_share_them(tmp_path, small_pool):
+    # Before the Planner the learned weights were a process-wide setting (`policy.use_weights`):
+    # planning with one directory changed what every later plan used.
+    task = workloads.make_tasks(small_pool, 1, tables_per_task=12, num_devices=3)[0]
+    other = _other_weights(tmp_path)
+    shipped_plan = proposers.propose(task, "learned").assignment
+    other_plan = proposers.propose(task, "learned", weights=other).assignment
+    assert shipped_plan != other_plan
+    shipped, mine = Planner(proposers=["learned"]), Planner(proposers=["learned"], weights=other)
+    for _ in range(2):   # interleaved: each keeps its own weights
+        assert mine.plan(task).plan.assignment == other_plan
+        assert shipped.plan(task).plan.assignment == shipped_plan
+    assert proposers.propose(task, "learned").assignment == shipped_plan
+    # the default estimator and judge read the planner's weights too
+    choice = Planner(weights=other).plan(task)
+    learned = [c for c in choice.candidates if c.strategy == "learned"][0]
+    assert learned.max_cost == pytest.approx(max(
+        cm.LearnedEstimator(other).plan_costs(proposers.propose(
+            task, "learned", weights=other)).values()))
+    with pytest.raises(ValueError, match="weights directory .* does not exist"):
+        Planner(weights=str(tmp_path / "nope"))
+
+
+def test_one_proposer_is_not_judged_and_raises_its_own_error():
+    # Nothing to choose: the plan as proposed, scored by the proposers' estimator (a learned one
+    # here, where the default judge of several candidates would take the analytic one).
+    task = _wide_gpu_task()
+    assert Planner().plan(task).estimator == "analytic"
+    choice = Planner(proposers=["learned"]).plan(task)
+    assert choice.estimator == "learned" and choice.judge.name == "learned"
+    assert [c.strategy for c in choice.candidates] == ["learned"]
+    assert choice.plan.assignment == proposers.propose(
+        task, "learned", estimator=planner.default_estimator(task)).assignment
+    assert not any("scores the candidates" in note for note in choice.notes)
+    tight = _task(0, memory="1MiB")
+    with pytest.raises(types.PlacementError, match="cannot place|larger than the largest"):
+        Planner(proposers=["lookup-greedy"]).plan(tight)
+
+
+def test_proposers_and_judges_can_be_plain_functions():
+    task = _task(0)
+    calls = []
+
+    def lookup_greedy_again(task, seed=0, estimator=None):
+        calls.append(estimator.name)
+        plan = proposers.propose(task, "lookup-greedy", seed)
+        plan.strategy = "mine"
+        return plan
+
+    def judge(task, estimator, weights=None):
+        calls.append((estimator.name, weights))
+        return "analytic"
+
+    assert isinstance(lookup_greedy_again, types.Proposer) and isinstance(judge, types.Judge)
+    assert isinstance(planner.default_judge, types.Judge)
+    choice = Planner("learned", [lookup_greedy_again, "size-greedy"], judge).plan(task)
+    assert calls == [("learned", None), "learned"]
+    assert {c.strategy for c in choice.candidates} == {"lookup_greedy_again", "size-greedy"}
+    assert choice.estimator == "analytic"
+    with pytest.raises(ValueError, match="distinct names"):
+        Planner(proposers=["size-greedy", "size-greedy"])
+    with pytest.raises(ValueError, match="verify_top must be >= 0; got -1"):
+        Planner(verify_top=-1)
+
+
+def test_the_plan_command_prints_what_the_planner_chose(capsys, tmp_path):
+    task = _task(3, row_scale=1 / 64, tables=8)
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps({"tables": [t.to_dict() for t in task.tables]}))
+    assert cli.main(["plan", "--tables", str(path), "--devices", "4", "--batch-size", "4096",
+                     "--random", "0", "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    choice = Planner().plan(types.Task(task.tables, types.make_devices(4), 4096))
+    assert out[:len(choice.notes)] == choice.notes
+    rows = [line.split() for line in out if line.startswith("  candidate ")]
+    assert [r[1] for r in rows] == [c.strategy for c in choice.candidates]
+    assert [float(r[4]) for r in rows] == [round(c.max_cost * 1e3, 3) for c in choice.candidates]
+    assert f"best: {choice.plan.strategy} (by the {choice.estimator} estimator" in "\n".join(out)
+    assert types.Plan.load(tmp_path / "p.json").assignment == choice.plan.assignment
