@@ -1,7 +1,8 @@
 # tfra_dynamic_embedding: environment, native ops, tests, demo. Details: DEVELOPERS.md.
 #
 #   make venv    .venv/ with TensorFlow (CPU), tf-keras, test tools, the package (editable) + its ops
-#   make test    make venv, then the pytest suite, then `bazel test //...` (less the exclusive ones)
+#   make test    make venv, then every test once (pytest on 2 workers), then a check that
+#                `bazel test //...` still loads and analyses (`make bazel-test` runs it in full)
 #   make demo    run the end-to-end demo of the command line tool
 #   make demo-cluster  the demo on a local cluster: tables on 2 PS processes, 2 asynchronous
 #                      workers (tfra-de demo --ps 2 --workers 2; about 2 minutes)
@@ -19,6 +20,8 @@ PY := $(VENV)/bin/python
 # CI: no progress bars in the log.
 PIP_INSTALL := $(PY) -m pip --disable-pip-version-check --no-input install $(if $(CI),--progress-bar off,)
 PYTEST_ARGS ?= -q -ra --durations=10
+# pytest-xdist workers of `make test`'s first phase (one test file at a time each).
+PYTEST_WORKERS ?= 2
 BAZEL ?= $(shell command -v bazel-4 2>/dev/null || command -v bazel 2>/dev/null)
 BAZEL_ARGS ?= $(if $(CI),--config=ci,)
 
@@ -28,7 +31,7 @@ BAZEL_ARGS ?= $(if $(CI),--config=ci,)
 DEPS_STAMP := $(VENV)/.tfra-deps.stamp
 INSTALL_STAMP := $(VENV)/.tfra-install.stamp
 
-.PHONY: help venv ops configure test pytest bazel-test bazel-install demo demo-cluster bench clean distclean
+.PHONY: help venv ops configure test pytest bazel-check bazel-test bazel-install demo demo-cluster bench clean distclean
 
 help:
 	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
@@ -64,18 +67,29 @@ configure: | $(INSTALL_STAMP)
 
 # --- tests ---------------------------------------------------------------------------------------
 
-# pytest has just run every test file, so Bazel runs them again as its targets except the
-# "exclusive" multi-process ones (each runs alone: ~10 minutes on 2 cores) and the "heavy" ones
-# (over a minute each; ~10 minutes together), which kept CI near its time limit (tests/BUILD).
-# `bazel test //...` or `make bazel-test` runs them all.
+# Every test runs once, under pytest: first all but the "exclusive" files on $(PYTEST_WORKERS)
+# workers, a file at a time each (longest first: tests/conftest.py), then the exclusive ones
+# (multi-process runs that need the machine to themselves) one at a time. Then Bazel loads and
+# analyses //... without building or running it, so that `bazel test //...` keeps working
+# offline (DEVELOPERS.md, "Tests").
 test: venv
 	@$(MAKE) --no-print-directory pytest
-	@$(MAKE) --no-print-directory bazel-test BAZEL_ARGS="--test_tag_filters=-exclusive,-heavy $(BAZEL_ARGS)"
+	@$(MAKE) --no-print-directory bazel-check
 
-# pytest exits 5 when it collects no test at all; that is not a failure of the build.
+# pytest exits 5 when it collects no test at all (e.g. a -k that matches no exclusive test):
+# that is not a failure of the build.
 pytest: | $(INSTALL_STAMP)
-	@rc=0; $(PY) -m pytest tests $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	@rc=0; $(PY) -m pytest tests -m "not exclusive" -n $(PYTEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; \
+	rc2=0; $(PY) -m pytest tests -m exclusive $(PYTEST_ARGS) || rc2=$$?; \
+	if [ $$rc2 -eq 5 ]; then echo "pytest: no exclusive tests collected"; rc2=0; fi; \
+	[ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+
+# Loading and analysis of every target (no compile, no test run): catches a broken BUILD file,
+# WORKSPACE stub or @local_tf rule in seconds.
+bazel-check: bazel-install configure
+	"$$(command -v bazel-4 || command -v bazel)" build --nobuild //... $(BAZEL_ARGS)
 
 # Bazel exits 4 when the build succeeded but no test target ran: with tests/BUILD's targets that
 # means a --test_tag_filters that matched them all, which must not pass as a green run.

@@ -1,4 +1,5 @@
-"""Test session setup: 4 logical CPU devices (for sharded variables) and backend fixtures."""
+"""Test session setup: 4 logical CPU devices (for sharded variables), backend fixtures, and the
+order and markers `make test` schedules by (DEVELOPERS.md, "Tests")."""
 
 import atexit
 import os
@@ -50,3 +51,46 @@ def _fresh_default_graph():
     tests must not hand the second test the first one's variable."""
     tf.compat.v1.reset_default_graph()
     yield
+
+
+# Test files that take longest, longest first. `make test` runs the suite on two pytest-xdist
+# workers, one file at a time each (--dist loadfile, in collection order): starting the long
+# files first keeps a long file from running alone at the end while the other worker idles.
+# Files not named here keep their usual order after these. Rough per-file times: DEVELOPERS.md.
+LONGEST_FILES_FIRST = (
+    "tests/distributed/test_remote_client.py",
+    "tests/placement/test_benchmark.py",
+    "tests/keras/test_models.py",
+    "tests/test_file_system_atomic.py",
+    "tests/placement/test_gpu_profile.py",
+    "tests/inference/test_rpc.py",
+    "tests/online/test_eviction.py",
+    "tests/inference/test_export.py",
+    "tests/keras/test_layers.py",
+    "tests/demo/test_demo.py",
+    "tests/online/test_delta.py",
+    "tests/keras/test_xla_auto_jit.py",
+    "tests/placement/test_planner.py",
+    "tests/distributed/test_server.py",
+    "tests/tables/test_fused_init.py",
+    "tests/inference/test_serve.py",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "exclusive: a multi-process test whose processes must have the machine to "
+        "themselves (asynchronous workers, bounded-time failure checks); `make test` runs these "
+        "files after the others, one test at a time. Mark a whole file (tests/BUILD tags the "
+        "same files `exclusive` for Bazel; tests/test_build.py checks the two agree).")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
+    root = str(config.rootpath)
+
+    def file_rank(item):
+        path = os.path.relpath(str(item.path), root)
+        return rank.get(path, len(rank))
+
+    items.sort(key=file_rank)  # stable: the order within a file and among the rest is kept

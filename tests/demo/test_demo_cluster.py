@@ -15,6 +15,9 @@ import pytest
 import tfra_dynamic_embedding
 from tfra_dynamic_embedding.demo import criteo, run
 
+# Runs alone: its processes must have the machine to themselves (tests/conftest.py).
+pytestmark = pytest.mark.exclusive
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tfra_dynamic_embedding.__file__)))
 _COMMON = ["--learning-rate", "0.01", "--seed", "0", "--verbose", "0"]
 

@@ -20,6 +20,9 @@ from tests.distributed import procs
 from tests.distributed import tf1_trainer as trainer
 from tfra_dynamic_embedding.distributed.local import LocalCluster
 
+# Runs alone: its processes must have the machine to themselves (tests/conftest.py).
+pytestmark = pytest.mark.exclusive
+
 # A dead PS must fail RPCs at once (not wait for it to come back), see tf1_trainer.py.
 ENV = {"GRPC_FAIL_FAST": "true"}
 SLOTS = {"adam": ["emb", "m", "v"], "adagrad": ["accumulator", "emb"], "sgd": ["emb"]}

@@ -18,6 +18,9 @@ from tests.distributed import procs
 from tfra_dynamic_embedding.distributed.local import LocalCluster
 from tfra_dynamic_embedding.tables import native
 
+# Runs alone: its processes must have the machine to themselves (tests/conftest.py).
+pytestmark = pytest.mark.exclusive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PS = ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
 BACKENDS = ["native", "builtin"] if native.is_available() else ["builtin"]
