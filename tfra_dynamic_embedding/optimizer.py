@@ -151,8 +151,7 @@ class _DynamicEmbeddingMixin:
                 devices=params.devices, partitioner=params.partition_fn, name=name,
                 initializer=fill, trainable=False, checkpoint=params.checkpoint,
                 kv_creator=params.slot_creator(fill))
-            # Untracked: a tracked attribute would make the primary a checkpoint child of its slot.
-            object.__setattr__(table, "_slot_of", params)
+            table.set_slot_of(params)
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
@@ -160,7 +159,7 @@ class _DynamicEmbeddingMixin:
                 if checkpoint_lib.names_tfra_slot(deferred, params.name, slot_name):
                     self._handle_deferred_dependencies(name=deferred, trackable=table)
             if params.restrict_policy is not None:   # evictions remove the slot's rows too
-                params.restrict_policy._track_params_in_slots([table])  # pylint: disable=protected-access
+                params.restrict_policy.track_slots([table])
         # A tf.compat.v1 graph: the buffer lives with its wrapper (a worker's own cache), not
         # where the enclosing scope sends variables (a replica_device_setter's PS, where every
         # worker's graph would share one buffer).
@@ -297,7 +296,7 @@ class _DynamicEmbeddingMixin:
         if policy is None:
             return None
         ids = wrapper.batch_ids()
-        return policy._after_write(ids if keep is None else tf.boolean_mask(ids, keep))  # pylint: disable=protected-access
+        return policy.after_write(ids if keep is None else tf.boolean_mask(ids, keep))
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""
@@ -341,7 +340,7 @@ class _V1Mixin(_DynamicEmbeddingMixin):
         # next to the embedding's first table shard instead (on a PS when the tables are).
         wrapper = _wrapper_of(colocate_with)
         if wrapper is not None and not tf.compat.v1.executing_eagerly_outside_functions():
-            colocate_with = _ColocateWith(wrapper.params._tables[0].resource_handle)  # pylint: disable=protected-access
+            colocate_with = _ColocateWith(wrapper.params.shards.tables[0].resource_handle)
         return super()._create_non_slot_variable(initial_value, name, colocate_with)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):

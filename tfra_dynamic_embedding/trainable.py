@@ -344,7 +344,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         if policy is None:
             return write
         with tf.control_dependencies([write] if write is not None else []):
-            update = policy._after_write(self.batch_ids())  # pylint: disable=protected-access
+            update = policy.after_write(self.batch_ids())
             return tf.group([op for op in (write, update) if op is not None])
 
     # Checkpoints and SavedModels keep a variable's standard entry, so the wrapper stays loadable
@@ -364,7 +364,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     # types are strings: "checkpoint", "savedmodel".
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
-        if save_type == "savedmodel" and getattr(self.params, "_slot_of", None) is None:
+        if save_type == "savedmodel" and getattr(self.params, "slot_of", None) is None:
             children = dict(children, ids=self.ids)
         return children
 

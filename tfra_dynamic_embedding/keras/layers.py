@@ -29,12 +29,12 @@ import tensorflow as tf
 from tfra_dynamic_embedding import embedding_ops
 from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import keras_weights
-from tfra_dynamic_embedding import restrict_policies
 from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
 from tfra_dynamic_embedding.keras import models
+from tfra_dynamic_embedding.online import restrict_policies
 
 POOLINGS = ("sum", "mean", "sqrtn")
 # A restrict policy in a layer's config, by class name.
