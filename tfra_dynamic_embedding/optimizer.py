@@ -36,8 +36,6 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding import horovod
-from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -65,10 +63,22 @@ def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
     return self
 
 
+def _horovod():
+    """`horovod.tensorflow` for `synchronous=True`, imported only then (it loads MPI); a
+    ValueError when Horovod is missing. (TFRA's other Horovod utilities: compat/horovod.py.)"""
+    try:
+        return importlib.import_module("horovod.tensorflow")
+    except ImportError as error:
+        raise ValueError("Horovod is not installed (`import horovod.tensorflow` failed); "
+                         "DynamicEmbeddingOptimizer(synchronous=True) needs it: install Horovod "
+                         "built for this TensorFlow, or train across processes with parameter "
+                         "servers (docs/distributed.md)") from error
+
+
 def _summed_over_horovod_ranks(grads_and_vars):
     """`synchronous=True`: dense gradients summed over the Horovod ranks (as dense tensors, as
     TFRA does), wrappers' gradients left as they are; unchanged with one rank."""
-    hvd = horovod.require("DynamicEmbeddingOptimizer(synchronous=True)")
+    hvd = _horovod()
     if hvd.size() <= 1:
         return grads_and_vars
     summed = []
@@ -408,7 +418,7 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
         super().save_own_variables(store)
         for i, table in enumerate(sorted(self._de_slot_tables.values(), key=lambda t: t.name)):
             store[f"de_slot{i}_name"] = np.frombuffer(table.name.encode(), np.uint8)
-            keras_weights.save_table(store, f"de_slot{i}_", table)
+            checkpoint_lib.save_to_keras_store(store, f"de_slot{i}_", table)
 
     def load_own_variables(self, store):
         names = [k for k in store.keys() if k.startswith("de_slot") and k.endswith("_name")]
@@ -425,7 +435,7 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
             if name not in tables:
                 raise ValueError(f"the saved optimizer has slot table {name!r}, which this "
                                  f"optimizer does not (it has {sorted(tables)})")
-            keras_weights.load_table(store, prefix, tables[name])
+            checkpoint_lib.load_from_keras_store(store, prefix, tables[name])
 
 
 class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):

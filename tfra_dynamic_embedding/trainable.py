@@ -141,6 +141,10 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
       ids: a variable holding the unique ids of the rows currently held.
     """
 
+    # Whether lookups take this wrapper in place of `params` and read the rows through it (a
+    # wrapper the user makes once: de.shadow_ops.ShadowVariable).
+    STANDS_FOR_PARAMS = False
+
     def __init__(self, params, name, trainable=True, track=True, ps_strategy=None):
         self.params = params
         # Before init_scope, which may leave the strategy's scope. Optimizers place updates with

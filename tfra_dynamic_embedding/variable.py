@@ -21,7 +21,6 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding import data_flow
 from tfra_dynamic_embedding import hooks as hooks_lib
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
@@ -124,6 +123,10 @@ class Variable(_tf_private.AutoTrackable):
         trainable variable: the bound of `kv_creator` if it has one (`de.HkvHashTableCreator`).
       admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`:
         new keys get rows only once admitted (until then training does not write them).
+
+    `eviction`, `restrict_policy` and `admission` are hooks (hooks.py, online/): the variable
+    attaches them and they work on its public shard view, `shards`. TFRA's method form
+    `var.embedding_lookup(ids, ...)` comes with the alias package's import (compat/methods.py).
     """
 
     def __init__(self,
@@ -277,6 +280,11 @@ class Variable(_tf_private.AutoTrackable):
         """{wrapper name: TrainableWrapper} of this variable's lookup sites."""
         return dict(self._trainable_store)
 
+    def store_trainable(self, name, wrapper):
+        """Keeps `wrapper` (a TrainableWrapper of this variable, e.g. a ShadowVariable the user
+        made) as the one of the lookup called `name`, found by `get_trainable_by_name`."""
+        self._trainable_store[name] = wrapper
+
     def get_trainable_by_name(self, name):
         """The TrainableWrapper of the lookup called `name` (e.g. in eager mode or a
         tf.function, where a lookup site is known by its name), or None."""
@@ -364,16 +372,6 @@ class Variable(_tf_private.AutoTrackable):
         return self._make_rows(tf.zeros([1], self._key_dtype))[0]
 
     # -- data plane -------------------------------------------------------------------------
-    def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
-        """TFRA's method form of `de.embedding_lookup(self, ids, ...)`: trainable rows.
-
-        Example: emb, wrapper = var.embedding_lookup(ids, name="emb", return_trainable=True)
-        """
-        # embedding_ops builds on this module (it imports it).
-        from tfra_dynamic_embedding import embedding_ops  # pylint: disable=import-outside-toplevel
-        return embedding_ops.embedding_lookup(self, ids, name=name, max_norm=max_norm,
-                                              return_trainable=return_trainable)
-
     def restrict(self, num_reserved, **kwargs):
         """Evicts keys by the restrict policy (`trigger=` keys at most before it acts; see
         online/restrict_policies.py); without a policy, a no-op with a warning."""
@@ -448,7 +446,7 @@ class Variable(_tf_private.AutoTrackable):
         for table, part in zip(self._tables, parts):
             with tf.device(table.device):
                 per_shard.append(native_slots.find_groups(table, part, groups)[0])
-        return [data_flow.dynamic_stitch(positions, [rows[j] for rows in per_shard])
+        return [tf.dynamic_stitch(positions, [rows[j] for rows in per_shard])
                 for j in range(len(groups))]
 
     def upsert_groups(self, keys, values, groups):
@@ -818,8 +816,8 @@ class Variable(_tf_private.AutoTrackable):
                     tf.debugging.assert_less(ids, shard_num, message=message),
                     tf.debugging.assert_equal(tf.size(ids), tf.size(flat_keys), message=message)]):
                 ids = tf.identity(ids)
-        parts = data_flow.dynamic_partition(flat_keys, ids, shard_num)
-        positions = data_flow.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
+        parts = tf.dynamic_partition(flat_keys, ids, shard_num)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
         return parts, positions
 
     def _map_shards(self, flat_keys, fn):
@@ -831,10 +829,10 @@ class Variable(_tf_private.AutoTrackable):
         for table, part in zip(self._tables, parts):
             with tf.device(table.device):
                 results.append(fn(table, part))
-        rows = data_flow.dynamic_stitch(positions, [r for r, _ in results])
+        rows = tf.dynamic_stitch(positions, [r for r, _ in results])
         exists = None
         if results[0][1] is not None:
-            exists = data_flow.dynamic_stitch(positions, [e for _, e in results])
+            exists = tf.dynamic_stitch(positions, [e for _, e in results])
         return rows, exists
 
     def _unflatten(self, rows, keys):
