@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_recommenders_addons.dynamic_embedding as de
-from tfra_dynamic_embedding import restrict_policies
+from tfra_dynamic_embedding.online import restrict_policies
 
 DIM = 4
 
@@ -194,7 +194,7 @@ def test_apply_update_of_keys_without_rows(kv_creator, policy_class):
         assert all(status[k] > status[0] for k in (1, 2, 3))
     # A key that was waiting and then gets a row: its status continues (counts add up).
     var.upsert(tf.constant([1], tf.int64), tf.ones([1, 2]))
-    policy._after_write(tf.constant([1], tf.int64))   # what a training write-back does
+    policy.after_write(tf.constant([1], tf.int64))   # what a training write-back does
     assert int(policy.status.size()) == 4
     if policy_class is de.FrequencyRestrictPolicy:
         assert _statuses(policy)[1] == 3

@@ -8,7 +8,8 @@ The public API, also importable as `tensorflow_recommenders_addons.dynamic_embed
 
 Names are loaded on first use, so that `import tfra_dynamic_embedding` (and the `tfra-de`
 placement commands) do not pay for importing TensorFlow, and `de.keras` can follow
-`TF_USE_LEGACY_KERAS` set after this import.
+`TF_USE_LEGACY_KERAS` set after this import. TFRA's shims, patches and registrations live in
+`compat/`, which the alias package's import applies (`compat.install()`); this import does not.
 """
 
 import importlib as _importlib
@@ -29,16 +30,16 @@ _EXPORTS = {
     "ProbabilityAdmission": "tfra_dynamic_embedding.online.admission",
     "FileSystemSaver": "tfra_dynamic_embedding.checkpoint",
     "GraphKeys": "tfra_dynamic_embedding.variable",
-    "HkvEvictStrategy": "tfra_dynamic_embedding.tables",
-    "HkvHashTableConfig": "tfra_dynamic_embedding.tables",
-    "HkvHashTableCreator": "tfra_dynamic_embedding.tables",
+    "HkvEvictStrategy": "tfra_dynamic_embedding.online.hkv",
+    "HkvHashTableConfig": "tfra_dynamic_embedding.online.hkv",
+    "HkvHashTableCreator": "tfra_dynamic_embedding.online.hkv",
     "KVCreator": "tfra_dynamic_embedding.tables",
     "KVTable": "tfra_dynamic_embedding.tables",
     "NativeKVCreator": "tfra_dynamic_embedding.tables",
     "ModelMode": "tfra_dynamic_embedding.trainable",
-    "FrequencyRestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
-    "RestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
-    "TimestampRestrictPolicy": "tfra_dynamic_embedding.restrict_policies",
+    "FrequencyRestrictPolicy": "tfra_dynamic_embedding.online.restrict_policies",
+    "RestrictPolicy": "tfra_dynamic_embedding.online.restrict_policies",
+    "TimestampRestrictPolicy": "tfra_dynamic_embedding.online.restrict_policies",
     "TrainableWrapper": "tfra_dynamic_embedding.trainable",
     "enable_inference_mode": "tfra_dynamic_embedding.trainable",
     "enable_train_mode": "tfra_dynamic_embedding.trainable",
@@ -50,17 +51,17 @@ _EXPORTS = {
     "embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_unique": "tfra_dynamic_embedding.embedding_ops",
     "get_variable": "tfra_dynamic_embedding.scopes",
-    "patch_on_tf": "tfra_dynamic_embedding.tf_patch",
+    "patch_on_tf": "tfra_dynamic_embedding.compat.tf_patch",
     "safe_embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
-    "warm_start": "tfra_dynamic_embedding.warm_start_util",
-    "WarmStartHook": "tfra_dynamic_embedding.warm_start_util",
+    "warm_start": "tfra_dynamic_embedding.compat.warm_start_util",
+    "WarmStartHook": "tfra_dynamic_embedding.compat.warm_start_util",
 }
 # public submodule name -> module
-_SUBMODULES = {"data_flow": "tfra_dynamic_embedding.data_flow",
+_SUBMODULES = {"data_flow": "tfra_dynamic_embedding.compat.data_flow",
                "keras": "tfra_dynamic_embedding.keras",
-               "math": "tfra_dynamic_embedding.math_ops",
-               "shadow_ops": "tfra_dynamic_embedding.shadow_ops",
-               "train": "tfra_dynamic_embedding.train"}
+               "math": "tfra_dynamic_embedding.compat.math_ops",
+               "shadow_ops": "tfra_dynamic_embedding.compat.shadow_ops",
+               "train": "tfra_dynamic_embedding.compat.train"}
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -12,6 +12,9 @@ tables go to `save_path`, else to `TFRADynamicEmbedding/` next to the checkpoint
 `save_to_file_system` (all shards committed at once, see tables/files.py); a restore loads them
 re-partitioned over the restoring variable's shards (`load_from_file_system_with_restore_function`).
 
+Keras 3 `.keras` / `.weights.h5` files hold a variable's rows in the layer's (or optimizer's)
+weights store: `save_to_keras_store` / `load_from_keras_store`.
+
 TF2 checkpoints that TFRA wrote (`tf.train.Checkpoint`, Keras `save_weights`) restore too: their
 per-shard tables and optimizer slots are read at the end of this module.
 
@@ -23,6 +26,7 @@ Example:
 import os
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 # SaveableObject/SaveSpec (the v1 Saver's) and register_checkpoint_saver (tf.train.Checkpoint's
@@ -295,6 +299,39 @@ class FileSystemGraphSaveable(_tf_private.SaveableObject):
         exists = tf.size(tf.io.matching_files(tf.strings.regex_replace(
             stepped, r"([*?\[\\])", r"\\\1"))) > 0
         return _restore(self._variable, saver, tf.where(exists, stepped, _sibling_dir(filename)))
+
+
+# -- Keras 3 weights stores ----------------------------------------------------------------------
+# `save_own_variables` / `load_own_variables` of a layer or optimizer get a store of named numeric
+# arrays (`.keras` and `.weights.h5` files): a variable goes in as `<prefix>keys` and
+# `<prefix>values`. Keras' H5 store holds numeric arrays only, so string keys go as their bytes
+# joined (uint8) plus each key's length (`<prefix>key_lengths`, int64).
+def save_to_keras_store(store, prefix, variable):
+    """Writes all keys and rows of `variable` (a de.Variable) into `store` under `prefix`.
+
+    Example: save_to_keras_store(store, "", self.params)     # in save_own_variables
+    """
+    keys, values = variable.export()
+    keys = keys.numpy()
+    if keys.dtype == object:   # string keys: bytes objects
+        store[prefix + "keys"] = np.frombuffer(b"".join(keys), np.uint8)
+        store[prefix + "key_lengths"] = np.array([len(k) for k in keys], np.int64)
+    else:
+        store[prefix + "keys"] = keys
+    store[prefix + "values"] = values.numpy()
+
+
+def load_from_keras_store(store, prefix, variable):
+    """Replaces the content of `variable` with what `save_to_keras_store` wrote under `prefix`."""
+    keys = np.asarray(store[prefix + "keys"])
+    if prefix + "key_lengths" in store.keys():
+        ends = np.cumsum(np.asarray(store[prefix + "key_lengths"]))
+        data = keys.tobytes()
+        keys = np.array([data[end - n:end] for end, n in
+                         zip(ends, np.diff(np.concatenate([[0], ends])))], dtype=object)
+    variable.import_(tf.constant(keys, dtype=variable.key_dtype),
+                     tf.constant(np.asarray(store[prefix + "values"]),
+                                 dtype=variable.value_dtype))
 
 
 # -- TF2 checkpoints that TFRA wrote ------------------------------------------------------------

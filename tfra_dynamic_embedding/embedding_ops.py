@@ -14,7 +14,6 @@ import numbers
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding import shadow_ops
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -190,7 +189,9 @@ def _check_params(params, arg):
             raise ValueError(f"{arg} must be a de.Variable or a list of one; got a list of "
                              f"{len(params)}")
         params = params[0]
-    if isinstance(params, shadow_ops.ShadowVariable):
+    # A wrapper the user made to read rows through (de.shadow_ops.ShadowVariable, compat/)
+    # stands for its variable: its class says so.
+    if isinstance(params, trainable_lib.TrainableWrapper) and params.STANDS_FOR_PARAMS:
         return params.params, params
     if not isinstance(params, variable_lib.Variable):
         raise TypeError(f"{arg} must be a de.Variable or a de.shadow_ops.ShadowVariable; got "

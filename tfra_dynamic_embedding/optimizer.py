@@ -36,8 +36,6 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding import horovod
-from tfra_dynamic_embedding import keras_weights
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -65,10 +63,22 @@ def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
     return self
 
 
+def _horovod():
+    """`horovod.tensorflow` for `synchronous=True`, imported only then (it loads MPI); a
+    ValueError when Horovod is missing. (TFRA's other Horovod utilities: compat/horovod.py.)"""
+    try:
+        return importlib.import_module("horovod.tensorflow")
+    except ImportError as error:
+        raise ValueError("Horovod is not installed (`import horovod.tensorflow` failed); "
+                         "DynamicEmbeddingOptimizer(synchronous=True) needs it: install Horovod "
+                         "built for this TensorFlow, or train across processes with parameter "
+                         "servers (docs/distributed.md)") from error
+
+
 def _summed_over_horovod_ranks(grads_and_vars):
     """`synchronous=True`: dense gradients summed over the Horovod ranks (as dense tensors, as
     TFRA does), wrappers' gradients left as they are; unchanged with one rank."""
-    hvd = horovod.require("DynamicEmbeddingOptimizer(synchronous=True)")
+    hvd = _horovod()
     if hvd.size() <= 1:
         return grads_and_vars
     summed = []
@@ -151,8 +161,7 @@ class _DynamicEmbeddingMixin:
                 devices=params.devices, partitioner=params.partition_fn, name=name,
                 initializer=fill, trainable=False, checkpoint=params.checkpoint,
                 kv_creator=params.slot_creator(fill))
-            # Untracked: a tracked attribute would make the primary a checkpoint child of its slot.
-            object.__setattr__(table, "_slot_of", params)
+            table.set_slot_of(params)
             self._de_slot_tables[key] = table
             # A checkpoint dependency of the optimizer, restored on creation if restore() ran.
             self._track_trackable(table, name=f"de_slot/{params.name}/{slot_name}")
@@ -160,7 +169,7 @@ class _DynamicEmbeddingMixin:
                 if checkpoint_lib.names_tfra_slot(deferred, params.name, slot_name):
                     self._handle_deferred_dependencies(name=deferred, trackable=table)
             if params.restrict_policy is not None:   # evictions remove the slot's rows too
-                params.restrict_policy._track_params_in_slots([table])  # pylint: disable=protected-access
+                params.restrict_policy.track_slots([table])
         # A tf.compat.v1 graph: the buffer lives with its wrapper (a worker's own cache), not
         # where the enclosing scope sends variables (a replica_device_setter's PS, where every
         # worker's graph would share one buffer).
@@ -297,7 +306,7 @@ class _DynamicEmbeddingMixin:
         if policy is None:
             return None
         ids = wrapper.batch_ids()
-        return policy._after_write(ids if keep is None else tf.boolean_mask(ids, keep))  # pylint: disable=protected-access
+        return policy.after_write(ids if keep is None else tf.boolean_mask(ids, keep))
 
     def get_slot_variables(self, params):
         """The slot `de.Variable`s this optimizer created for embedding `params`."""
@@ -341,7 +350,7 @@ class _V1Mixin(_DynamicEmbeddingMixin):
         # next to the embedding's first table shard instead (on a PS when the tables are).
         wrapper = _wrapper_of(colocate_with)
         if wrapper is not None and not tf.compat.v1.executing_eagerly_outside_functions():
-            colocate_with = _ColocateWith(wrapper.params._tables[0].resource_handle)  # pylint: disable=protected-access
+            colocate_with = _ColocateWith(wrapper.params.shards.tables[0].resource_handle)
         return super()._create_non_slot_variable(initial_value, name, colocate_with)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
@@ -409,7 +418,7 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
         super().save_own_variables(store)
         for i, table in enumerate(sorted(self._de_slot_tables.values(), key=lambda t: t.name)):
             store[f"de_slot{i}_name"] = np.frombuffer(table.name.encode(), np.uint8)
-            keras_weights.save_table(store, f"de_slot{i}_", table)
+            checkpoint_lib.save_to_keras_store(store, f"de_slot{i}_", table)
 
     def load_own_variables(self, store):
         names = [k for k in store.keys() if k.startswith("de_slot") and k.endswith("_name")]
@@ -426,7 +435,7 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
             if name not in tables:
                 raise ValueError(f"the saved optimizer has slot table {name!r}, which this "
                                  f"optimizer does not (it has {sorted(tables)})")
-            keras_weights.load_table(store, prefix, tables[name])
+            checkpoint_lib.load_from_keras_store(store, prefix, tables[name])
 
 
 class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):

@@ -141,6 +141,10 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
       ids: a variable holding the unique ids of the rows currently held.
     """
 
+    # Whether lookups take this wrapper in place of `params` and read the rows through it (a
+    # wrapper the user makes once: de.shadow_ops.ShadowVariable).
+    STANDS_FOR_PARAMS = False
+
     def __init__(self, params, name, trainable=True, track=True, ps_strategy=None):
         self.params = params
         # Before init_scope, which may leave the strategy's scope. Optimizers place updates with
@@ -344,7 +348,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         if policy is None:
             return write
         with tf.control_dependencies([write] if write is not None else []):
-            update = policy._after_write(self.batch_ids())  # pylint: disable=protected-access
+            update = policy.after_write(self.batch_ids())
             return tf.group([op for op in (write, update) if op is not None])
 
     # Checkpoints and SavedModels keep a variable's standard entry, so the wrapper stays loadable
@@ -364,7 +368,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     # types are strings: "checkpoint", "savedmodel".
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
-        if save_type == "savedmodel" and getattr(self.params, "_slot_of", None) is None:
+        if save_type == "savedmodel" and getattr(self.params, "slot_of", None) is None:
             children = dict(children, ids=self.ids)
         return children
 

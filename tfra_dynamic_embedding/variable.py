@@ -14,13 +14,14 @@ Example:
 import collections.abc
 import contextlib
 import copy
+import dataclasses
 import weakref
 
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding import data_flow
+from tfra_dynamic_embedding import hooks as hooks_lib
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding import trainable as trainable_lib
@@ -31,6 +32,14 @@ KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 # Integer and string rows (e.g. a restrict policy's status) live in the built-in backend only.
 BUILTIN_VALUE_DTYPES = (tf.int8, tf.int32, tf.int64, tf.string)
+# The TypeError of an argument that is not a hook for it (hooks.py; the hooks live in online/).
+_HOOK_ERRORS = {
+    "eviction": "eviction must be a de.Eviction; got {!r}",
+    "restrict_policy": ("restrict_policy must be a de.RestrictPolicy subclass such as "
+                        "de.TimestampRestrictPolicy; got {!r}"),
+    "admission": ("admission must be a de.CountAdmission, de.BloomAdmission or "
+                  "de.ProbabilityAdmission; got {!r}"),
+}
 
 
 class GraphKeys:
@@ -51,6 +60,25 @@ class ShapeError(ValueError, tf.errors.InvalidArgumentError):
 
     def __init__(self, message):
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """A Variable's shards as hooks (online/) see them: `tables[i]` is shard i's backend table
+    (a `KVTable`), `devices[i]` its device, and `partition(flat_keys)` splits 1-D keys over the
+    shards: (keys per shard, their positions in `flat_keys`), by the variable's partitioner.
+
+    Example:
+        parts, positions = var.shards.partition(tf.constant([1, 2, 3], tf.int64))
+        sizes = [table.size() for table in var.shards.tables]
+    """
+
+    tables: tuple
+    devices: tuple
+    partition: collections.abc.Callable
+
+    def __len__(self):
+        return len(self.tables)
 
 
 def default_partition_fn(keys, shard_num):
@@ -95,6 +123,10 @@ class Variable(_tf_private.AutoTrackable):
         trainable variable: the bound of `kv_creator` if it has one (`de.HkvHashTableCreator`).
       admission: None or a `de.CountAdmission` / `de.BloomAdmission` / `de.ProbabilityAdmission`:
         new keys get rows only once admitted (until then training does not write them).
+
+    `eviction`, `restrict_policy` and `admission` are hooks (hooks.py, online/): the variable
+    attaches them and they work on its public shard view, `shards`. TFRA's method form
+    `var.embedding_lookup(ids, ...)` comes with the alias package's import (compat/methods.py).
     """
 
     def __init__(self,
@@ -179,45 +211,24 @@ class Variable(_tf_private.AutoTrackable):
         if not isinstance(bp_v2, bool):
             raise ValueError(f"bp_v2 must be a bool; got {bp_v2!r}")
         self._bp_v2 = bp_v2
-        # The primary variable when this one holds an optimizer slot (set by the optimizer).
+        # The primary variable when this one holds an optimizer slot (`set_slot_of`).
         self._slot_of = None
-        self._eviction_state = None
-        bound = self._kv_creator.shard_bound() if eviction is None and trainable else None
-        if eviction is not None or bound is not None:
-            from tfra_dynamic_embedding.online import eviction as eviction_lib  # pylint: disable=import-outside-toplevel
-            if bound is not None:   # e.g. de.HkvHashTableCreator: max_capacity keys per shard
-                eviction = eviction_lib.Eviction(max_size=bound[0] * len(self._devices),
-                                                 order=bound[1], slack=0.0)
-            if not isinstance(eviction, eviction_lib.Eviction):
-                raise TypeError(f"eviction must be a de.Eviction; got {eviction!r}")
-            self._eviction_state = eviction.attach(self)
-            if checkpoint:
-                self._track_trackable(self._eviction_state.step, name="eviction_step")
-                if self._eviction_state.status is not None:
-                    self._track_trackable(self._eviction_state.status, name="eviction_status")
-                if self._eviction_state.metadata is not None:
-                    self._track_trackable(self._eviction_state.metadata, name="eviction_metadata")
-        self._restrict_policy = None
-        if restrict_policy is not None:
-            from tfra_dynamic_embedding import restrict_policies  # pylint: disable=import-outside-toplevel
-            if not (isinstance(restrict_policy, type)
-                    and issubclass(restrict_policy, restrict_policies.RestrictPolicy)):
-                raise TypeError(f"restrict_policy must be a de.RestrictPolicy subclass such as "
-                                f"de.TimestampRestrictPolicy; got {restrict_policy!r}")
-            self._restrict_policy = restrict_policy(self)
-            # After the eviction: a variable with one keeps the status in a table of its own.
-            if checkpoint:   # the status is saved and restored with the variable
-                self._track_trackable(self._restrict_policy.status, name="restrict_status")
-        self._admission_filter = None
-        if admission is not None:
-            from tfra_dynamic_embedding.online import admission as admission_lib  # pylint: disable=import-outside-toplevel
-            if not isinstance(admission, admission_lib.Admission):
-                raise TypeError(f"admission must be a de.CountAdmission, de.BloomAdmission or "
-                                f"de.ProbabilityAdmission; got {admission!r}")
-            self._admission_filter = admission.attach(self)
-            if checkpoint:
-                for name, trackable in self._admission_filter.trackables.items():
-                    self._track_trackable(trackable, name=name)
+        # argument -> the hooks.AttachedHook of `eviction`, `restrict_policy`, `admission`
+        # (online/); not an attribute AutoTrackable follows: their trackables are tracked below.
+        object.__setattr__(self, "_hooks", {})
+        if eviction is None and trainable:   # e.g. de.HkvHashTableCreator: max_capacity per shard
+            eviction = self._kv_creator.default_eviction(len(self._devices))
+        for argument, hook in (("eviction", eviction), ("restrict_policy", restrict_policy),
+                               ("admission", admission)):
+            if hook is None:
+                continue
+            if not hooks_lib.is_hook(hook, argument):
+                raise TypeError(_HOOK_ERRORS[argument].format(hook))
+            state = hook.attach(self)
+            self._hooks[argument] = state
+            if checkpoint:   # the state is saved and restored with the variable
+                for trackable_name, trackable in state.trackables().items():
+                    self._track_trackable(trackable, name=trackable_name)
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -269,6 +280,11 @@ class Variable(_tf_private.AutoTrackable):
         """{wrapper name: TrainableWrapper} of this variable's lookup sites."""
         return dict(self._trainable_store)
 
+    def store_trainable(self, name, wrapper):
+        """Keeps `wrapper` (a TrainableWrapper of this variable, e.g. a ShadowVariable the user
+        made) as the one of the lookup called `name`, found by `get_trainable_by_name`."""
+        self._trainable_store[name] = wrapper
+
     def get_trainable_by_name(self, name):
         """The TrainableWrapper of the lookup called `name` (e.g. in eager mode or a
         tf.function, where a lookup site is known by its name), or None."""
@@ -296,17 +312,41 @@ class Variable(_tf_private.AutoTrackable):
     @property
     def restrict_policy(self):
         """The `de.RestrictPolicy` instance made from `restrict_policy=`, or None."""
-        return self._restrict_policy
+        return self._hooks.get("restrict_policy")
 
     @property
     def admission_filter(self):
         """The filter made from `admission=` (online/admission.py), or None."""
-        return self._admission_filter
+        return self._hooks.get("admission")
 
     @property
     def eviction_state(self):
         """The `EvictionState` made from `eviction=` (online/eviction.py), or None."""
-        return self._eviction_state
+        return self._hooks.get("eviction")
+
+    @property
+    def shards(self):
+        """The public view of the shards that hooks (online/) work on: `Shards`."""
+        return Shards(tuple(self._tables), tuple(self._devices), self._partition)
+
+    @property
+    def saver_name(self):
+        """The name a `tf.compat.v1.train.Saver` saves this variable under: its graph's unique
+        name (`name`, `name_1`, ... in a graph; `name` in eager mode)."""
+        return self._unique_name
+
+    @property
+    def slot_of(self):
+        """The primary `de.Variable` when this one holds an optimizer slot of it, else None."""
+        return self._slot_of
+
+    def set_slot_of(self, primary):
+        """Marks this variable as an optimizer slot of `primary` (the optimizer does): then a
+        SavedModel of its tables leaves it out (serving needs no slot)."""
+        # Untracked: a tracked attribute would make the primary a checkpoint child of its slot.
+        object.__setattr__(self, "_slot_of", primary)
+        for table in self._tables:
+            table.set_owner(None if primary is not None else self)
 
     @property
     def kv_creator(self):
@@ -332,24 +372,14 @@ class Variable(_tf_private.AutoTrackable):
         return self._make_rows(tf.zeros([1], self._key_dtype))[0]
 
     # -- data plane -------------------------------------------------------------------------
-    def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
-        """TFRA's method form of `de.embedding_lookup(self, ids, ...)`: trainable rows.
-
-        Example: emb, wrapper = var.embedding_lookup(ids, name="emb", return_trainable=True)
-        """
-        # embedding_ops builds on this module (it imports it).
-        from tfra_dynamic_embedding import embedding_ops  # pylint: disable=import-outside-toplevel
-        return embedding_ops.embedding_lookup(self, ids, name=name, max_norm=max_norm,
-                                              return_trainable=return_trainable)
-
     def restrict(self, num_reserved, **kwargs):
         """Evicts keys by the restrict policy (`trigger=` keys at most before it acts; see
-        restrict_policies.py); without a policy, a no-op with a warning."""
-        if self._restrict_policy is None:
+        online/restrict_policies.py); without a policy, a no-op with a warning."""
+        if self.restrict_policy is None:
             tf.get_logger().warning("restrict() called on %s, which has no restrict_policy",
                                     self._name)
             return tf.no_op()
-        return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+        return self.restrict_policy.apply_restriction(num_reserved, **kwargs)
 
     def lookup(self, keys, return_exists=False, name=None):
         """Rows for `keys` (any shape) -> `keys.shape + [dim]`; missing keys get initializer rows.
@@ -396,7 +426,7 @@ class Variable(_tf_private.AutoTrackable):
         None unless every one of them lives there."""
         groups = []
         for slot in slots:
-            tables = slot._tables  # pylint: disable=protected-access
+            tables = slot.shards.tables
             if len(tables) != len(self._tables) or not all(
                     isinstance(v, native_slots.NativeSlotView) and v.table is t
                     for v, t in zip(tables, self._tables)):
@@ -416,7 +446,7 @@ class Variable(_tf_private.AutoTrackable):
         for table, part in zip(self._tables, parts):
             with tf.device(table.device):
                 per_shard.append(native_slots.find_groups(table, part, groups)[0])
-        return [data_flow.dynamic_stitch(positions, [rows[j] for rows in per_shard])
+        return [tf.dynamic_stitch(positions, [rows[j] for rows in per_shard])
                 for j in range(len(groups))]
 
     def upsert_groups(self, keys, values, groups):
@@ -666,10 +696,12 @@ class Variable(_tf_private.AutoTrackable):
             return tf.no_op()
         restored = self.import_(restored_tensors[checkpoint_lib.KEYS],
                                 restored_tensors[checkpoint_lib.VALUES])
-        # A SavedModel's copy (`_exported_from`) leaves the statuses to the status's own copy.
-        if self._restrict_policy is None or "_exported_from" in self.__dict__:
+        # A SavedModel's copy (`_exported_from`) leaves the hooks' state to its own copies.
+        if "_exported_from" in self.__dict__:
             return restored
-        return self._restrict_policy._after_restore(restored)  # pylint: disable=protected-access
+        for state in self._hooks.values():
+            restored = state.after_restore(restored)
+        return restored
 
     def _gather_saveables_for_checkpoint(self):
         # Only `tf.compat.v1.train.Saver(var_list=[w])` asks this (TF2 checkpoints use
@@ -688,9 +720,11 @@ class Variable(_tf_private.AutoTrackable):
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
         if save_type == "savedmodel":
-            # The eviction's per-row metadata is training state no server reads; it is read
-            # from the live native tables, which an export graph cannot capture.
-            children.pop("eviction_metadata", None)
+            # Training state no server reads (e.g. the eviction's per-row metadata, read from
+            # the live native tables, which an export graph cannot capture).
+            for state in self._hooks.values():
+                for name in state.checkpoint_only:
+                    children.pop(name, None)
         return children
 
     def _lookup_dependency(self, name, cached_dependencies=None):
@@ -782,8 +816,8 @@ class Variable(_tf_private.AutoTrackable):
                     tf.debugging.assert_less(ids, shard_num, message=message),
                     tf.debugging.assert_equal(tf.size(ids), tf.size(flat_keys), message=message)]):
                 ids = tf.identity(ids)
-        parts = data_flow.dynamic_partition(flat_keys, ids, shard_num)
-        positions = data_flow.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
+        parts = tf.dynamic_partition(flat_keys, ids, shard_num)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, shard_num)
         return parts, positions
 
     def _map_shards(self, flat_keys, fn):
@@ -795,10 +829,10 @@ class Variable(_tf_private.AutoTrackable):
         for table, part in zip(self._tables, parts):
             with tf.device(table.device):
                 results.append(fn(table, part))
-        rows = data_flow.dynamic_stitch(positions, [r for r, _ in results])
+        rows = tf.dynamic_stitch(positions, [r for r, _ in results])
         exists = None
         if results[0][1] is not None:
-            exists = data_flow.dynamic_stitch(positions, [e for _, e in results])
+            exists = tf.dynamic_stitch(positions, [e for _, e in results])
         return rows, exists
 
     def _unflatten(self, rows, keys):

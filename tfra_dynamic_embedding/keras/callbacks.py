@@ -14,8 +14,8 @@ Example:
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding import horovod
 from tfra_dynamic_embedding import trainable
+from tfra_dynamic_embedding.compat import horovod
 from tfra_dynamic_embedding.keras import binding
 
 __all__ = ["ModelCheckpoint", "DEHvdModelCheckpoint", "DEHvdBroadcastGlobalVariablesCallback"]

@@ -26,15 +26,15 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import embedding_ops
-from tfra_dynamic_embedding import horovod
-from tfra_dynamic_embedding import keras_weights
-from tfra_dynamic_embedding import restrict_policies
 from tfra_dynamic_embedding import scopes
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
+from tfra_dynamic_embedding.compat import horovod
 from tfra_dynamic_embedding.keras import binding
 from tfra_dynamic_embedding.keras import models
+from tfra_dynamic_embedding.online import restrict_policies
 
 POOLINGS = ("sum", "mean", "sqrtn")
 # A restrict policy in a layer's config, by class name.
@@ -270,10 +270,10 @@ class Embedding:
 
     # Keras 3 `save_weights` / `load_weights`: the whole table, re-sharded on load.
     def save_own_variables(self, store):
-        keras_weights.save_table(store, "", self.params)
+        checkpoint_lib.save_to_keras_store(store, "", self.params)
 
     def load_own_variables(self, store):
-        keras_weights.load_table(store, "", self.params)
+        checkpoint_lib.load_from_keras_store(store, "", self.params)
 
 
 # TFRA's name of the plain layer.
@@ -500,8 +500,18 @@ def _pool(rows, pooling):
     return tf.math.divide_no_nan(total, scale)
 
 
-binding.register([(Embedding, "Layer"), (SquashedEmbedding, "Layer"),
-                  (FieldWiseEmbedding, "Layer"), (LayerNormalization, "LayerNormalization")])
+# Each layer with its Keras base class: `register_keras_layers` makes and registers each one's
+# class for every installed Keras.
+KERAS_LAYERS = ((Embedding, "Layer"), (SquashedEmbedding, "Layer"), (FieldWiseEmbedding, "Layer"),
+                (LayerNormalization, "LayerNormalization"))
+
+
+def register_keras_layers():
+    """Registers the layers with every installed Keras now (a layer registers itself when first
+    constructed), so that a process that loads a saved model before constructing any layer
+    finds them: the alias package's import does it (compat.install)."""
+    binding.register(KERAS_LAYERS)
+
 
 # TFRA documents its layers under the module `keras.layers.embedding` too
 # (`de.keras.layers.embedding.reduce_pooling`); here that module is this one.

@@ -20,13 +20,21 @@ import math
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import hooks
+from tfra_dynamic_embedding import variable as variable_lib
+from tfra_dynamic_embedding.tables import BuiltinKVCreator
 
-class Admission(abc.ABC):
-    """Base class: `attach(var)` gives the per-variable filter (`admit(ids, exists)`)."""
+
+class Admission(hooks.VariableHook, abc.ABC):
+    """Base class: `attach(var)` gives the per-variable filter (`admit(ids, exists)`), which
+    `de.Variable(admission=...)` holds (hooks.py)."""
+
+    argument = "admission"
 
     @abc.abstractmethod
     def attach(self, var):
-        """The filter of `var`: `admit(ids, exists) -> (keep mask, update op)`, `trackables`."""
+        """The filter of `var` (a `hooks.AttachedHook`): `admit(ids, exists) -> (keep mask,
+        update op)`, `trackables()`."""
 
 
 def _check_count(k):
@@ -88,18 +96,18 @@ class ProbabilityAdmission(Admission):
         return _ProbabilityFilter(self.p, self.seed)
 
 
-class _CountFilter:
+class _CountFilter(hooks.AttachedHook):
     """Exact counts of keys not admitted yet, in a built-in table beside the variable."""
 
     def __init__(self, k, var):
-        from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
-        from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
         self.k = k
         self.counts = variable_lib.Variable(
             key_dtype=var.key_dtype, value_dtype=tf.int64, dim=1, devices=var.devices,
             partitioner=var.partition_fn, name=f"{var.name}/admission_counts", initializer=0,
             trainable=False, checkpoint=var.checkpoint, kv_creator=BuiltinKVCreator())
-        self.trackables = {"admission_counts": self.counts}
+
+    def trackables(self):
+        return {"admission_counts": self.counts}
 
     def admit(self, ids, exists):
         """(keep mask over `ids`, the op updating the filter): keep = held or admitted now."""
@@ -114,7 +122,7 @@ class _CountFilter:
         return _scatter_keep(exists, new, admitted), update
 
 
-class _BloomFilter:
+class _BloomFilter(hooks.AttachedHook):
     """A counting Bloom filter: `num_hashes` int32 counters per key, the smallest is its count."""
 
     def __init__(self, config, var):
@@ -125,7 +133,9 @@ class _BloomFilter:
             self.counters = tf.Variable(
                 tf.zeros([self.size], tf.int32), trainable=False,
                 name=f"{var.name.replace('/', '_')}_admission_bloom")
-        self.trackables = {"admission_bloom": self.counters}
+
+    def trackables(self):
+        return {"admission_bloom": self.counters}
 
     def _slots(self, ids):
         """[len(ids), num_hashes] counter positions (independent hashes of each key)."""
@@ -147,11 +157,12 @@ class _BloomFilter:
         return _scatter_keep(exists, new, admitted), update
 
 
-class _ProbabilityFilter:
+class _ProbabilityFilter(hooks.AttachedHook):
+    """Draws for each new key; no state to keep."""
+
     def __init__(self, p, seed):
         self.p = p
         self.seed = seed
-        self.trackables = {}
 
     def admit(self, ids, exists):
         new = tf.logical_not(exists)

@@ -127,7 +127,7 @@ class DeltaExporter:
         upserts = removals = 0
         fingerprints = []
         for var in self.variables:
-            for shard, table in enumerate(var._tables):  # pylint: disable=protected-access
+            for shard, table in enumerate(var.shards.tables):
                 name = _file_name(var.name, shard)
                 old = self._fingerprint(name) if sequence else None
                 if old is None:   # a full export: every row comes over

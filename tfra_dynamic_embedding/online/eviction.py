@@ -29,13 +29,17 @@ Example:
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding import hooks
+from tfra_dynamic_embedding import variable as variable_lib
+from tfra_dynamic_embedding.tables import BuiltinKVCreator
 
 ORDERS = ("lru", "lfu")
 _CHUNK_ROWS = 65536   # rows a native sweep reads at a time
 
 
-class Eviction:
-    """What to evict and when (see the module docstring); one object may serve many variables.
+class Eviction(hooks.VariableHook):
+    """What to evict and when (see the module docstring); one object may serve many variables
+    (`de.Variable(eviction=...)` attaches it: hooks.py).
 
     Args:
       max_size: None or the most keys the variable holds after any training step (split evenly
@@ -48,6 +52,8 @@ class Eviction:
       slack: the share of the bound an eviction frees beyond what the step needs (amortizes
         the scan); 0 evicts exactly the excess.
     """
+
+    argument = "eviction"
 
     def __init__(self, max_size=None, order="lru", ttl_steps=None, slack=0.05, ttl_seconds=None):
         for arg, value in (("max_size", max_size), ("ttl_steps", ttl_steps),
@@ -87,12 +93,17 @@ class Eviction:
 
 
 def _uses_native_metadata(var):
-    return all(hasattr(t, "export_with_meta") and hasattr(t, "set_step") for t in var._tables)  # pylint: disable=protected-access
+    return all(hasattr(t, "export_with_meta") and hasattr(t, "set_step")
+               for t in var.shards.tables)
 
 
-class EvictionState:
+class EvictionState(hooks.AttachedHook):
     """An `Eviction` bound to one variable: its step count and, on the built-in backend, its
     status table (the variable checkpoints both)."""
+
+    # The native rows' metadata is read from the live tables, which a SavedModel's export
+    # graph cannot capture; serving has no use for it.
+    checkpoint_only = ("eviction_metadata",)
 
     def __init__(self, eviction, var):
         self.eviction = eviction
@@ -107,9 +118,6 @@ class EvictionState:
             # restored run sweeps at its first step).
             self.ttl_due = tf.Variable(0, dtype=tf.int64, trainable=False,
                                        name=f"{var.name.replace('/', '_')}_eviction_ttl_due")
-        from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
-        from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
-
         def status_table(name, checkpoint):
             return variable_lib.Variable(
                 key_dtype=var.key_dtype, value_dtype=tf.int64, dim=2, devices=var.devices,
@@ -121,11 +129,17 @@ class EvictionState:
         # next sweep gives it back to the rows (restored rows carry wall-clock stamps till then).
         self.status = None if self.native else status_table("eviction_status", var.checkpoint)
         self.restored = status_table("eviction_restored", False) if self.native else None
-        self.metadata = _NativeMetadata(self) if self.native else None
+        self.metadata = _NativeMetadata(self, var) if self.native else None
         shards = var.shard_num
         bound = eviction.max_size
         self.caps = (None if bound is None else
                      [bound // shards + (1 if i < bound % shards else 0) for i in range(shards)])
+
+    def trackables(self):
+        """The step count, and the status table (built-in) or the rows' metadata (native)."""
+        found = {"eviction_step": self.step, "eviction_status": self.status,
+                 "eviction_metadata": self.metadata}
+        return {name: t for name, t in found.items() if t is not None}
 
     def make_room(self, ids, companions=(), exists=None):
         """The op run before a training step writes the rows of `ids` (unique): advances the
@@ -140,13 +154,13 @@ class EvictionState:
         else:
             now = step
             if self.native:
-                ops += [t.set_step(step) for t in var._tables]  # pylint: disable=protected-access
+                ops += [t.set_step(step) for t in var.shards.tables]
         if self.native and self.caps is not None and not companions:
             # Nothing beside the records to evict with: the write-back itself holds the
             # bound (set every step, so a restarted PS task gets it back).
             ev = self.eviction
             ops += [t.set_bound(cap, int(ev.slack * cap), ev.order)
-                    for t, cap in zip(var._tables, self.caps)]  # pylint: disable=protected-access
+                    for t, cap in zip(var.shards.tables, self.caps)]
         with tf.control_dependencies(ops):
             incoming = self._incoming_per_shard(ids, exists)
             ttl_sweep = self._ttl_sweep_due(now)
@@ -189,7 +203,7 @@ class EvictionState:
         new = tf.boolean_mask(ids, tf.logical_not(exists))
         if var.shard_num == 1:
             return [tf.size(new)]
-        parts, _ = var._partition(new)  # pylint: disable=protected-access
+        parts, _ = var.shards.partition(new)
         return [tf.size(p) for p in parts]
 
     def _ttl_sweep_due(self, now):
@@ -216,8 +230,8 @@ class EvictionState:
         """`fix` for `scan_chunks` over a native shard: rows written outside training (a
         restore, an upsert) carry wall-clock stamps (on the step clock) -- they count as written
         now, and are stamped so -- and restored rows take back their saved stamps and counts."""
-        table = self._var._tables[shard]  # pylint: disable=protected-access
-        restored = self.restored._tables[shard]  # pylint: disable=protected-access
+        table = self._var.shards.tables[shard]
+        restored = self.restored.shards.tables[shard]
 
         def restamp(chunk_keys, chunk_stamps, chunk_counts):
             if self.seconds:   # wall-clock stamps are all true; only restored rows change
@@ -257,7 +271,7 @@ class EvictionState:
         plus the slack), never the shard's whole metadata, so its memory stays a chunk's."""
         ev = self.eviction
         key_dtype = self._var.key_dtype
-        size = tf.cast(self._var._tables[shard].size(), tf.int64)  # pylint: disable=protected-access
+        size = tf.cast(self._var.shards.tables[shard].size(), tf.int64)
         most = tf.constant(0, tf.int64)   # the most keys the bound can make this sweep drop
         if self.caps is not None:
             cap, extra = self.caps[shard], int(ev.slack * self.caps[shard])
@@ -294,10 +308,10 @@ class EvictionState:
                  tf.TensorArray(key_dtype, size=0, dynamic_size=True, infer_shape=False),
                  tf.constant(0, tf.int64), tf.constant(0, tf.int64))
         if self.native:
-            state = scan_chunks(self._var._tables[shard], key_dtype, absorb, state,  # pylint: disable=protected-access
+            state = scan_chunks(self._var.shards.tables[shard], key_dtype, absorb, state,
                                 self._restamp(shard, step))
         else:
-            keys, status = self.status._tables[shard].export()  # pylint: disable=protected-access
+            keys, status = self.status.shards.tables[shard].export()
             state = absorb(state, keys, status[:, 0], status[:, 1])
         candidates, _, expired_keys, n_expired, n_step = state
         drop = tf.constant(0, tf.int64)
@@ -379,13 +393,13 @@ class _NativeMetadata(_tf_private.AutoTrackable):
     """The native rows' stamps and counts in a checkpoint: saved from the tables, restored into
     the eviction's `restored` table (the rows themselves may be restored after it)."""
 
-    def __init__(self, state):
-        # Not an attribute Keras or AutoTrackable would follow: the state holds the variable.
+    def __init__(self, state, var):
+        # Not attributes Keras or AutoTrackable would follow: the variable holds the state.
         object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_var", var)
 
     def _serialize_to_tensors(self):
-        var = self._state._var  # pylint: disable=protected-access
-        parts = [t.export_with_meta() for t in var._tables]  # pylint: disable=protected-access
+        parts = [t.export_with_meta() for t in self._var.shards.tables]
         return {"keys": tf.concat([p[0] for p in parts], 0),
                 "stamps": tf.concat([p[2] for p in parts], 0),
                 "counts": tf.concat([p[3] for p in parts], 0)}

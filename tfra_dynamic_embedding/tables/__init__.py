@@ -1,14 +1,12 @@
 """Key-value backends behind the `KVTable` interface (see base.py)."""
 
 __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashTableConfig",
-           "CuckooHashTableCreator", "HkvEvictStrategy", "HkvHashTableConfig",
-           "HkvHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
+           "CuckooHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
            "default_kv_creator"]
 
 from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
 from tfra_dynamic_embedding.tables.creators import (CuckooHashTableConfig, CuckooHashTableCreator,
-                                                    HkvEvictStrategy, HkvHashTableConfig,
-                                                    HkvHashTableCreator, default_kv_creator)
+                                                    default_kv_creator)
 from tfra_dynamic_embedding.tables.cuckoo_table import CuckooHashTable
 from tfra_dynamic_embedding.tables.native import NativeKVCreator

@@ -48,7 +48,7 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         if self._owns_resource:
             shared_name = f"{op_name(name)}_{next(_table_ids)}"
         self._shared_name = shared_name
-        self._owner = None   # weakref.ref to the de.Variable this table is a shard of
+        self._owner = None   # weakref.ref to the de.Variable a SavedModel of this table holds
 
     # A SavedModel written with TF's default options keeps no device placements (so a model
     # trained on parameter servers loads in one process): while it is written, the table's
@@ -68,18 +68,19 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         self._resource_device_name = device
 
     def set_owner(self, variable):
-        """Records `variable` (a de.Variable) as the one this table is a shard of."""
-        self._owner = weakref.ref(variable)
+        """Records `variable` (a de.Variable) as the one this table is a shard of, which a
+        SavedModel of the table holds too; None for a table whose variable serving does not need
+        (the variable says which: an optimizer slot's)."""
+        self._owner = None if variable is None else weakref.ref(variable)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
         owner = self._owner() if self._owner is not None else None
-        if save_type == "savedmodel" and owner is not None and owner._slot_of is None:  # pylint: disable=protected-access
+        if save_type == "savedmodel" and owner is not None:
             # The variable saves this table's rows (see the class docstring). Keras 3's
             # `model.export()` keeps only the TrackableResources it finds under the model, so
-            # without this edge its SavedModel would hold empty tables. Optimizer slots are left
-            # out: serving needs none (a SavedModel of the model itself has them through its
-            # optimizer).
+            # without this edge its SavedModel would hold empty tables. (A SavedModel of the
+            # model itself has the slot tables through its optimizer.)
             children = dict(children, de_variable=owner)
         return children
 
@@ -169,9 +170,11 @@ class KVCreator(metaclass=abc.ABCMeta):
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         """Return a new `KVTable` whose resource lives on `device`."""
 
-    def shard_bound(self):
-        """None, or (keys, "lru" | "lfu"): the bound each shard of a trainable variable made
-        with this creator holds when the variable is given no `eviction` (TFRA's HKV)."""
+    def default_eviction(self, shard_num):
+        """None, or the eviction hook (hooks.py) a trainable variable of `shard_num` shards made
+        with this creator gets when it is given no `eviction` (TFRA's HKV creator, online/hkv.py,
+        bounds every shard)."""
+        del shard_num
         return None
 
 

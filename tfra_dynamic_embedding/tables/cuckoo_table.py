@@ -16,6 +16,7 @@ import tensorflow as tf
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding.tables import base, files
+from tfra_dynamic_embedding.tables.creators import CuckooHashTableConfig, default_kv_creator
 
 
 class CuckooHashTable(_tf_private.AutoTrackable):
@@ -38,8 +39,6 @@ class CuckooHashTable(_tf_private.AutoTrackable):
     def __init__(self, key_dtype, value_dtype, default_value, name="CuckooHashTable",
                  checkpoint=True, init_size=0, config=None, device="",
                  shard_saveable_object_fn=None, kv_creator=None):
-        # (tables/__init__.py imports this module)
-        from tfra_dynamic_embedding.tables import CuckooHashTableConfig, default_kv_creator
         if config is not None and not isinstance(config, CuckooHashTableConfig):
             raise TypeError(f"config must be a de.CuckooHashTableConfig or None; got {config!r}")
         self._set_up(key_dtype, value_dtype, default_value, name, checkpoint, device)

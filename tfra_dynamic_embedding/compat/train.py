@@ -15,8 +15,8 @@ Example:
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding import horovod
-from tfra_dynamic_embedding import shadow_ops
+from tfra_dynamic_embedding.compat import horovod
+from tfra_dynamic_embedding.compat import shadow_ops
 
 __all__ = ["Checkpoint", "DECheckpoint", "DEHvdSaver"]
 
@@ -47,7 +47,7 @@ class DECheckpoint(tf.train.Checkpoint):
             return
         for trackable in tf.train.TrackableView(self).descendants():
             if isinstance(trackable, shadow_ops.ShadowVariable):
-                trackable._clear()  # pylint: disable=protected-access
+                trackable.clear()
 
 
 Checkpoint = DECheckpoint

@@ -246,7 +246,7 @@ def _variable_entries(shapes):
 
 
 def _find_entry(variable, prev_name, entries, prefix):
-    own_entry = getattr(variable, "_unique_name", None)  # what a Saver of this graph would write
+    own_entry = getattr(variable, "saver_name", None)  # what a Saver of this graph would write
     if prev_name == variable.name and own_entry in entries:
         return entries[own_entry]
     if prev_name in entries:   # a Saver entry or object path given as it is in the checkpoint

@@ -54,6 +54,9 @@ class ShadowVariable(trainable_lib.TrainableWrapper):
         emb = de.shadow_ops.embedding_lookup(shadow, ids)   # shadow.ids == unique(ids)
     """
 
+    # `de.embedding_lookup(shadow, ids)` reads the rows of `shadow.params` through it.
+    STANDS_FOR_PARAMS = True
+
     def __init__(self, params, name="ShadowVariable", max_norm=None, trainable=True,
                  distribute_strategy=None, **kwargs):
         if kwargs:
@@ -73,7 +76,7 @@ class ShadowVariable(trainable_lib.TrainableWrapper):
                          ps_strategy=_check_strategy(distribute_strategy))
         self.max_norm = max_norm
         # Found by name as TFRA's are (`params.get_trainable_by_name`, `trainable_store`).
-        params._trainable_store[name] = self  # pylint: disable=protected-access
+        params.store_trainable(name, self)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
@@ -88,7 +91,7 @@ class ShadowVariable(trainable_lib.TrainableWrapper):
         return self.ids.assign(variable_lib.typed_tensor(ids, self.params.key_dtype, "ids"),
                                read_value=False)
 
-    def _clear(self):
+    def clear(self):
         """Holds no rows (`[0, dim]`), as `de.train.DECheckpoint` leaves it when saving (TFRA)."""
         self.end_step()
         return self.hold(tf.zeros([0], self.params.key_dtype),

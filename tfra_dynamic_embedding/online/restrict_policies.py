@@ -33,16 +33,31 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
+from tfra_dynamic_embedding import hooks
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.online import eviction as eviction_lib
+from tfra_dynamic_embedding.tables import BuiltinKVCreator
 
 
-class RestrictPolicy(abc.ABC):
+class RestrictPolicy(hooks.VariableHook, hooks.AttachedHook, abc.ABC):
     """Base class: `apply_update(ids)` tracks the status of keys, `apply_restriction(
-    num_reserved, trigger=...)` evicts down to `num_reserved` keys. Subclasses define `_fresh_status(keys)` (the
-    status table's new values) and `_combine` (how a row's and a waiting status add up)."""
+    num_reserved, trigger=...)` evicts down to `num_reserved` keys. Subclasses define
+    `fresh_status` (the status table's new values), `combine` (how a row's and a waiting
+    status add up) and `row_status` (a native row's status from its metadata).
+
+    A hook (hooks.py) passed as its class, as TFRA does (`restrict_policy=de.
+    TimestampRestrictPolicy`): the variable attaches the class, and the instance on the
+    variable is the attached state, checkpointed as "restrict_status".
+    """
 
     STATUS = "status"
+    argument = "restrict_policy"
+    passed_as_class = True
+
+    @classmethod
+    def attach(cls, variable):  # pylint: disable=arguments-differ
+        """The policy of `variable`."""
+        return cls(variable)
 
     def __init__(self, var):
         if not isinstance(var, variable_lib.Variable):
@@ -65,16 +80,19 @@ class RestrictPolicy(abc.ABC):
         keys, _ = tf.unique(tf.reshape(tf.convert_to_tensor(ids, self.var.key_dtype), [-1]))
         if isinstance(self._status, RowStatus):
             return self._status.touch(keys)
-        return self._status.upsert(keys, self._fresh_status(self._status, keys))
+        return self._status.upsert(keys, self.fresh_status(self._status, keys))
 
-    def _after_write(self, ids):
+    def trackables(self):
+        return {"restrict_status": self._status}
+
+    def after_write(self, ids):
         """The status update of a training write of `ids`: native rows stamped and counted
         themselves while being written (None); a status table is updated here."""
         if isinstance(self._status, RowStatus):
             return None
         return self.apply_update(ids)
 
-    def _after_restore(self, restored):
+    def after_restore(self, restored):
         """The op that ends a restore of the variable (`restored`, the import): a `RowStatus`
         gives the restored rows the statuses saved with them."""
         if not isinstance(self._status, RowStatus):
@@ -83,18 +101,18 @@ class RestrictPolicy(abc.ABC):
             return self._status.settle()
 
     @abc.abstractmethod
-    def _fresh_status(self, table, keys):
+    def fresh_status(self, table, keys):
         """[len(keys), 1] int32 status of `keys` in status `table` after this update (higher =
         kept longer)."""
 
     @staticmethod
     @abc.abstractmethod
-    def _combine(row_status, waiting_status):
+    def combine(row_status, waiting_status):
         """The status of a key from its row's metadata and its waiting status (int32)."""
 
     @staticmethod
     @abc.abstractmethod
-    def _row_status(stamps, counts):
+    def row_status(stamps, counts):
         """A row's status (int32) from its metadata: last-write seconds and writes."""
 
     def apply_restriction(self, num_reserved, **kwargs):
@@ -130,8 +148,9 @@ class RestrictPolicy(abc.ABC):
                 ops += [table.remove(gone) for table in tables]
         return tf.group(*ops)
 
-    def _track_params_in_slots(self, slots):
-        """Remembers slot tables (de.Variables, or TrainableWrappers of them) to evict with."""
+    def track_slots(self, slots):
+        """Remembers slot tables (de.Variables, or TrainableWrappers of them) to evict with
+        (the optimizer gives it the slots it makes for the variable)."""
         for slot in slots:
             params = getattr(slot, "params", slot)
             if not isinstance(params, variable_lib.Variable):
@@ -153,16 +172,16 @@ class TimestampRestrictPolicy(RestrictPolicy):
         """The status (TFRA's attribute name)."""
         return self._status
 
-    def _fresh_status(self, table, keys):
+    def fresh_status(self, table, keys):
         now = tf.cast(tf.timestamp(), tf.int32)
         return tf.fill(tf.stack([tf.size(keys), 1]), now)
 
     @staticmethod
-    def _combine(row_status, waiting_status):
+    def combine(row_status, waiting_status):
         return tf.maximum(row_status, waiting_status)
 
     @staticmethod
-    def _row_status(stamps, counts):
+    def row_status(stamps, counts):
         return tf.cast(stamps, tf.int32)
 
 
@@ -176,15 +195,15 @@ class FrequencyRestrictPolicy(RestrictPolicy):
         """The status (TFRA's attribute name)."""
         return self._status
 
-    def _fresh_status(self, table, keys):
+    def fresh_status(self, table, keys):
         return table.lookup(keys) + 1
 
     @staticmethod
-    def _combine(row_status, waiting_status):
+    def combine(row_status, waiting_status):
         return row_status + waiting_status
 
     @staticmethod
-    def _row_status(stamps, counts):
+    def row_status(stamps, counts):
         return tf.cast(tf.minimum(counts, tf.int32.max), tf.int32)
 
 
@@ -210,9 +229,9 @@ class RowStatus(_tf_private.AutoTrackable):
                            _status_variable(var, policy.STATUS, checkpoint=False))
         # Tracked as a status variable tracks its tables: the object graph of a checkpoint is
         # the same either way, and a SavedModel exports the tables its functions use.
-        self._tables = list(self.waiting._tables)  # pylint: disable=protected-access
+        self._tables = list(self.waiting.shards.tables)
         if var.checkpoint and not tf.executing_eagerly():
-            checkpoint_lib.register_graph_saveable(self, self.waiting._unique_name)  # pylint: disable=protected-access
+            checkpoint_lib.register_graph_saveable(self, self.waiting.saver_name)
 
     # -- the de.Variable surface TFRA code reads ----------------------------------------------
     name = property(lambda self: self.waiting.name)
@@ -282,17 +301,17 @@ class RowStatus(_tf_private.AutoTrackable):
         policy = self._policy
         keys, stamps, counts = eviction_lib.row_metadata(self._rows()[shard], self.key_dtype)
         if self.waiting is None:   # an export graph's copy: the rows' statuses only
-            return keys, tf.reshape(policy._row_status(stamps, counts), [-1, 1])  # pylint: disable=protected-access
+            return keys, tf.reshape(policy.row_status(stamps, counts), [-1, 1])
         waiting_keys, waiting = self.waiting.tables[shard].export()
         all_keys = tf.concat([keys, waiting_keys], 0)
         unique, index = tf.unique(all_keys)
         n = tf.size(unique)
         rows = tf.math.unsorted_segment_max(  # statuses are >= 0: 0 is "no row" / "not waiting"
-            policy._row_status(stamps, counts), index[:tf.size(keys)], n)   # pylint: disable=protected-access
+            policy.row_status(stamps, counts), index[:tf.size(keys)], n)
         rows = tf.maximum(rows, 0)
         waits = tf.maximum(tf.math.unsorted_segment_max(
             tf.reshape(waiting, [-1]), index[tf.size(keys):], n), 0)
-        return unique, tf.reshape(policy._combine(rows, waits), [-1, 1])  # pylint: disable=protected-access
+        return unique, tf.reshape(policy.combine(rows, waits), [-1, 1])
 
     def touch(self, keys):
         """`apply_update` of unique `keys`: rows present are written again unchanged (a zero
@@ -303,7 +322,7 @@ class RowStatus(_tf_private.AutoTrackable):
         written = var.accum(held, tf.zeros([tf.size(held), var.dim], var.value_dtype))
         absent = tf.boolean_mask(keys, tf.logical_not(present))
         waiting = self.waiting.upsert(
-            absent, self._policy._fresh_status(self.waiting, absent))  # pylint: disable=protected-access
+            absent, self._policy.fresh_status(self.waiting, absent))
         return tf.group([op for op in (written, waiting) if op is not None])
 
     def settle(self):
@@ -363,7 +382,7 @@ class RowStatus(_tf_private.AutoTrackable):
             tables = self._rows()
             if len(tables) == 1:
                 return self._write_rows_status(tables[0], keys, values)[1]
-            parts, positions = self._var._partition(tf.reshape(keys, [-1]))  # pylint: disable=protected-access
+            parts, positions = self._var.shards.partition(tf.reshape(keys, [-1]))
             return tf.group([self._write_rows_status(t, k, tf.gather(values, p))[1]
                              for t, k, p in zip(tables, parts, positions)])
         cleared = self.waiting.clear()
@@ -382,12 +401,11 @@ def _rows_keep_status(var):
 
 def _row_tables(var):
     """The backend tables of `var`'s shards (`var.tables` holds TFRA's views of them)."""
-    return [t.kv_table for t in var.tables]
+    return list(var.shards.tables)
 
 
 def _status_variable(var, status_name, checkpoint):
     # int32 rows: the built-in table holds them (the native kernels store floating rows)
-    from tfra_dynamic_embedding.tables import BuiltinKVCreator  # pylint: disable=import-outside-toplevel
     return variable_lib.Variable(
         key_dtype=var.key_dtype, value_dtype=tf.int32, dim=1, devices=var.devices,
         partitioner=var.partition_fn, name=f"{var.name}/{status_name}", initializer=0,

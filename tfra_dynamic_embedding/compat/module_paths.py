@@ -8,7 +8,7 @@ that imports from them instead of the public `de` namespace:
 Each path TFRA has is a module whose names come from this package's module(s) of the same
 role (`MODULES`), then from `de` itself; a name neither has raises AttributeError (so an
 ImportError in `from ... import name`). Paths TFRA does not have are not importable.
-`install()` (run by `import tensorflow_recommenders_addons`, the alias package) makes them
+`install()` (run by `compat.install()`, which the alias package's import calls) makes them
 importable.
 """
 
@@ -31,26 +31,27 @@ MODULES = {
     "python.keras.models": ("tfra_dynamic_embedding.keras.models",),
     "python.ops": (),
     "python.ops.cuckoo_hashtable_ops": ("tfra_dynamic_embedding.tables.cuckoo_table",),
-    "python.ops.data_flow_grad": ("tfra_dynamic_embedding.data_flow",),
-    "python.ops.data_flow_ops": ("tfra_dynamic_embedding.data_flow",),
+    "python.ops.data_flow_grad": ("tfra_dynamic_embedding.compat.data_flow",),
+    "python.ops.data_flow_ops": ("tfra_dynamic_embedding.compat.data_flow",),
     "python.ops.dynamic_embedding_creator": ("tfra_dynamic_embedding.tables.creators",
+                                             "tfra_dynamic_embedding.online.hkv",
                                              "tfra_dynamic_embedding.checkpoint"),
     "python.ops.dynamic_embedding_ops": ("tfra_dynamic_embedding.embedding_ops",),
     "python.ops.dynamic_embedding_optimizer": ("tfra_dynamic_embedding.optimizer",),
     "python.ops.dynamic_embedding_variable": ("tfra_dynamic_embedding.variable",
                                               "tfra_dynamic_embedding.scopes"),
     "python.ops.embedding_weights": ("tfra_dynamic_embedding.trainable",),
-    "python.ops.hkv_hashtable_ops": ("tfra_dynamic_embedding.tables.creators",),
-    "python.ops.math_grad": ("tfra_dynamic_embedding.math_ops",),
-    "python.ops.math_ops": ("tfra_dynamic_embedding.math_ops",),
+    "python.ops.hkv_hashtable_ops": ("tfra_dynamic_embedding.online.hkv",),
+    "python.ops.math_grad": ("tfra_dynamic_embedding.compat.math_ops",),
+    "python.ops.math_ops": ("tfra_dynamic_embedding.compat.math_ops",),
     "python.ops.ragged_embedding_ops": ("tfra_dynamic_embedding.embedding_ops",),
-    "python.ops.restrict_policies": ("tfra_dynamic_embedding.restrict_policies",),
-    "python.ops.shadow_embedding_ops": ("tfra_dynamic_embedding.shadow_ops",),
-    "python.ops.tf_patch": ("tfra_dynamic_embedding.tf_patch",),
-    "python.ops.warm_start_util": ("tfra_dynamic_embedding.warm_start_util",),
-    "python.train": ("tfra_dynamic_embedding.train",),
-    "python.train.checkpoint": ("tfra_dynamic_embedding.train",),
-    "python.train.saver": ("tfra_dynamic_embedding.train",),
+    "python.ops.restrict_policies": ("tfra_dynamic_embedding.online.restrict_policies",),
+    "python.ops.shadow_embedding_ops": ("tfra_dynamic_embedding.compat.shadow_ops",),
+    "python.ops.tf_patch": ("tfra_dynamic_embedding.compat.tf_patch",),
+    "python.ops.warm_start_util": ("tfra_dynamic_embedding.compat.warm_start_util",),
+    "python.train": ("tfra_dynamic_embedding.compat.train",),
+    "python.train.checkpoint": ("tfra_dynamic_embedding.compat.train",),
+    "python.train.saver": ("tfra_dynamic_embedding.compat.train",),
 }
 # TFRA's packages among them (they hold submodules)
 PACKAGES = {"python", "python.keras", "python.keras.layers", "python.ops", "python.train"}
