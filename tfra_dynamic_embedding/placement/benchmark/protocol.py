@@ -13,7 +13,11 @@ pooling; "step": forward + backward + write-back) as follows:
 Clock, flush and sync are injectable, so tests can drive the protocol with a fake clock.
 
 Example:
-    times = measure({"forward": fwd, "step": step}, warmup=2, repeat=7)   # {"forward": ms, ...}
+    >>> ticks = iter(range(1000))               # a fake clock: each reading 0.5 s later
+    >>> times = measure({"forward": lambda: None, "step": lambda: None}, warmup=2, repeat=7,
+    ...                 clock=lambda: next(ticks) / 2, collect_garbage=False)
+    >>> times["forward"], times["step"], len(times["raw"]["step"])       # ms
+    (500.0, 500.0, 7)
 """
 
 import gc
