@@ -11,9 +11,9 @@ splits row-wise is split by key with `manifest.slice_of`, the rule of training a
                                  -> {"prediction": ...}
     export_dir/shard_<i>/      SavedModel per plan device holding pieces, each exactly the
                                piece's keys in a stock tf.lookup.experimental.DenseHashTable
-                               (key -> row number) and its rows in one variable (about 1.3 x
-                               the raw keys + values; TF's MutableHashTable takes ~1.8 x and
-                               more); signatures serving_default
+                               (key -> row number) and its rows in one variable (compact:
+                               the overhead is per key, see docs/serving.md for the RSS
+                               measured); signatures serving_default
                                (per piece: <key>_ids, <key>_segments, <key>_num_segments
                                -> <key>: partial sums per cell), table_sizes, table_keys
 

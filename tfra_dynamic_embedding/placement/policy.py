@@ -397,8 +397,9 @@ def improve(problem, choices, max_evaluations=SEARCH_EVALUATIONS):
     while that lowers the plan's max cost; (2) then move or swap pieces onto the cheapest device
     while that raises the min cost without raising the max (a better balance). Memory and
     slice-distinctness are respected. The search stops once it has scored `max_evaluations`
-    candidate moves (~1.5 us each on one core): a work budget rather than a clock, so the same
-    task gets the same plan on a fast or a slow machine (every worker of a job plans alone).
+    candidate moves: a work budget rather than a clock, so the same task gets the same plan on
+    a fast or a slow machine (every worker of a job plans alone; timings:
+    docs/learned_placement.md).
     Returns (choices, max cost ms)."""
     D = problem.num_devices
     dev = np.asarray(choices, dtype=np.int64).copy()

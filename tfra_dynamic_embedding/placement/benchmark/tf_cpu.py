@@ -339,13 +339,14 @@ class MeasuredEstimator(estimators.CostEstimator):
     `plan_costs` measures a plan's unmeasured devices together (`benchmark_devices`).
 
     `isolate`: 0 measures in this process; n > 0 in a child process, replaced after every n
-    shards. Long evaluations need it: each measured shard leaves 20-60 MB of TensorFlow runtime
-    memory in its process (traced functions are not given back), which the child takes along.
+    shards. Long evaluations need it: each measured shard leaves TensorFlow runtime memory in
+    its process (traced functions are not given back), which the child takes along.
 
     `max_together`: the most devices `measure_plans` builds and times at once. Every device of
-    an interleaved run stays alive until it ends (~75 MB each here, most of it TensorFlow's
-    traced functions): the four plans of an 800-table / 80-device task took a 24 GB machine
-    out of memory, so larger sets are measured in groups of whole plans.
+    an interleaved run stays alive until it ends, most of its memory TensorFlow's traced
+    functions: all the plans of a large task at once can exhaust the machine's memory, so
+    larger sets are measured in groups of whole plans (the figures: docs/learned_placement.md,
+    "Shipped weights and results").
 
     `fill`: measure tables holding all their rows (`benchmark_devices(fill=True)`): full-size
     tables, where the table's size sets the memory regime. Filled devices take their tables'

@@ -96,7 +96,7 @@ def _draw_table_batch(args):
 
 class BatchCache:
     """Pieces' batches on the GPU, kept across measurements (a pool's tables recur in many
-    shards; drawing a 65,536-sample batch of a full-size table takes tens of ms on a CPU).
+    shards, and drawing a full-size table's batch is slow on a CPU: placement/data/README.md).
     Whole tables' host batches are kept too, so the row slices of a table are cut from one
     draw; `prefetch` draws many tables' batches in worker processes."""
 
