@@ -15,8 +15,16 @@ is measurable: `GeneratedData.probability` holds the true click probability of e
 AUC is the best any model can reach.
 
 Example:
-    data = generate("/tmp/train.tsv", rows=10000, seed=0)
-    ds = read_tsv("/tmp/train.tsv", batch_size=512)   # ({"dense", "ids"}, label) batches
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> data = generate(os.path.join(tmp.name, "train.tsv"), rows=64, seed=0)
+    >>> data.rows, data.to_lines()[0].count("\\t") + 1           # 40 fields a line
+    (64, 40)
+    >>> ds = read_tsv(os.path.join(tmp.name, "train.tsv"), batch_size=16)
+    >>> features, label = next(iter(ds))                    # ({"dense", "ids"}, label) batches
+    >>> features["dense"].shape, features["ids"].shape, features["ids"].dtype, label.shape
+    (TensorShape([16, 13]), TensorShape([16, 26]), tf.int64, TensorShape([16]))
+    >>> tmp.cleanup()
 """
 
 import dataclasses

@@ -10,11 +10,14 @@ created the first time an optimizer step sees its id. With `vocab_sizes` the tab
 `tf.keras.layers.Embedding`s instead (ids must then lie in [0, vocab)): the baseline of
 benchmarks/train_step.py.
 
-Example:
-    model = DLRM(embedding_dim=16)
-    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3)),
-                  loss="binary_crossentropy")
-    model.fit(dataset)          # batches of ({"dense": [B, 13], "ids": [B, 26] int64}, label)
+Training it (`model.compile` with a `de.DynamicEmbeddingOptimizer`, `model.fit` on generated
+Criteo-format data) takes seconds: docs/demo.md shows it ("From Python").
+
+Example (a small one, called on a batch):
+    >>> model = DLRM(num_dense=2, num_categorical=3, embedding_dim=4, bottom=(8,), top=(8,))
+    >>> batch = {"dense": tf.ones([5, 2]), "ids": tf.constant([[1, 2, 3]] * 5, tf.int64)}
+    >>> model(batch).shape                                   # click probabilities
+    TensorShape([5, 1])
 """
 
 import numpy as np

@@ -4,9 +4,16 @@ a JSON string or the `TF_CONFIG` environment variable; free loopback ports for l
 Imports no TensorFlow, so that `tfra-de` and the launcher of a local cluster start fast.
 
 Example:
-    spec = local_spec(ps=2, worker=1)          # {"ps": ["localhost:41234", ...], "worker": [...]}
-    write_spec(spec, "cluster.json")
-    spec, job, task = server_target("cluster.json", None, None)   # job/task from TF_CONFIG
+    >>> import tempfile
+    >>> spec = local_spec(ps=2, worker=1)
+    >>> spec
+    {'ps': ['localhost:...', 'localhost:...'], 'worker': ['localhost:...']}
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> write_spec(spec, os.path.join(tmp.name, "cluster.json"))
+    >>> environ = {"TF_CONFIG": tf_config(spec, "ps", 1)}     # job and task from TF_CONFIG
+    >>> server_target(os.path.join(tmp.name, "cluster.json"), None, None, environ)[1:]
+    ('ps', 1)
+    >>> tmp.cleanup()
 """
 
 import json
@@ -58,7 +65,12 @@ def _bindable(port):
 def local_spec(**job_sizes):
     """A cluster spec on loopback with `job_sizes[job]` tasks per job, each on a free port.
 
-    Example: local_spec(ps=2, worker=2) -> {"ps": ["localhost:p1", "localhost:p2"], ...}
+    Example:
+        >>> spec = local_spec(ps=2, worker=2)
+        >>> spec
+        {'ps': ['localhost:...', 'localhost:...'], 'worker': ['localhost:...', 'localhost:...']}
+        >>> len({address for addresses in spec.values() for address in addresses})   # distinct
+        4
     """
     spec, taken = {}, set()
     for job, size in job_sizes.items():

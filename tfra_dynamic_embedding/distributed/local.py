@@ -4,12 +4,15 @@ Every process is started with `subprocess` (never fork after importing TensorFlo
 output to a log file, and is killed by its pid when the cluster closes -- also when the code
 using it fails. Servers also exit by themselves when the launching process is gone.
 
-Example:
-    with LocalCluster(ps=2) as cluster:              # two `tfra-de server` processes
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
-        ...
-        cluster.kill("ps", 1)                        # SIGKILL, e.g. to test failures
-        cluster.start_server("ps", 1)                # the same address again
+Starting servers takes seconds: `with LocalCluster(ps=2) as cluster:` (two `tfra-de server`
+processes), `cluster.run`, `cluster.kill("ps", 1)` and `cluster.start_server("ps", 1)` are shown
+in docs/distributed.md, "Launching servers".
+
+Example (the spec and devices, before anything starts):
+    >>> cluster = LocalCluster(ps=2, worker=1, servers=("ps",))
+    >>> cluster.spec["ps"], cluster.devices("ps")
+    (['localhost:...', 'localhost:...'], ['/job:ps/replica:0/task:0', '/job:ps/replica:0/task:1'])
+    >>> cluster.close()                    # kills what runs, removes its log directory
 """
 
 import json

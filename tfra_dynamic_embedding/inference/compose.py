@@ -4,9 +4,8 @@ Each SavedModel is loaded with stock `tf.saved_model.load`; a request is routed 
 functions of `routing.py` (one call per shard, partial pools summed, main called), which an RPC
 server reuses with remote shards in place of `call_shard`.
 
-Example:
-    model = load_sharded("/tmp/dlrm_sharded")
-    model.predict({"dense": dense, "ids": ids})["prediction"]   # [B, 1], as the trained model
+Usage, `load_sharded(export_dir).predict(request)` (as the trained model predicts):
+docs/serving.md, "Exporting" (tests/inference/test_export.py runs it).
 """
 
 import os

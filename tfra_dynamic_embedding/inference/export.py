@@ -11,9 +11,9 @@ splits row-wise is split by key with `manifest.slice_of`, the rule of training a
                                  -> {"prediction": ...}
     export_dir/shard_<i>/      SavedModel per plan device holding pieces, each exactly the
                                piece's keys in a stock tf.lookup.experimental.DenseHashTable
-                               (key -> row number) and its rows in one variable (about 1.3 x
-                               the raw keys + values; TF's MutableHashTable takes ~1.8 x and
-                               more); signatures serving_default
+                               (key -> row number) and its rows in one variable (compact:
+                               the overhead is per key, see docs/serving.md for the RSS
+                               measured); signatures serving_default
                                (per piece: <key>_ids, <key>_segments, <key>_num_segments
                                -> <key>: partial sums per cell), table_sizes, table_keys
 
@@ -22,10 +22,8 @@ this package. Ids a table does not hold embed as zero rows (the table's default 
 single-process export (`demo.run.export_saved_model`); in training they would get fresh
 initializer rows.
 
-Example:
-    plan = plan_for_model(model, num_shards=4, strategy="capacity-balanced", memory="1MiB")
-    manifest = export_sharded(model, plan, "/tmp/dlrm_sharded")
-    predict = compose.load_sharded("/tmp/dlrm_sharded")   # the in-process reference router
+docs/serving.md, "Exporting", shows `plan_for_model`, `export_sharded` and
+`compose.load_sharded` on a trained model (tests/inference/test_export.py runs it).
 """
 
 import os
@@ -48,8 +46,18 @@ def plan_for_model(model, num_shards, strategy="lookup-greedy", memory=None, see
 
     Tables are sized by their current number of keys; `memory` (bytes or '64MiB') per shard makes
     strategies split tables bigger than a shard row-wise; `input_signature` as in
-    `export_sharded`. Example:
-        plan_for_model(model, 2, "size-greedy").devices_for("C1")   # ['/job:sparse/task:1']
+    `export_sharded`.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> ids = keras.Input(shape=(2,), dtype="int64", name="ids")
+        >>> small = de.keras.layers.Embedding(4, pooling="sum", name="small")(ids)
+        >>> wide = de.keras.layers.Embedding(16, pooling="sum", name="wide")(ids)
+        >>> model = keras.Model({"ids": ids}, keras.layers.Concatenate()([small, wide]))
+        >>> plan = plan_for_model(model, 2, "dim-greedy")
+        >>> plan.devices_for("wide"), plan.devices_for("small")
+        (['/job:sparse/task:0'], ['/job:sparse/task:1'])
     """
     cut = model_cut.cut_model(model, input_signature)
     tables = []

@@ -11,10 +11,21 @@ i of a table split into n holds the keys with
     string keys: tf.strings.to_hash_bucket_fast(key, n) == i   (FarmHash Fingerprint64 mod n)
 `slice_of` is that rule; the exporter and every router use it.
 
-Example:
-    manifest = Manifest.load("/tmp/export")
-    manifest.feature("C1").pieces[0].shard     # 'shard_0'
-    slice_of(np.array([-1, 5]), 4, "int64")   # array([3, 1])
+Example (the manifest of an export that splits table "user_emb" in 2):
+    >>> import tempfile
+    >>> pieces = [Piece(piece_key(0, "user_emb", i), i, 2, shard_dir(i), f"/job:sparse/task:{i}")
+    ...           for i in range(2)]
+    >>> user = Feature("user", "user_emb", input="user", column=None, combiner=None,
+    ...                key_dtype="int64", value_dtype="float32", dim=4, pieces=pieces)
+    >>> export_dir = tempfile.TemporaryDirectory()
+    >>> Manifest([user], {}, ["prediction"], {p.shard: p.device for p in pieces}).save(
+    ...     export_dir.name)
+    >>> manifest = Manifest.load(export_dir.name)
+    >>> manifest.feature("user").pieces[1].shard, manifest.feature("user").pieces[1].key
+    ('shard_1', 't0_user_emb_s1')
+    >>> slice_of(np.array([-1, 5]), 4, "int64")      # floor mod: never negative
+    array([3, 1], dtype=int32)
+    >>> export_dir.cleanup()
 """
 
 import dataclasses
@@ -44,7 +55,11 @@ def shard_dir(index):
 def slice_of(keys, num_slices, key_dtype):
     """The row slice (int32 array, shape of `keys`) of every key of a table split `num_slices` ways.
 
-    Example: slice_of(np.array([7, -2]), 3, "int64") -> array([1, 1], dtype=int32)
+    Example:
+        >>> slice_of(np.array([7, -2]), 3, "int64")
+        array([1, 1], dtype=int32)
+        >>> slice_of(np.array([b"a", b"b"]), 1, "string")      # one slice holds every key
+        array([0, 0], dtype=int32)
     """
     keys = np.asarray(keys)
     if num_slices == 1:

@@ -15,9 +15,19 @@ The request is the model's input signature: a functional model's inputs, `model.
 `input_signature` argument (a TensorSpec, or a flat dict / list of them).
 
 Example:
-    cut = cut_model(model)
-    [f.name for f in cut.features]               # ['C1', 'C2', ...]
-    cut.dense_call({"dense": x}, {"C1": e1, ...})  # the prediction from pooled rows
+    >>> import keras
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> user = keras.Input(shape=(), dtype="int64", name="user")
+    >>> x = keras.Input(shape=(1,), name="x")
+    >>> emb = de.keras.layers.Embedding(4, initializer=1.0, name="user_table")(user)
+    >>> out = keras.layers.Dense(1, kernel_initializer="ones")(
+    ...     keras.layers.Concatenate()([emb, x]))
+    >>> cut = cut_model(keras.Model({"user": user, "x": x}, out))
+    >>> [(f.name, f.input) for f in cut.features], list(cut.dense_inputs), cut.outputs
+    ([('user_table', 'user')], ['x'], ['prediction'])
+    >>> pooled = {"user_table": tf.ones([1, 4])}                  # the prediction from pooled rows
+    >>> cut.dense_call({"x": tf.ones([1, 1])}, pooled)["prediction"].numpy()
+    array([[5.]], dtype=float32)
 """
 
 import dataclasses

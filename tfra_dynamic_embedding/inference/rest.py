@@ -9,9 +9,19 @@ output its values stand alone, with several they are keyed by name -- TF Serving
 values may be sent as `{"b64": "..."}`. Errors come back as `{"error": message}`: 400 for a bad
 request, 404 for another model name, 503 when a shard behind the predictor did not answer.
 
+`aiohttp.web.run_app(make_app("dlrm", predict), port=8501)` serves it; `tfra-de serve` does
+so for a sharded export: docs/serving.md, "Serving in separate processes".
+
 Example:
-    app = make_app("dlrm", predict)     # predict({input: np.ndarray}) -> {output: np.ndarray}
-    aiohttp.web.run_app(app, host="localhost", port=8501)
+    >>> predict = lambda inputs: {"prediction": inputs["x"] * 2}   # {input: array} -> {output}
+    >>> app = make_app("dlrm", predict)
+    >>> sorted({route.resource.canonical for route in app.router.routes()})
+    ['/v1/models/{name}', '/v1/models/{name}:predict']
+    >>> inputs, row_format = parse_request({"instances": [{"x": 1.0}, {"x": 2.5}]})
+    >>> format_response(predict(inputs), row_format)
+    {'predictions': [2.0, 5.0]}
+    >>> format_response(predict(parse_request({"inputs": {"x": [1, 2]}})[0]), False)
+    {'outputs': [2, 4]}
 """
 
 import asyncio

@@ -5,11 +5,30 @@ RPC router: `route` gives the one call each shard gets (all its table pieces' id
 `combine` sums the shards' partial pools into one pooled value per feature, `main_inputs` is
 main's call.
 
+In the example, one feature sums 2 ids per row; its table is split in 2 shards, each answered
+by a stand-in whose row of id k is [k].
+
 Example:
-    routed = route(manifest, {"dense": x, "ids": ids})
-    outputs = {shard: call_shard(shard, inputs) for shard, inputs in routed.shard_inputs.items()}
-    pooled = combine(manifest, routed, outputs)
-    prediction = call_main(main_inputs(manifest, routed, pooled))
+    >>> M = manifest_lib
+    >>> pieces = [M.Piece(f"t0_ids_s{i}", i, 2, M.shard_dir(i), f"/job:sparse/task:{i}")
+    ...           for i in range(2)]
+    >>> feature = M.Feature("pooled", "ids", input="ids", column=None, combiner="sum",
+    ...                     key_dtype="int64", value_dtype="float32", dim=1, pieces=pieces)
+    >>> manifest = M.Manifest([feature], {"x": {}}, ["prediction"],
+    ...                       {"shard_0": "/job:sparse/task:0", "shard_1": "/job:sparse/task:1"})
+    >>> def call_shard(shard, inputs):                     # {piece key: [cells, dim] sums}
+    ...     key = f"t0_ids_s{shard[-1]}"
+    ...     return {key: np.bincount(inputs[key + "_segments"], inputs[key + "_ids"],
+    ...                              inputs[key + "_num_segments"])[:, None]}
+    >>> routed = route(manifest, {"x": np.ones([2, 1]), "ids": np.array([[1, 2], [3, 5]])})
+    >>> routed.shard_inputs["shard_1"]["t0_ids_s1_ids"]           # the odd ids
+    array([1, 3, 5])
+    >>> outputs = {shard: call_shard(shard, inputs)
+    ...            for shard, inputs in routed.shard_inputs.items()}
+    >>> pooled = combine(manifest, routed, outputs)
+    >>> main_inputs(manifest, routed, pooled)["pooled"]         # 1 + 2, 3 + 5: main's input
+    array([[3.],
+           [8.]])
 """
 
 import dataclasses

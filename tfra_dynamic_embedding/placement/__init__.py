@@ -17,14 +17,20 @@
   column_split  a table split by columns -> one de.Variable (or Keras Embedding) per block
   evaluate    reports and plots (reads plans; no stage imports it)
 
-Example:
-    from tfra_dynamic_embedding import placement
-    tables = placement.load_tables("tables.json")
-    task = placement.Task(tables, [placement.DeviceSpec(f"/GPU:{i}", "16GiB") for i in range(8)])
-    choice = placement.Planner().plan(task)       # every strategy proposes, the cheapest wins
-    report = placement.evaluate_plan(choice.plan, choice.judge)
-    with choice.plan.scope():
-        w = de.get_variable("t000", dim=16)     # on plan.devices_for("t000")
+Example (tables from a file: `placement.load_tables("tables.json")`):
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> from tfra_dynamic_embedding import placement
+    >>> tables = [placement.TableSpec("user", rows=1000, dim=16),
+    ...           placement.TableSpec("item", rows=1000, dim=16, pooling_factor=4.0)]
+    >>> task = placement.Task(tables, [placement.DeviceSpec(f"/CPU:{i}", "1GiB") for i in range(2)])
+    >>> choice = placement.Planner().plan(task)    # every strategy proposes, the cheapest wins
+    >>> choice.plan.devices_for("user") != choice.plan.devices_for("item")
+    True
+    >>> report = placement.evaluate_plan(choice.plan, choice.judge)
+    >>> with choice.plan.scope():
+    ...     w = de.get_variable("user", dim=16)
+    >>> w.devices == choice.plan.devices_for("user")
+    True
 
 Only the names below are public here; everything else is imported from its module
 (`placement.types.make_devices`, `placement.workloads.generate_pool`,

@@ -1,13 +1,21 @@
 """Applying a Plan: the devices (and row-slice partitioner) of real `de.Variable`s; tables the
 plan splits by columns are built by `column_split.py` (one variable per block).
 
-Two ways:
-    w = de.get_variable("user", dim=16, devices=plan.devices_for("user"),
-                        partitioner=plan.partitioner_for("user") or de.default_partition_fn)
-or, for every variable a model creates:
-    with plan.scope():                       # == apply.plan_scope(plan)
-        w = de.get_variable("user", dim=16)  # devices from the plan
-        layer = de.keras.layers.Embedding(...)
+Two ways: `de.get_variable(..., devices=plan.devices_for(name), partitioner=...)`, or
+`with plan.scope():` for every variable (and Keras `de.keras.layers.Embedding`) a model creates.
+
+Example:
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("user", 100, 16), TableSpec("item", 100, 16)],
+    ...             make_devices(2, template="/CPU:{i}"))
+    >>> plan = Plan(task, {"user": ["/CPU:0", "/CPU:1"], "item": ["/CPU:1"]})   # user: 2 slices
+    >>> w = de.get_variable("user", dim=16, devices=plan.devices_for("user"),
+    ...                     partitioner=plan.partitioner_for("user") or de.default_partition_fn)
+    >>> with plan.scope():                        # == plan_scope(plan)
+    ...     v = de.get_variable("ctr/item", dim=16)   # devices from the plan
+    >>> w.devices, v.devices
+    (['/CPU:0', '/CPU:1'], ['/CPU:1'])
 
 Plan table names match the variable-scope qualified name given to `de.get_variable`
 ("ctr/user"), or a trailing part of it ("user" matches "ctr/user"; the longest match wins).

@@ -15,9 +15,17 @@ Each block draws its own initial rows: with a random initializer they differ fro
 table's (same distribution); a constant one gives the same rows.
 
 Example:
-    split = column_split_variables(plan, "ad", initializer=tf.zeros_initializer())
-    emb = split.embedding_lookup(ad_ids)            # [batch, plan's dim of "ad"]
-    layer = ColumnSplitEmbedding(plan, "ad", 128, pooling="sum")   # Keras: the same per layer
+    >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("ad", rows=1000, dim=128)], make_devices(2, template="/CPU:{i}"))
+    >>> plan = Plan(task, {"ad": ["/CPU:0", "/CPU:1"]}, columns={"ad": [64, 64]})
+    >>> split = column_split_variables(plan, "ad", initializer=tf.zeros_initializer())
+    >>> split
+    ColumnSplitVariable('ad', widths=[64, 64], devices=['/CPU:0', '/CPU:1'])
+    >>> ad_ids = tf.constant([[3, 7]], tf.int64)
+    >>> split.embedding_lookup(ad_ids).shape                   # [batch, 2, the plan's dim]
+    TensorShape([1, 2, 128])
+    >>> ColumnSplitEmbedding(plan, "ad", 128, pooling="sum")(ad_ids).shape   # Keras: the same
+    TensorShape([1, 128])
 """
 
 import tensorflow as tf
@@ -56,8 +64,14 @@ class ColumnSplitVariable(_tf_private.AutoTrackable):
     `tf.train.Checkpoint` like a `de.Variable`. Made by `column_split_variables`.
 
     Example:
-        split.upsert(ids, rows)                  # rows [n, dim] split by columns
-        split.lookup(ids)                        # == rows
+        >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("wide", rows=10, dim=64)], make_devices(2, template="/CPU:{i}"))
+        >>> plan = Plan(task, {"wide": ["/CPU:0", "/CPU:1"]}, columns={"wide": [32, 32]})
+        >>> split = column_split_variables(plan, "wide", initializer=0.0)
+        >>> ids, rows = tf.constant([1, 2], tf.int64), tf.reshape(tf.range(128.0), [2, 64])
+        >>> _ = split.upsert(ids, rows)                 # rows [n, dim] split by columns
+        >>> bool(tf.reduce_all(split.lookup(ids) == rows))
+        True
     """
 
     def __init__(self, name, variables):
@@ -124,7 +138,15 @@ def column_split_variables(plan, name, **kwargs):
     `kwargs` are `de.get_variable`'s (initializer, key_dtype, kv_creator, ...); `dim`, if given,
     must be the plan's dim of the table; `devices` and `partitioner` come from the plan.
 
-    Example: column_split_variables(plan, "ad", initializer=0.0).lookup(ids)
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("item", rows=10, dim=64)], make_devices(2, template="/CPU:{i}"))
+        >>> plan = Plan(task, {"item": ["/CPU:0", "/CPU:1"]}, columns={"item": [48, 16]})
+        >>> split = column_split_variables(plan, "item", initializer=0.0)
+        >>> [v.name for v in split.variables], split.widths
+        (['item/col0', 'item/col1'], [48, 16])
+        >>> split.lookup(tf.constant([5], tf.int64)).shape
+        TensorShape([1, 64])
     """
     table, blocks = _blocks(plan, name)
     _check_dim(table, kwargs.pop("dim", None), plan, "dim")
@@ -149,8 +171,13 @@ class ColumnSplitEmbedding:
     chosen as for `de.keras.layers.Embedding` (Keras 3 unless told otherwise).
 
     Example:
-        ids = keras.Input(shape=(3,), dtype="int64")
-        pooled = ColumnSplitEmbedding(plan, "ad", 128, pooling="sum")(ids)   # [batch, 128]
+        >>> import keras
+        >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("user", rows=10, dim=128)], make_devices(2, template="/CPU:{i}"))
+        >>> plan = Plan(task, {"user": ["/CPU:0", "/CPU:1"]}, columns={"user": [64, 64]})
+        >>> ids = keras.Input(shape=(3,), dtype="int64")
+        >>> ColumnSplitEmbedding(plan, "user", 128, pooling="sum")(ids).shape
+        (None, 128)
     """
 
     def __new__(cls, *args, **kwargs):

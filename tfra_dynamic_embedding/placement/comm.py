@@ -5,14 +5,20 @@ and receives their gradients back (backward); a row slice's partial sums are as 
 table's rows. Per stage a device moves pooled_bytes x (n - 1) / n.
 
 Example:
-    AllToAll().step_ms(pooled_bytes(shards, 65536), num_devices=8)   # forward + backward ms
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec
+    >>> pooled = pooled_bytes([TableSpec("a", rows=10, dim=16)], 65536)
+    >>> round(AllToAll().step_ms(pooled, num_devices=8), 4)       # forward + backward, ms
+    0.0845
 """
 
 
 def pooled_bytes(shards, batch_size):
     """Bytes of the pooled rows a device's pieces (Shards or TableSpecs) produce per batch.
 
-    Example: pooled_bytes([TableSpec("a", 10, dim=16)], 1024)   # 1024 * 16 * 4
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec
+        >>> pooled_bytes([TableSpec("a", 10, dim=16)], 1024)      # 1024 * 16 * 4
+        65536
     """
     return int(batch_size) * int(sum(getattr(s, "table", s).dim
                                      * getattr(s, "table", s).bytes_per_value for s in shards))
@@ -25,7 +31,9 @@ class AllToAll:
     The defaults are an 8-GPU NVLink-4 node: 450 GB/s per direction per GPU at peak, of which
     an all-to-all reaches well below peak (300 GB/s assumed), and a 30 us collective launch.
 
-    Example: AllToAll(bandwidth=300e9).stage_ms(2 ** 28, num_devices=8)
+    Example:
+        >>> round(AllToAll(bandwidth=300e9).stage_ms(2 ** 28, num_devices=8), 3)
+        0.813
     """
 
     def __init__(self, bandwidth=300e9, latency=30e-6):

@@ -15,8 +15,14 @@ benchmark records (JSONL, one per device shard, see `train.load_records`); the m
 plain numpy arrays (`CostModel`), so planning needs neither TensorFlow nor a GPU.
 
 The estimator "learned" (predicted costs, not measured; estimators.py names it):
-    report = evaluate_plan(plan, "learned")                  # shipped weights of the task's profile
-    est = get_estimator("learned", weights="my_model.npz")    # retrained weights
+    >>> from tfra_dynamic_embedding.placement import evaluate_plan
+    >>> from tfra_dynamic_embedding.placement.types import Plan, TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("a", 1000, 64), TableSpec("b", 1000, 64)], make_devices(2))
+    >>> plan = Plan(task, {"a": ["/job:ps/task:0"], "b": ["/job:ps/task:1"]})
+    >>> report = evaluate_plan(plan, "learned")     # the shipped weights of the task's profile
+    >>> est = estimators.get_estimator("learned", weights=DEFAULT_WEIGHTS)   # or retrained ones
+    >>> est.model.profile
+    'cpu'
 
 Hardware profiles: a task whose devices are all GPUs has profile "gpu" (`profile_of`), or
 "gpu_wide" when one of its tables is wider than the GPU pool's tables (`WIDE_DIM`), any other
@@ -71,7 +77,13 @@ def profile_of(task):
     "GPU", any case), "gpu_wide" when moreover one of its tables is wider than `WIDE_DIM`, else
     "cpu" (also for None or a task without devices).
 
-    Example: profile_of(Task(tables, make_devices(8, "16GiB", "/GPU:{i}")))  # -> "gpu"
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import Task, make_devices
+        >>> tables, wide = [TableSpec("a", 10, dim=64)], [TableSpec("w", 10, dim=256)]
+        >>> gpus = make_devices(8, "16GiB", "/GPU:{i}")
+        >>> profile_of(Task(tables, gpus)), profile_of(Task(wide, gpus)), profile_of(
+        ...     Task(tables, make_devices(8)))
+        ('gpu', 'gpu_wide', 'cpu')
     """
     devices = getattr(task, "devices", None) or ()
     if not devices or not all("gpu" in d.name.lower() for d in devices):
@@ -83,7 +95,12 @@ def check_weights_dir(directory):
     """`directory` (a directory of trained weights, or None for the shipped ones); ValueError
     when it does not exist, as a mistyped --weights would otherwise plan with other weights.
 
-    Example: check_weights_dir("my_weights/")
+    Example:
+        >>> check_weights_dir(None), check_weights_dir(DATA_DIR) == DATA_DIR
+        (None, True)
+        >>> check_weights_dir("no_such_weights/")
+        Traceback (most recent call last):
+        ValueError: weights directory 'no_such_weights/' does not exist
     """
     if directory is not None and not os.path.isdir(directory):
         raise ValueError(f"weights directory {directory!r} does not exist")
@@ -95,7 +112,15 @@ def weights_file(kind, profile="cpu", directory=None):
     the shipped data; ValueError when it does not exist), or of the file the profile falls back
     to (`FALLBACK`) when it has none there.
 
-    Example: weights_file("policy", "gpu_wide", "my_gpu_weights/")   # its policy_gpu.npz
+    Example:
+        >>> import tempfile
+        >>> mine = tempfile.TemporaryDirectory()          # a directory with gpu weights only
+        >>> open(os.path.join(mine.name, "policy_gpu.npz"), "w").close()
+        >>> os.path.basename(weights_file("policy", "gpu_wide", mine.name))
+        'policy_gpu.npz'
+        >>> os.path.basename(weights_file("policy", "gpu_wide"))   # the shipped ones
+        'policy_gpu_wide.npz'
+        >>> mine.cleanup()
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}; got {profile!r}")
@@ -111,7 +136,16 @@ def comm_ms(model, shards, task):
     """ms of one device's all-to-all per training step (forward + backward) under a GPU
     model's comm meta (`CostModel.comm`); 0 for a CPU model, no shards or one device.
 
-    Example: comm_ms(gpu_model, plan.shards_on("/GPU:0"), plan.task)
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import Plan, Task, make_devices
+        >>> task = Task([TableSpec("a", 1000, 64), TableSpec("b", 1000, 64)],
+        ...             make_devices(2, "16GiB", "/GPU:{i}"), batch_size=1024)
+        >>> plan = Plan(task, {"a": ["/GPU:0"], "b": ["/GPU:1"]})
+        >>> gpu_model = load_cost_model(weights_file("cost_model", "gpu"))
+        >>> comm_ms(gpu_model, plan.shards_on("/GPU:0"), task) > 0
+        True
+        >>> comm_ms(load_cost_model(), plan.shards_on("/GPU:0"), task)      # a CPU model
+        0.0
     """
     comm = model.comm
     if comm is None or not shards or task is None:
@@ -271,7 +305,11 @@ class CostModel:
         A feature that was constant in training (width 0) is infinitely far once it differs.
         None for weights without a stored range.
 
-        Example: worst, dist = model.range_distance(np.stack([shard_features(t) for t in tables]))
+        Example:
+            >>> model = load_cost_model()
+            >>> worst, dist = model.range_distance(shard_features(TableSpec("w", 10, 4096))[None])
+            >>> features.FEATURE_NAMES[worst[0]], bool(dist[0] > 10)     # dim: far beyond
+            ('dim', True)
         """
         if not self.has_range:
             return None
@@ -291,7 +329,9 @@ class CostModel:
         (`meta["x_min"]`, `meta["x_max"]`) widened by `margin` of its width on each side;
         None for weights without a stored range (see `range_distance`).
 
-        Example: model.outside(np.stack([shard_features(t) for t in tables]))
+        Example:
+            >>> load_cost_model().outside(shard_features(TableSpec("w", 10, 4096))[None])
+            array([ True])
         """
         found = self.range_distance(x, margin)
         return None if found is None else found[1] > 0
@@ -360,7 +400,14 @@ class LearnedEstimator(estimators.CostEstimator):
     `weights`: None (the shipped weights of each task's profile), a directory (its weights of
     each task's profile, see `weights_file`), or one model (path or CostModel) for every task.
 
-    Example: LearnedEstimator().device_cost(shards, "/GPU:0", gpu_task)   # cost_model_gpu.npz
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import Plan, Task, make_devices
+        >>> gpu_task = Task([TableSpec("a", 1000, 64)], make_devices(2, "16GiB", "/GPU:{i}"))
+        >>> shards = Plan(gpu_task, {"a": ["/GPU:0"]}).shards_on("/GPU:0")
+        >>> LearnedEstimator().device_cost(shards, "/GPU:0", gpu_task) > 0   # seconds
+        True
+        >>> LearnedEstimator().model_for(gpu_task).profile      # from cost_model_gpu.npz
+        'gpu'
     """
 
     name = "learned"

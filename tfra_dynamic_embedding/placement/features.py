@@ -10,7 +10,10 @@ The reuse histogram comes from given indices, from the spec, or from the spec's 
 (`streams.reuse_histogram` of its first batch).
 
 Example:
-    table_features(TableSpec("t", rows=10, dim=8, reuse_histogram=h)).shape   # (21,)
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec
+    >>> x = table_features(TableSpec("t", rows=10, dim=64, reuse_histogram=[1.0] + [0.0] * 16))
+    >>> x.shape, float(x[0])             # 21 features; dim / 128 first
+    ((21,), 0.5)
 """
 
 import dataclasses

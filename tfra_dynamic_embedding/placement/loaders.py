@@ -10,8 +10,19 @@
   (`label, I1..I13, C1..C26`, categorical values hex strings, empty = missing).
 
 Example:
-    tables = load_tables("tables.csv")
-    criteo = criteo_tsv_stats("day_0.tsv", dim=16, batch_size=4096, max_lines=10**6)
+    >>> import os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> save_tables([TableSpec("user", rows=1000, dim=16)], os.path.join(tmp.name, "tables.csv"))
+    >>> load_tables(os.path.join(tmp.name, "tables.csv"))
+    [TableSpec(name='user', rows=1000, dim=16, bytes_per_value=4, pooling_factor=1.0, ...)]
+    >>> day_0 = os.path.join(tmp.name, "day_0.tsv")    # 6 lines; each C column holds 3 values
+    >>> with open(day_0, "w") as f:
+    ...     f.writelines("\\t".join(["0"] + ["1"] * 13 + [f"{i % 3:08x}"] * 26) + "\\n"
+    ...                  for i in range(6))
+    >>> criteo = criteo_tsv_stats(day_0, dim=16, batch_size=6)
+    >>> len(criteo), criteo[0].name, criteo[0].rows, criteo[0].reuse_histogram[:2]
+    (26, 'C1', 3, [0.0, 1.0])
+    >>> tmp.cleanup()
 """
 
 import csv

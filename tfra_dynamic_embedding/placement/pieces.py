@@ -15,11 +15,16 @@ A `Partition` puts pieces on devices, refuses what does not fit and turns the re
 `Plan`, or into a `PlacementError` naming the pieces left over and the shortfall.
 
 Example:
-    state = Partition(task)
-    for piece in split_pieces(task):
-        state.put(piece, state.candidates(piece)[0])
-    plan = state.plan("first-fit", seed=0)
-    column_splits(TableSpec("ad", rows=10**6, dim=128), task)   # [2, 4, 8] on 8 devices
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("ad", rows=10**6, dim=128), TableSpec("user", rows=100, dim=16)],
+    ...             make_devices(8, "1GiB"))
+    >>> state = Partition(task)
+    >>> for piece in split_pieces(task):
+    ...     state.put(piece, state.candidates(piece)[0])
+    >>> state.plan("first-fit", seed=0).assignment
+    {'ad': ['/job:ps/task:0'], 'user': ['/job:ps/task:0']}
+    >>> column_splits(task.table("ad"), task)             # block counts, on 8 devices
+    [2, 4, 8]
 """
 
 import math
@@ -65,7 +70,12 @@ def column_splits(table, task, largest=None):
     docstring): n >= 2 dividing dim, dim / n >= MIN_COLUMN_BLOCK, n <= devices; [] for tables
     narrower than MIN_COLUMN_DIM or that fit no device whole (those are cut by rows).
 
-    Example: dim 128 on 8 devices -> [2, 4, 8]; dim 96 on 4 devices -> [2, 3, 4]
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> column_splits(TableSpec("ad", rows=10**6, dim=128), Task([], make_devices(8)))
+        [2, 4, 8]
+        >>> column_splits(TableSpec("ad", rows=10**6, dim=96), Task([], make_devices(4)))
+        [2, 3, 4]
     """
     if table.dim < MIN_COLUMN_DIM or min_slices(table, task, largest) > 1:
         return []
@@ -77,7 +87,14 @@ def column_options(table, task, largest=None):
     """The `column_splits` of `table` into n blocks for which n devices of `task` have room
     for a block (blocks go to distinct devices).
 
-    Example: column_options(TableSpec("ad", rows=10**6, dim=128), task)   # [2, 4, 8]
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> ad = TableSpec("ad", rows=10**6, dim=128)                    # 512 MB
+        >>> column_options(ad, Task([ad], make_devices(8, "1GiB")))
+        [2, 4, 8]
+        >>> small = make_devices(7, "100MiB", "/GPU:{i}")             # 1 device of 1 GiB, 7 small
+        >>> column_options(ad, Task([ad], make_devices(1, "1GiB") + small))
+        [8]
     """
     return [n for n in column_splits(table, task, largest) if n <= sum(
         d.memory_bytes is None or table.size_bytes // n <= d.memory_bytes for d in task.devices)]
@@ -87,7 +104,9 @@ def fewest_blocks(options, block_cost, limit):
     """Of the block counts `options`, the fewest whose block costs at most `limit`
     (`block_cost`: {n: cost of one of n equal blocks}), else the one whose block costs least.
 
-    Example: fewest_blocks([2, 4, 8], {2: 5.0, 4: 3.0, 8: 2.5}, 3.2)   # 4
+    Example:
+        >>> fewest_blocks([2, 4, 8], {2: 5.0, 4: 3.0, 8: 2.5}, 3.2)
+        4
     """
     within = [n for n in options if block_cost[n] <= limit]
     return within[0] if within else min(options, key=lambda n: (block_cost[n], n))

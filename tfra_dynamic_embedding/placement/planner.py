@@ -14,13 +14,22 @@ docs/learned_placement.md). An estimate can rank two close plans the wrong way r
 `verify_top=K` re-scores the K cheapest distinct plans with a measuring estimator
 (`default_verifier`) and the cheapest measured one wins.
 
+Planning with trained weights (`tfra-de train-planner --out`) and measured verification,
+`Planner(weights="my_weights/", verify_top=3)`: docs/placement.md, "The planner".
+
 Example:
-    choice = Planner().plan(task)      # what `tfra-de plan` does
-    choice.plan.strategy               # e.g. 'learned'
-    choice.margin                      # the runner-up's max cost / the winner's - 1
-    for c in choice.candidates: print(c.strategy, c.max_cost, c.error)
-    Planner("analytic", ["lookup-greedy", "cost-greedy"]).plan(task).plan
-    Planner(weights="my_weights/", verify_top=3).plan(task)   # `tfra-de train-planner --out`
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("user", 1000, 16), TableSpec("item", 1000, 16, pooling_factor=4.0),
+    ...              TableSpec("ad", 100, 32)], make_devices(2), batch_size=256)
+    >>> choice = Planner().plan(task)           # what `tfra-de plan` does
+    >>> choice.estimator, choice.plan.strategy == choice.candidates[0].strategy
+    ('learned', True)
+    >>> choice.margin >= 0                      # the runner-up's max cost / the winner's - 1
+    True
+    >>> [c.strategy for c in choice.candidates if c.error]    # every strategy proposed a plan
+    []
+    >>> Planner("analytic", ["lookup-greedy", "cost-greedy"]).plan(task).plan.strategy
+    'lookup-greedy'
 """
 
 import dataclasses
@@ -108,9 +117,17 @@ class Planner:
       measures those plans together, so they share the machine's drift. verify_top None: 3
       with a verifier, else 0 (off).
 
+    `Planner(verifier="measured-cpu")` measures the 3 cheapest plans (seconds to minutes of
+    TensorFlow benchmarks): docs/placement.md, "The planner".
+
     Example:
-        Planner().plan(task).plan                          # the default of `tfra-de plan`
-        Planner(verifier="measured-cpu").plan(task)        # its 3 cheapest plans measured
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("a", 1000, 16), TableSpec("b", 1000, 64)], make_devices(2))
+        >>> plan = Planner().plan(task).plan             # the default of `tfra-de plan`
+        >>> sorted(plan.assignment)
+        ['a', 'b']
+        >>> Planner(proposers=["size-greedy"]).plan(task).plan.assignment   # one: as proposed
+        {'a': ['/job:ps/task:1'], 'b': ['/job:ps/task:0']}
     """
 
     def __init__(self, estimator=None, proposers=None, judge=None, weights=None, verifier=None,
@@ -250,7 +267,10 @@ def default_estimator(task, weights_dir=None):
     plans measured well above the learned default's on filled CPU shards and on GPU kernels
     (docs/learned_placement.md); the cost models are trained on those measurements.
 
-    Example: default_estimator(task).name   # "learned"
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> default_estimator(Task([TableSpec("a", 1000, 16)], make_devices(2))).name
+        'learned'
     """
     path = cm.weights_file("cost_model", cm.profile_of(task), weights_dir)
     if os.path.exists(path):
@@ -266,7 +286,14 @@ def default_judge(task, estimator, weights_dir=None, limit=EXTRAPOLATION_LIMIT):
     gives "analytic". Reuse shares are bounded in [0, 1], so the learned model's error there is
     bounded too; shapes are not. The learned proposer's plan stays a candidate.
 
-    Example: default_judge(task, default_estimator(task)).name   # "learned" on seen shapes
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("a", 1000, 64)], make_devices(2))
+        >>> default_judge(task, default_estimator(task)).name        # shapes it saw
+        'learned'
+        >>> wide = Task([TableSpec("wide", 1000, 4096)], make_devices(2))
+        >>> default_judge(wide, default_estimator(wide)).name        # dim 4096: far beyond
+        'analytic'
     """
     est = estimators.get_estimator(estimator)
     if est.name != "learned" or not task.tables:
@@ -290,7 +317,13 @@ def default_verifier(task):
     """The measuring estimator a `Planner` verifies with unless told: "measured-gpu" for a task
     on GPUs, "measured-cpu" otherwise.
 
-    Example: default_verifier(gpu_task)   # "measured-gpu"
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> tables = [TableSpec("a", 1000, 64)]
+        >>> default_verifier(Task(tables, make_devices(2, "16GiB", "/GPU:{i}")))
+        'measured-gpu'
+        >>> default_verifier(Task(tables, make_devices(2)))
+        'measured-cpu'
     """
     return "measured-gpu" if cm.profile_of(task) in cm.GPU_PROFILES else "measured-cpu"
 
@@ -301,7 +334,11 @@ def learned_cost_model(weights_dir=None, task=None):
     task's profile (`cm.profile_of`; None: cpu) in `weights_dir` or the shipped data, the cpu
     file where the gpu one is missing.
 
-    Example: learned_cost_model(None, gpu_task).meta.get("profile")   # "gpu"
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> gpu_task = Task([TableSpec("a", 1000, 64)], make_devices(2, "16GiB", "/GPU:{i}"))
+        >>> learned_cost_model(None, gpu_task).meta.get("profile")
+        'gpu'
     """
     return cm.load_cost_model(cm.weights_file("cost_model", cm.profile_of(task), weights_dir))
 
@@ -320,7 +357,11 @@ def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
     (`learned_cost_model(weights_dir, task).has_range` tells which). The weights are those of
     the task's profile (`learned_cost_model`).
 
-    Example: learned_out_of_range(task)[:1]   # [("wide", 0, 31.9)]: its dim, far beyond
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("wide", 1000, 4096), TableSpec("a", 1000, 64)], make_devices(2))
+        >>> learned_out_of_range(task)[:1]            # feature 0, its dim: far beyond
+        [('wide', 0, ...)]
     """
     model = learned_cost_model(weights_dir, task)
     if not task.tables:
@@ -342,8 +383,9 @@ def learned_out_of_range(task, weights_dir=None, sigmas=OUT_OF_RANGE_SIGMAS,
 def out_of_range_text(item, weights_dir=None, task=None):
     """One entry of `learned_out_of_range` in words, by the cost model of `task`'s profile.
 
-    Example: out_of_range_text(("t07", 3, 0.9))
-    # 't07, feature size_gb at 0.9 range widths beyond its training range'
+    Example:
+        >>> out_of_range_text(("t07", 3, 0.9))
+        't07, feature size_gb at 0.9 range widths beyond its training range'
     """
     name, index, distance = item
     feature = features.FEATURE_NAMES[index] if index < len(features.FEATURE_NAMES) else index

@@ -22,8 +22,14 @@ The strategy "learned" (shipped weights of the task's hardware profile, `cm.prof
 devices use cost_model_gpu.npz / policy_gpu.npz, or the *_gpu_wide.npz ones for a task with a
 table wider than the pool's, falling back as `cm.weights_file` does; no training step;
 proposers.py names it; trained weights are passed in, never set for the process):
-    plan = propose(task, "learned")
-    plan = propose(task, "learned", weights="my_weights/")   # `tfra-de train-planner --out`
+    >>> from tfra_dynamic_embedding.placement import proposers
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("a", 1000, 16), TableSpec("b", 1000, 64)], make_devices(2))
+    >>> proposers.propose(task, "learned").strategy
+    'learned'
+    >>> mine = cm.DATA_DIR                   # e.g. the --out of `tfra-de train-planner`
+    >>> proposers.propose(task, "learned", weights=mine).estimator
+    'learned'
 
 A GPU cost model predicts compute only; `Problem` adds each device's modelled all-to-all
 (`cm.comm_ms`) to the costs the policy and the local search balance.
@@ -199,7 +205,13 @@ class Problem:
     def piece_costs(self, items):
         """[n] ms of each piece of `items` alone on a device (its all-to-all included).
 
-        Example: problem.piece_costs([Shard(table, "", i, 4) for i in range(4)])
+        Example:
+            >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+            >>> task = Task([TableSpec("hot", 100_000, 64, pooling_factor=50.0)], make_devices(8))
+            >>> problem = Problem(task, cm.load_cost_model())
+            >>> quarters = problem.piece_costs([Shard(task.tables[0], "", i, 4) for i in range(4)])
+            >>> bool(quarters.max() < problem.piece_costs([Shard(task.tables[0], "")])[0])
+            True
         """
         return self.total_from_projection(self._project(items, self._embed(items)))
 
@@ -220,7 +232,16 @@ def split_hot_items(items, solo, model, num_devices, limit, costs=None):
     `costs`: [Shard] -> [n] ms of each alone (default: the cost model's; `Problem.piece_costs`
     adds a GPU model's all-to-all).
 
-    Example: split_hot_items(items, solo, model, 8, 1.0 * solo.sum() / 8)
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("hot", 100_000, 64, pooling_factor=50.0)] + [
+        ...     TableSpec(f"f{i}", 1000, 16) for i in range(7)], make_devices(8))
+        >>> model = cm.load_cost_model()
+        >>> items = split_pieces(task)
+        >>> solo = Problem(task, model).piece_costs(items)
+        >>> out = split_hot_items(items, solo, model, 8, 1.0 * solo.sum() / 8)
+        >>> [s.num_slices > 1 for s in out if s.table.name == "hot"][:2], out[-1].num_slices
+        ([True, True], 1)
     """
     if costs is None:
         costs = lambda pieces: model.total(np.stack(   # noqa: E731
@@ -247,7 +268,16 @@ def split_hot_columns(items, solo, task, limit, costs):
     devices have room for a block. `costs`: [Shard] -> [n] ms of each alone
     (`Problem.piece_costs`). Each block probes every key, so more blocks cost more in total.
 
-    Example: split_hot_columns(items, solo, task, 0.5 * solo.sum() / 8, problem.piece_costs)
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("hot", 100_000, 64, pooling_factor=50.0)] + [
+        ...     TableSpec(f"f{i}", 1000, 16) for i in range(7)], make_devices(8))
+        >>> problem = Problem(task, cm.load_cost_model())
+        >>> items = split_pieces(task)
+        >>> solo = problem.piece_costs(items)
+        >>> out = split_hot_columns(items, solo, task, 0.5 * solo.sum() / 8, problem.piece_costs)
+        >>> [s.is_column_block for s in out if s.table.name == "hot"][:2], out[-1].is_column_block
+        ([True, True], False)
     """
     largest = largest_memory(task)
     out = []
@@ -367,8 +397,9 @@ def improve(problem, choices, max_evaluations=SEARCH_EVALUATIONS):
     while that lowers the plan's max cost; (2) then move or swap pieces onto the cheapest device
     while that raises the min cost without raising the max (a better balance). Memory and
     slice-distinctness are respected. The search stops once it has scored `max_evaluations`
-    candidate moves (~1.5 us each on one core): a work budget rather than a clock, so the same
-    task gets the same plan on a fast or a slow machine (every worker of a job plans alone).
+    candidate moves: a work budget rather than a clock, so the same task gets the same plan on
+    a fast or a slow machine (every worker of a job plans alone; timings:
+    docs/learned_placement.md).
     Returns (choices, max cost ms)."""
     D = problem.num_devices
     dev = np.asarray(choices, dtype=np.int64).copy()
@@ -492,7 +523,11 @@ def weights_files(task, weights=None):
     train-planner`; None: the shipped data), the cpu files where a gpu one is missing
     (`cm.weights_file`).
 
-    Example: weights_files(gpu_task, "my_weights/")   # (.../cost_model_gpu.npz, .../policy_gpu.npz)
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> gpu_task = Task([TableSpec("a", 1000, 64)], make_devices(2, "16GiB", "/GPU:{i}"))
+        >>> [os.path.basename(path) for path in weights_files(gpu_task, cm.DATA_DIR)]
+        ['cost_model_gpu.npz', 'policy_gpu.npz']
     """
     profile = cm.profile_of(task)
     return (cm.weights_file("cost_model", profile, weights),

@@ -28,8 +28,11 @@ devices). When a task cannot fit, `PlacementError` names the tables left over an
 shortfall.
 
 Example:
-    plan = propose(task, "lookup-greedy")
-    plan.devices_for("t000")
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+    >>> task = Task([TableSpec("user", 1000, 16, pooling_factor=2.0), TableSpec("item", 1000, 64)],
+    ...             make_devices(2))
+    >>> propose(task, "lookup-greedy").assignment        # dim x pooling: 64 first, then 32
+    {'user': ['/job:ps/task:1'], 'item': ['/job:ps/task:0']}
 """
 
 import dataclasses
@@ -75,7 +78,12 @@ def get_strategy(name, weights=None):
     """The proposer registered as `name` (a "module:attr" entry is imported now); for a learned
     one (`_LEARNED`) with `weights` given, bound to those trained weights.
 
-    Example: get_strategy("learned", "my_weights/")(task)   # plans with my_weights/*.npz
+    Example (`weights`: a `tfra-de train-planner --out` directory; here the shipped one):
+        >>> from tfra_dynamic_embedding.placement import cost_model
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> task = Task([TableSpec("a", 1000, 16), TableSpec("b", 1000, 16)], make_devices(2))
+        >>> get_strategy("learned", cost_model.DATA_DIR)(task).strategy
+        'learned'
     """
     if name not in _STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {list_strategies()}")
@@ -240,8 +248,16 @@ def column_greedy(task, seed=0, estimator=None):
     kept only if its estimated max device cost is below cost-greedy's; otherwise (and on tasks
     without such a table) this is cost-greedy's plan.
 
-    Example: one table of dim 128 with most of the lookups, on 8 devices: its 8 blocks of 16
-    columns go to 8 devices, where any table-wise plan leaves that table's cost on one.
+    One table of dim 128 with most of the lookups, on 8 devices: its 8 blocks of 16 columns go
+    to 8 devices, where any table-wise plan leaves that table's cost on one.
+
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> tables = [TableSpec("ad_id", rows=100_000, dim=128, pooling_factor=8.0)] + [
+        ...     TableSpec(f"f{i}", rows=1000, dim=16) for i in range(7)]
+        >>> plan = column_greedy(Task(tables, make_devices(8)))
+        >>> plan.column_blocks("ad_id")
+        [(16, '/job:ps/task:0'), (16, '/job:ps/task:1'), ..., (16, '/job:ps/task:7')]
     """
     est = estimators.get_estimator(estimator or "analytic")
     plain = _cost_greedy(task, seed, est, "column-greedy")
@@ -266,7 +282,12 @@ def hot_column_splits(task, estimator=None):
     for a block. Each block probes every key (the estimator's probe term), so more blocks cost
     more in total.
 
-    Example: hot_column_splits(task, "analytic") -> {"ad_id": 8}
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec, Task, make_devices
+        >>> tables = [TableSpec("ad_id", rows=100_000, dim=128, pooling_factor=8.0)] + [
+        ...     TableSpec(f"f{i}", rows=1000, dim=16) for i in range(7)]
+        >>> hot_column_splits(Task(tables, make_devices(8)), "analytic")
+        {'ad_id': 8}
     """
     est = estimators.get_estimator(estimator or "analytic")
     solo = {}

@@ -7,8 +7,13 @@ indices[offsets[j]:offsets[j+1]]. Its statistic the planner uses is the 17-bin r
 (32768,inf) times in that batch), measured on a batch or expected under a popularity law.
 
 Example:
-    indices, offsets = open_stream(spec, batch_size=4096).batch(0)
-    reuse_histogram([5, 5, 7])          # [1/3, 2/3, 0, ...]: 7 is seen once, 5 twice
+    >>> from tfra_dynamic_embedding.placement import workloads
+    >>> spec = workloads.generate_pool(1, seed=0, batch_size=256, row_scale=1 / 16)[0]
+    >>> indices, offsets = open_stream(spec, batch_size=8).batch(0)
+    >>> len(offsets), int(offsets[-1]) == len(indices)
+    (9, True)
+    >>> reuse_histogram([5, 5, 7])[:3].round(3)        # 7 is seen once, 5 twice
+    array([0.333, 0.667, 0.   ])
 """
 
 import gzip
@@ -80,7 +85,10 @@ def poisson_cdf(m, lam):
 
     Exact summation for m <= 64, Wilson-Hilferty's cube-root normal approximation above
     (absolute error below 1e-3 there, far below the calibration tolerance).
-    Example: poisson_cdf(0, [1.0]) -> [0.3679]
+
+    Example:
+        >>> poisson_cdf(0, [1.0]).round(4)
+        array([0.3679])
     """
     lam = np.asarray(lam, dtype=float)
     ms = [int(m)] if np.ndim(m) == 0 else [int(x) for x in m]
@@ -132,7 +140,9 @@ def expected_reuse_histogram(bucket_mass, bucket_rows, num_lookups, weight="look
     rows carrying total probability `bucket_mass[b]`. Each row's count in the batch is taken as
     Poisson(num_lookups * p) (see `reuse_bin_probabilities`).
 
-    Example: expected_reuse_histogram([1.0], [1], 10**6)[16] -> 1.0 (one row, a million hits).
+    Example:
+        >>> float(expected_reuse_histogram([1.0], [1], 10**6)[16])   # one row, 10**6 hits
+        1.0
     """
     mass = np.asarray(bucket_mass, dtype=float)
     rows = np.asarray(bucket_rows, dtype=float)

@@ -223,8 +223,15 @@ def remove_drift(records, model, prior=2.0):
     to each other. For a group of n records whose log residuals under `model` are
     r_i = log(measured_i / predicted_i), costs are divided by exp(n / (n + prior) * mean(r))
     (shrunk towards 1 for small groups). Records outside any group are returned unchanged.
+    `fit` does this itself (drift=True) with its first fit's model.
 
-    Example: fit(remove_drift(records, first_model), drift=False)   # what fit() does itself
+    Example:
+        >>> pool = workloads.generate_pool(8, seed=0, batch_size=1024, row_scale=1 / 64)
+        >>> records = [dict(r, group="run 1") for r in synthetic_records(pool, 4, max_tables=3)]
+        >>> out = remove_drift(records + [dict(records[0], group=None)], cm.load_cost_model())
+        >>> ratios = [o["total_ms"] / r["total_ms"] for o, r in zip(out, records)]
+        >>> bool(max(ratios) - min(ratios) < 1e-12), out[-1]["total_ms"] == records[0]["total_ms"]
+        (True, True)
     """
     members = {}
     for i, rec in enumerate(records):
@@ -371,7 +378,11 @@ def pool_tasks(num_tasks, profile="cpu", half="train", tables_per_task=80, num_d
     named and sized as that profile's ("profile": its memory per device; None: unlimited).
     `pool`: the pool's tables when already generated (tests pass a smaller one).
 
-    Example: pool_tasks(24, "gpu")   # 80 full-size tables on /GPU:0../GPU:7 of 16 GiB each
+    Example (`pool_tasks(24, "gpu")`: 80 full-size tables on /GPU:0../GPU:7 of 16 GiB each):
+        >>> small = workloads.generate_pool(32, seed=0)
+        >>> task = pool_tasks(2, "gpu", tables_per_task=8, pool=small)[0]
+        >>> len(task.tables), task.devices[7]
+        (8, DeviceSpec(name='/GPU:7', memory_bytes=17179869184))
     """
     setup = PROFILES[profile]
     pool = pool or workloads.generate_pool(**setup["pool"])
@@ -522,7 +533,9 @@ def plot_curves(cost_history, policy_history, path):
 def oversample(records, times):
     """`records` with each filled record (field "filled") repeated `times` times in all.
 
-    Example: len(oversample([{"filled": True}, {}], 3)) == 4
+    Example:
+        >>> oversample([{"filled": True}, {}], 3)
+        [{'filled': True}, {}, {'filled': True}, {'filled': True}]
     """
     if int(times) < 1:
         raise ValueError(f"times must be >= 1; got {times!r}")
@@ -537,7 +550,9 @@ def train_planner(data, out, epochs=300, iterations=300, tasks=24, samples=16, s
     `profile`: "cpu" or "gpu" (`PROFILES`), the weights trained and the policy's tasks;
     `pool`: that profile's pool when already generated (see `pool_tasks`).
 
-    Example: train_planner("gpu_shards.jsonl.gz", "weights/", profile="gpu")
+    A run takes minutes to hours: `train_planner("gpu_shards.jsonl.gz", "weights/",
+    profile="gpu")` is `tfra-de train-planner --profile gpu --data gpu_shards.jsonl.gz --out
+    weights/`, whose use docs/learned_placement.md shows (its first commands; "GPU devices").
     """
     from tfra_dynamic_embedding.placement import estimators  # pylint: disable=import-outside-toplevel
     setup = PROFILES[profile]

@@ -11,12 +11,14 @@ interface here: `Estimator` (what a device costs), `Proposer` (a strategy placin
 `Judge` (which estimator scores the candidate plans).
 
 Example:
-    tables = [TableSpec("user", rows=1_000_000, dim=16, pooling_factor=3.0)]
-    task = Task(tables, make_devices(2, memory="1GiB"))
-    plan = Plan(task, {"user": ["/job:ps/task:1"]}, strategy="by-hand")
-    Plan.from_json(plan.to_json()).devices_for("user")   # ['/job:ps/task:1']
-    wide = Plan(task, {"user": ["/job:ps/task:0", "/job:ps/task:1"]}, columns={"user": [8, 8]})
-    wide.column_blocks("user")     # [(8, '/job:ps/task:0'), (8, '/job:ps/task:1')]
+    >>> tables = [TableSpec("user", rows=1_000_000, dim=16, pooling_factor=3.0)]
+    >>> task = Task(tables, make_devices(2, memory="1GiB"))
+    >>> plan = Plan(task, {"user": ["/job:ps/task:1"]}, strategy="by-hand")
+    >>> Plan.from_json(plan.to_json()).devices_for("user")
+    ['/job:ps/task:1']
+    >>> wide = Plan(task, {"user": ["/job:ps/task:0", "/job:ps/task:1"]}, columns={"user": [8, 8]})
+    >>> wide.column_blocks("user")
+    [(8, '/job:ps/task:0'), (8, '/job:ps/task:1')]
 """
 
 import dataclasses
@@ -58,7 +60,11 @@ class PlacementError(ValueError):
 def parse_bytes(value, arg="memory"):
     """Bytes from an int or a string like '16GiB', '1.5 GB', '512MiB', '1e9'.
 
-    Example: parse_bytes("16GiB") -> 17179869184.  None stays None (no limit).
+    None stays None (no limit).
+
+    Example:
+        >>> parse_bytes("16GiB"), parse_bytes("1.5 GB"), parse_bytes(None)
+        (17179869184, 1500000000, None)
     """
     if value is None:
         return None
@@ -115,7 +121,9 @@ class TableSpec:
       stream: optional reference to an index stream, a JSON dict with a "kind" key (see
         `workloads.open_stream`), e.g. {"kind": "synthetic", "seed": 3, ...}.
 
-    Example: TableSpec("ad_id", rows=10**6, dim=32, pooling_factor=1.0).size_bytes -> 128000000
+    Example:
+        >>> TableSpec("ad_id", rows=10**6, dim=32, pooling_factor=1.0).size_bytes
+        128000000
     """
 
     name: str
@@ -232,7 +240,9 @@ def make_devices(num_devices, memory=None, template="/job:ps/task:{i}"):
 class Task:
     """A placement problem: tables to place on devices; `batch_size` is the training batch.
 
-    Example: Task([TableSpec("a", 10, 4)], make_devices(2)).num_devices -> 2
+    Example:
+        >>> Task([TableSpec("a", 10, 4)], make_devices(2)).num_devices
+        2
     """
 
     tables: List[TableSpec]
@@ -302,7 +312,9 @@ def column_block_spec(table, width):
     dim = `width`. Every estimator costs a block through it (`Shard.table`), so the analytic,
     learned and measured estimators all see the block's width.
 
-    Example: column_block_spec(TableSpec("ad", rows=10, dim=128), 32).dim -> 32
+    Example:
+        >>> column_block_spec(TableSpec("ad", rows=10, dim=128), 32).dim
+        32
     """
     if width == table.dim:
         return table
@@ -329,8 +341,11 @@ class Shard:
     or for a column block `column_block_spec(source, col_width)` (dim = col_width).
 
     Example:
-        Shard(spec, "/GPU:0", 1, 4)                              # row slice 1 of 4
-        Shard(spec, "/GPU:1", col_offset=64, col_width=64).table.dim   # 64 (of spec.dim 128)
+        >>> spec = TableSpec("ad", rows=10, dim=128)
+        >>> Shard(spec, "/GPU:0", 1, 4).size_bytes                  # row slice 1 of 4: 3 rows
+        1536
+        >>> Shard(spec, "/GPU:1", col_offset=64, col_width=64).table.dim
+        64
     """
 
     source: TableSpec
@@ -384,10 +399,14 @@ class Plan:
     measured costs.
 
     Example:
-        plan = Plan(task, {"user": ["/GPU:0"], "item": ["/GPU:0", "/GPU:1"],
-                           "ad": ["/GPU:1", "/GPU:0"]}, columns={"ad": [64, 64]})
-        plan.devices_for("item")    # ['/GPU:0', '/GPU:1'] -- keys mod 2 pick the slice
-        plan.column_blocks("ad")    # [(64, '/GPU:1'), (64, '/GPU:0')] -- lookups concatenate
+        >>> task = Task([TableSpec("user", 10, 8), TableSpec("item", 10, 8),
+        ...              TableSpec("ad", 10, 128)], make_devices(2, template="/GPU:{i}"))
+        >>> plan = Plan(task, {"user": ["/GPU:0"], "item": ["/GPU:0", "/GPU:1"],
+        ...                    "ad": ["/GPU:1", "/GPU:0"]}, columns={"ad": [64, 64]})
+        >>> plan.devices_for("item")      # keys mod 2 pick the slice
+        ['/GPU:0', '/GPU:1']
+        >>> plan.column_blocks("ad")      # lookups concatenate the blocks
+        [(64, '/GPU:1'), (64, '/GPU:0')]
     """
 
     task: Task
@@ -617,7 +636,14 @@ class Estimator(Protocol):
     subclass `estimators.CostEstimator` and are named in its registry (`get_estimator`); one
     with `measure_plans(plans)` measures several plans' devices together (a planner's verifier).
 
-    Example: get_estimator("analytic").plan_costs(plan)   # {device name: seconds}
+    Example:
+        >>> from tfra_dynamic_embedding.placement import estimators
+        >>> task = Task([TableSpec("a", rows=1000, dim=16)], make_devices(2))
+        >>> analytic = estimators.get_estimator("analytic")
+        >>> isinstance(analytic, Estimator)
+        True
+        >>> analytic.plan_costs(Plan(task, {"a": ["/job:ps/task:0"]}))   # seconds per step
+        {'/job:ps/task:0': ..., '/job:ps/task:1': 0.0}
     """
 
     name: str
@@ -636,7 +662,11 @@ class Proposer(Protocol):
     by estimated cost; a learned one also takes `weights=` (a directory of trained weights),
     which `proposers.get_strategy(name, weights)` binds.
 
-    Example: plan = proposers.get_strategy("lookup-greedy")(task, seed=0)
+    Example:
+        >>> from tfra_dynamic_embedding.placement import proposers
+        >>> task = Task([TableSpec("a", 1000, 16), TableSpec("b", 1000, 16)], make_devices(2))
+        >>> proposers.get_strategy("lookup-greedy")(task, seed=0).assignment
+        {'a': ['/job:ps/task:0'], 'b': ['/job:ps/task:1']}
     """
 
     def __call__(self, task, seed=0, estimator=None) -> "Plan":
@@ -649,7 +679,11 @@ class Judge(Protocol):
     planner's learned weights (None: the shipped ones). The default, `planner.default_judge`,
     keeps the proposers' estimator unless it is a learned one extrapolating far.
 
-    Example: Planner(judge=lambda task, estimator, weights: "analytic")
+    Example:
+        >>> from tfra_dynamic_embedding.placement import Planner
+        >>> task = Task([TableSpec("a", 1000, 16), TableSpec("b", 1000, 16)], make_devices(2))
+        >>> Planner(judge=lambda task, estimator, weights: "analytic").plan(task).estimator
+        'analytic'
     """
 
     def __call__(self, task, estimator, weights=None) -> "Estimator | str":

@@ -8,11 +8,17 @@ popularity law over its rows (`streams.SyntheticStream`: a Zipf-Mandelbrot head/
 uniform "warm set") whose parameters are drawn around `DEFAULT_REUSE_MODEL`, fitted so that the
 pooled expected reuse histogram matches the published one (`calibration_report` measures the error).
 
-Example:
-    pool = generate_pool(856, seed=0)                  # list[TableSpec], streams attached
-    indices, offsets = streams.open_stream(pool[0], batch_size=4096).batch(0)
-    train, test = split_pool(pool, seed=0)
-    tasks = make_tasks(test, num_tasks=10, tables_per_task=80, num_devices=8, memory="16GiB")
+Example (a small pool; the full-size one is 856 tables at batch 65,536):
+    >>> pool = generate_pool(64, seed=1, batch_size=4096, row_scale=1 / 16)   # streams attached
+    >>> indices, offsets = streams.open_stream(pool[0], batch_size=4096).batch(0)
+    >>> len(offsets)                                     # 4096 samples
+    4097
+    >>> train, test = split_pool(pool, seed=0)
+    >>> len(train), len(test)
+    (32, 32)
+    >>> tasks = make_tasks(test, num_tasks=10, tables_per_task=8, num_devices=8, memory="16GiB")
+    >>> len(tasks), len(tasks[0].tables), tasks[0].num_devices
+    (10, 8, 8)
 """
 
 import dataclasses
@@ -135,7 +141,10 @@ def generate_pool(num_tables=856, seed=0, dims=DEFAULT_DIMS, batch_size=65536, r
     fewer hits, so the upper reuse bins shift down by log2(65536 / batch_size) bins).
     `num_groups` > 0 tags tables with network groups 'net0'.. for network-specific packing.
 
-    Example: pool = generate_pool(64, seed=1, batch_size=4096, row_scale=1 / 16)
+    Example:
+        >>> pool = generate_pool(64, seed=1, batch_size=4096, row_scale=1 / 16)
+        >>> len(pool), pool[0].name, len(pool[0].reuse_histogram)
+        (64, 't00', 17)
     """
     facts = dict(METASYN_2021 if facts is None else facts)
     if not isinstance(num_tables, int) or num_tables < 1:
@@ -188,7 +197,11 @@ def resize_table(spec, rows, batch_size, dim=None):
     keeps its size (at most half the rows); the reuse histogram is recomputed at `batch_size`.
     Used to measure full-size tables (tens of millions of rows) drawn from a pool's tables.
 
-    Example: resize_table(pool[3], 20_000_000, 1024, dim=8).rows   # 20000000
+    Example:
+        >>> pool = generate_pool(8, seed=1, batch_size=4096, row_scale=1 / 16)
+        >>> big = resize_table(pool[3], 20_000_000, 1024, dim=8)
+        >>> big.rows, big.dim
+        (20000000, 8)
     """
     rows = int(rows)
     if rows < 1:
@@ -273,7 +286,11 @@ def make_tasks(tables, num_tasks, tables_per_task=80, num_devices=8, memory=None
     """`num_tasks` Tasks, each a random subset of `tables_per_task` tables on `num_devices`
     devices of `memory` bytes each (int or '16GiB'; None: unlimited).
 
-    Example: make_tasks(pool, 5, tables_per_task=80, num_devices=8, memory="16GiB")
+    Example:
+        >>> pool = generate_pool(16, seed=1, batch_size=4096, row_scale=1 / 16)
+        >>> tasks = make_tasks(pool, 5, tables_per_task=8, num_devices=4, memory="16GiB")
+        >>> len(tasks), tasks[0].devices[0]
+        (5, DeviceSpec(name='/job:ps/task:0', memory_bytes=17179869184))
     """
     tables = list(tables)
     if not 1 <= tables_per_task <= len(tables):

@@ -9,9 +9,6 @@
   records.py     reading those records back
 
 Importing this package imports none of them, so neither TensorFlow nor torch loads until
-something is measured.
-
-Example:
-    from tfra_dynamic_embedding.placement import evaluate_plan
-    report = evaluate_plan(plan, "measured-cpu")
+something is measured. Measuring takes seconds (CPU) or a GPU: docs/learned_placement.md,
+"Measured costs", shows `evaluate_plan(plan, "measured-cpu")` and the backends' functions.
 """

@@ -330,11 +330,12 @@ def collect(out, records, pool_seed=0, batch_size=1024, max_tables=8, seed=0, th
     if tuple(dims) != tuple(workloads.DEFAULT_DIMS):
         extra["dims"] = [int(d) for d in dims]
     if fill and not gpu:
-        # A process's first measurement ran ~30% slow in median (collection of filled shards
-        # uses few records per process, to hand their gigabytes back): warm the runtime first.
+        # A process's first measurement runs slow (placement/data/README.md, "Full-size
+        # records"), and collection of filled shards uses few records per process, to hand
+        # their gigabytes back: warm the runtime first.
         tf_cpu.benchmark_shard([TableSpec("warm-up", 4096, 8, pooling_factor=8.0)], batch_size,
                                seed=seed, warmup=warmup, repeat=3, flush=flush, fill=True)
-    if gpu:   # the pool's batches, drawn in parallel once (tens of ms each at full size)
+    if gpu:   # the pool's batches, drawn in parallel once (slow on a CPU at full size)
         torch_cuda.prefetch(pool, batch_size, seed)
     with open(out, "a", encoding="utf-8") as f:
         for r in range(start_index, start_index + records):

@@ -13,7 +13,11 @@ pooling; "step": forward + backward + write-back) as follows:
 Clock, flush and sync are injectable, so tests can drive the protocol with a fake clock.
 
 Example:
-    times = measure({"forward": fwd, "step": step}, warmup=2, repeat=7)   # {"forward": ms, ...}
+    >>> ticks = iter(range(1000))               # a fake clock: each reading 0.5 s later
+    >>> times = measure({"forward": lambda: None, "step": lambda: None}, warmup=2, repeat=7,
+    ...                 clock=lambda: next(ticks) / 2, collect_garbage=False)
+    >>> times["forward"], times["step"], len(times["raw"]["step"])       # ms
+    (500.0, 500.0, 7)
 """
 
 import gc
@@ -109,8 +113,9 @@ def measure(stages, warmup=2, repeat=7, flush=None, clock=time.perf_counter, syn
     Returns {name: ms}, plus "raw" -> {name: [ms per round]}.
 
     Python's garbage collector is off during the timed rounds (as in `timeit`) and runs between
-    rounds instead: with many shards' TensorFlow objects alive one full collection took 0.6 s
-    (24 devices in one process) and landed inside whichever call triggered it.
+    rounds instead: with many shards' TensorFlow objects alive a full collection is slow and
+    would land inside whichever call triggered it (the figure: docs/learned_placement.md,
+    "Shipped weights and results").
     """
     if not stages:
         raise ValueError("measure needs at least one stage")

@@ -4,8 +4,18 @@ Written by `collect.py`; read by the cost model's training (`train.load_records`
 record format is described in collect.py and placement/data/README.md.
 
 Example:
-    for record in read_records("cpu_shards.jsonl.gz"):
-        shards = record_shards(record)     # [Shard], reuse histograms restored
+    >>> import json, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "shards.jsonl")
+    >>> table = {"spec": {"name": "t0", "rows": 100, "dim": 16}, "slice": [1, 2],
+    ...          "features": [0.125, 0.0, 0.0, 0.0] + [1.0] + [0.0] * 16}
+    >>> with open(path, "w") as f:        # a record, then the torn line of an interrupted run
+    ...     _ = f.write(json.dumps({"total_ms": 2.5, "tables": [table]}) + "\\n" + '{"tot')
+    >>> for record in read_records(path):
+    ...     shards = record_shards(record)     # [Shard], reuse histograms restored
+    >>> shards[0].index, shards[0].num_slices, shards[0].table.reuse_histogram[:2]
+    (1, 2, [1.0, 0.0])
+    >>> tmp.cleanup()
 """
 
 import gzip

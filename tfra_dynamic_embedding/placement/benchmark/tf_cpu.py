@@ -19,9 +19,15 @@ seen the whole vocabulary, so the table's real size sets the cache / memory regi
 
 TensorFlow is imported inside functions only; importing this module stays cheap.
 
-Example:
-    result = benchmark_shard([spec_a, spec_b], batch_size=1024, seed=0)
-    result["forward_ms"], result["backward_ms"], result["total_ms"]
+Measuring takes seconds: docs/learned_placement.md, "Measured costs", shows
+`benchmark_shard([a, b], batch_size=1024, seed=0)`, `benchmark_devices`, the estimator
+"measured-cpu" and `MeasuringProcess`.
+
+Example (what a shard's key and filled memory are; nothing measured):
+    >>> from tfra_dynamic_embedding.placement.types import TableSpec
+    >>> shards = [TableSpec("a", rows=1000, dim=16), TableSpec("b", rows=1000, dim=32)]
+    >>> shard_key(shards, 1024) == shard_key(shards[::-1], 1024)   # a table set
+    True
 """
 
 import hashlib
@@ -106,7 +112,10 @@ def piece_key(shard):
 def filled_bytes(shards, bytes_per_value=4):
     """Estimated resident bytes of `shards` with every row inserted (`fill=True`).
 
-    Example: filled_bytes([TableSpec("t", rows=10**6, dim=16)])   # ~128 MB
+    Example:
+        >>> from tfra_dynamic_embedding.placement.types import TableSpec
+        >>> filled_bytes([TableSpec("t", rows=10**6, dim=16)]) == 10**6 * (64 + FILL_ROW_OVERHEAD)
+        True
     """
     total = 0
     for shard in shards:
@@ -262,7 +271,7 @@ def benchmark_devices(devices, batch_size, seed=0, warmup=2, repeat=7, flush=Non
     would on devices that run at the same time -- instead of on whichever device was measured
     in it. Plan-level figures (max device, balance) then carry the per-device noise only.
 
-    Example: [r["total_ms"] for r in benchmark_devices([[spec_a], [spec_b, spec_c]], 1024)]
+    Usage: docs/learned_placement.md, "Measured costs" (`benchmark_devices([[a], [b]], 1024)`).
     """
     if threads:
         set_threads(threads)
@@ -330,19 +339,20 @@ class MeasuredEstimator(estimators.CostEstimator):
     `plan_costs` measures a plan's unmeasured devices together (`benchmark_devices`).
 
     `isolate`: 0 measures in this process; n > 0 in a child process, replaced after every n
-    shards. Long evaluations need it: each measured shard leaves 20-60 MB of TensorFlow runtime
-    memory in its process (traced functions are not given back), which the child takes along.
+    shards. Long evaluations need it: each measured shard leaves TensorFlow runtime memory in
+    its process (traced functions are not given back), which the child takes along.
 
     `max_together`: the most devices `measure_plans` builds and times at once. Every device of
-    an interleaved run stays alive until it ends (~75 MB each here, most of it TensorFlow's
-    traced functions): the four plans of an 800-table / 80-device task took a 24 GB machine
-    out of memory, so larger sets are measured in groups of whole plans.
+    an interleaved run stays alive until it ends, most of its memory TensorFlow's traced
+    functions: all the plans of a large task at once can exhaust the machine's memory, so
+    larger sets are measured in groups of whole plans (the figures: docs/learned_placement.md,
+    "Shipped weights and results").
 
     `fill`: measure tables holding all their rows (`benchmark_devices(fill=True)`): full-size
     tables, where the table's size sets the memory regime. Filled devices take their tables'
     real memory, so give such tasks a small `max_together` (e.g. one plan's devices).
 
-    Example: evaluate_plan(plan, "measured-cpu")
+    Usage: docs/learned_placement.md, "Measured costs" (`evaluate_plan(plan, "measured-cpu")`).
     """
 
     name = "measured-cpu"
@@ -442,7 +452,8 @@ class MeasuringProcess:
     """A child process that runs `benchmark_devices` (spawned, so it starts its own TensorFlow
     with `threads`), replaced after `limit` shards to hand its memory back.
 
-    Example: MeasuringProcess(100, threads=1).measure(shards, 1024, 0, 2, 5)["total_ms"]
+    Usage (a script's main guard, as spawned children import it): docs/learned_placement.md,
+    "Measured costs" (`MeasuringProcess(100, threads=1).measure(shards, 1024, 0, 2, 5)`).
     """
 
     def __init__(self, limit, threads=None, flush=None, fill=False):

@@ -18,9 +18,16 @@ model of the all-to-all that model-parallel embeddings pay.
 torch is imported inside functions only; the index bookkeeping (`group_by_dim`, `piece_rows`,
 `piece_batch`) is plain numpy and runs (and is tested) without torch.
 
+Measuring needs PyTorch and a GPU: docs/learned_placement.md, "Measured costs", shows
+`torch_cuda.benchmark_shard([a, b], batch_size=65536)` and the estimator "measured-gpu".
+
 Example:
-    if torch_cuda.is_available():
-        result = torch_cuda.benchmark_shard([spec_a, spec_b], batch_size=65536)
+    >>> from tfra_dynamic_embedding.placement.types import Shard, TableSpec
+    >>> a, b = TableSpec("a", rows=10, dim=16), TableSpec("b", rows=10, dim=32)
+    >>> group_by_dim([a, b, TableSpec("c", rows=5, dim=16)])     # one EmbeddingBag per dim
+    {16: [0, 2], 32: [1]}
+    >>> piece_rows(Shard(a, "/GPU:0", 1, 4)), piece_bytes([a, b])   # row slice 1 of 4
+    (3, 1920)
 """
 
 import json
@@ -89,7 +96,7 @@ def _draw_table_batch(args):
 
 class BatchCache:
     """Pieces' batches on the GPU, kept across measurements (a pool's tables recur in many
-    shards; drawing a 65,536-sample batch of a full-size table takes tens of ms on a CPU).
+    shards, and drawing a full-size table's batch is slow on a CPU: placement/data/README.md).
     Whole tables' host batches are kept too, so the row slices of a table are cut from one
     draw; `prefetch` draws many tables' batches in worker processes."""
 
@@ -269,9 +276,8 @@ class MeasuredEstimator(estimators.CostEstimator):
     """Device cost (seconds) = measured GPU step time of its shards (fused EmbeddingBags,
     forward + backward + SGD) + the modelled all-to-all (`comm.AllToAll`) of its pooled rows.
 
-    Measured at the task's batch size (or `batch_size`); results cached by table set.
-
-    Example: evaluate_plan(plan, "measured-gpu")
+    Measured at the task's batch size (or `batch_size`); results cached by table set. Its use,
+    `evaluate_plan(plan, "measured-gpu")`: docs/learned_placement.md, "Measured costs".
     """
 
     name = "measured-gpu"
