@@ -59,7 +59,7 @@ def run(args):
     if args.ps < 1:
         raise ValueError(f"--ps must be at least 1; got {args.ps}")
     from tfra_dynamic_embedding.demo import run as demo_run
-    demo_run._check_args(args)  # pylint: disable=protected-access  (before starting anything)
+    demo_run.check_args(args)  # before starting anything
     workers = getattr(args, "workers", 0)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)

@@ -104,6 +104,12 @@ class DLRM(tf.keras.Model):
         self._names[group].append(attribute)
 
     @property
+    def vectors(self):
+        """How many vectors meet in the dot interaction: one per categorical feature, plus the
+        bottom MLP's output when there are dense features."""
+        return self._vectors
+
+    @property
     def embeddings(self):
         """The embedding layers, one per categorical feature (C1, C2, ...)."""
         return [getattr(self, name) for name in self._names["embeddings"]]

@@ -79,7 +79,7 @@ def train(args, data):
         # bp_v2: a row's write-back adds this step's change, so concurrent workers' updates of
         # the same id all count (without it the later write-back would overwrite the other).
         optimizer = de.DynamicEmbeddingOptimizer(
-            demo_run._keras_optimizer(tf, args), bp_v2=True)  # pylint: disable=protected-access
+            demo_run.keras_optimizer(tf, args), bp_v2=True)
         dlrm.build(model)
         worker_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                    per_worker_variable=True)
@@ -181,4 +181,4 @@ if __name__ == "__main__":
         CODE = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(CODE)  # pylint: disable=protected-access  (coordinator threads may still wait)
+    os._exit(CODE)  # coordinator threads may still wait

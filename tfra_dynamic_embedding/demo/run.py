@@ -90,7 +90,7 @@ def run(args):
     if getattr(args, "ps", 0):  # tables on a local cluster of PS processes: demo/cluster.py
         from tfra_dynamic_embedding.demo import cluster  # pylint: disable=import-outside-toplevel
         return cluster.run(args)
-    _check_args(args)
+    check_args(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -112,7 +112,7 @@ def run(args):
     # -- model ---------------------------------------------------------------------------------
     model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction,
                       devices=getattr(args, "devices", None))
-    optimizer = de.DynamicEmbeddingOptimizer(_keras_optimizer(tf, args))
+    optimizer = de.DynamicEmbeddingOptimizer(keras_optimizer(tf, args))
     model.compile(optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy(),
                   metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)],
                   jit_compile=False)
@@ -275,7 +275,8 @@ def write_metrics(out, results):
         json.dump({k: v for k, v in results.items() if k != "model"}, f, indent=1)
 
 
-def _check_args(args):
+def check_args(args):
+    """Raises ValueError naming the first bad option of `args` (before anything starts)."""
     workers, ps = getattr(args, "workers", 0), getattr(args, "ps", 0)
     if workers < 0:
         raise ValueError(f"--workers must be at least 0 (0: no workers); got --workers {workers}")
@@ -294,7 +295,8 @@ def _check_args(args):
         raise ValueError(f"--data {args.data!r} is not a file")
 
 
-def _keras_optimizer(tf, args):
+def keras_optimizer(tf, args):
+    """The Keras optimizer `--optimizer` and `--learning-rate` name."""
     if args.optimizer == "adagrad":
         return tf.keras.optimizers.Adagrad(args.learning_rate)
     return tf.keras.optimizers.Adam(args.learning_rate)
@@ -314,7 +316,7 @@ def describe(model):
         parts.append("bottom MLP " + "-".join(
             str(n) for n in (model.num_dense, *arch["bottom"], model.embedding_dim)))
     if model.interaction == "dot":
-        pairs = model._vectors * (model._vectors - 1) // 2  # pylint: disable=protected-access
+        pairs = model.vectors * (model.vectors - 1) // 2
         parts.append(f"dot interaction ({pairs} pairs)")
     else:
         parts.append("concat interaction")

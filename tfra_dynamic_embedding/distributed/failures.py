@@ -205,7 +205,7 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook, logging.Filter):
                       f"(deadline) + {self.grace} s (grace) and the main thread is stuck where "
                       f"the hook cannot raise; exiting with status {WATCHDOG_EXIT_CODE}",
                       file=sys.stderr, flush=True)
-                os._exit(WATCHDOG_EXIT_CODE)  # pylint: disable=protected-access
+                os._exit(WATCHDOG_EXIT_CODE)
 
 
 def session_config(job, task, operation_timeout_in_ms=60000, ps_job="ps"):

@@ -91,7 +91,7 @@ def _exit_with(pid):
 def _exit_now(signum, _frame):
     # No flush of sys.stdout here: the signal may interrupt a print in progress, and a
     # re-entrant flush raises. The ready line is flushed when printed.
-    os._exit(0 if signum in (signal.SIGTERM, signal.SIGINT) else 1)  # pylint: disable=protected-access
+    os._exit(0 if signum in (signal.SIGTERM, signal.SIGINT) else 1)
 
 
 def main(argv=None):

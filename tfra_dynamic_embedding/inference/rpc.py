@@ -94,9 +94,9 @@ class ShardClient:
         """Issues `method` with `inputs` ({input name: tensor}) on the next live replica and
         returns a `PendingCall` (its `result()` waits)."""
         args = [inputs[k] for k in sorted(inputs)]
-        return PendingCall(self, method, args, self._issue(method, args, tried=()))
+        return PendingCall(self, method, args, self.issue(method, args, tried=()))
 
-    def _issue(self, method, args, tried):
+    def issue(self, method, args, tried):
         """(replica index, StatusOrResult, error) of the first replica not in `tried` that takes
         the call; (None, None, last error) when none does."""
         error = None
@@ -132,23 +132,23 @@ class ShardClient:
             client = tf.distribute.experimental.rpc.Client.create(
                 "grpc", self.addresses[index], timeout_in_ms=int(self.timeout * 1000))
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as error:
-            self._mark_failed(index)
+            self.mark_failed(index)
             return None, error
         with self._lock:
             self._clients[index] = client
             self._failed_at[index] = None
         return client, None
 
-    def _count(self, index):
+    def count(self, index):
         with self._lock:
             self.calls[index] += 1
 
-    def _mark_failed(self, index):
+    def mark_failed(self, index):
         with self._lock:
             self._clients[index] = None
             self._failed_at[index] = time.monotonic()
 
-    def _unavailable(self, method, error):
+    def unavailable(self, method, error):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf.errors.UnavailableError(
             None, None, f"shard {self.name!r} did not answer {method!r} on any replica "
@@ -169,9 +169,9 @@ class PendingCall:
         shard = self._shard
         while True:
             if self._status is None:
-                raise shard._unavailable(self._method, self._error)  # pylint: disable=protected-access
+                raise shard.unavailable(self._method, self._error)
             if bool(self._status.is_ok()):
-                shard._count(self._index)  # pylint: disable=protected-access
+                shard.count(self._index)
                 return self._status.get_value()
             code, message = self._status.get_error()
             code, message = int(code), message.numpy().decode(errors="replace")
@@ -180,9 +180,9 @@ class PendingCall:
                 raise tf.errors.InvalidArgumentError(
                     None, None, f"shard {shard.name!r} ({shard.addresses[self._index]}) failed "
                     f"{self._method!r}: {message}")
-            shard._mark_failed(self._index)  # pylint: disable=protected-access
+            shard.mark_failed(self._index)
             self._error = f"{shard.addresses[self._index]}: {message.strip()}"
-            index, self._status, error = shard._issue(  # pylint: disable=protected-access
+            index, self._status, error = shard.issue(
                 self._method, self._args, self._tried)
             if index is None:
                 self._status, self._error = None, error or self._error

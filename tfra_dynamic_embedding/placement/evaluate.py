@@ -205,7 +205,8 @@ def format_rows(rows, unit="ms", scale=1e3):
 
 
 # -- plots ---------------------------------------------------------------------------------------
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (plots are written, never shown)."""
     try:
         import matplotlib  # pylint: disable=import-outside-toplevel
     except ImportError as error:
@@ -218,7 +219,7 @@ def _pyplot():
 def plot_plan(plan, report, path, unit="ms", scale=1e3):
     """PNG of per-device stacked cost bars (one segment per shard; whole bars when the
     estimator is not additive), the lower bound dashed, memory use in the tick labels."""
-    plt = _pyplot()
+    plt = pyplot()
     devices = [d.name for d in plan.task.devices]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(devices) + 2), 4.5))
     cmap = plt.get_cmap("tab20")
@@ -256,7 +257,7 @@ def plot_plan(plan, report, path, unit="ms", scale=1e3):
 def plot_comparison(rows, path, unit="ms", scale=1e3, title="strategies"):
     """PNG comparing strategies: mean max device cost (with the mean lower bound) and speedup
     over random placement."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in rows if r["max_cost"] is not None]
     if not rows:
         raise ValueError("no strategy produced a plan; nothing to plot")

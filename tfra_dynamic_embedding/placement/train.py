@@ -501,7 +501,7 @@ def refine_with_measurements(model, policy, tasks, records, estimator="measured-
 def plot_curves(cost_history, policy_history, path):
     """PNG: cost-model loss (train / unseen) per epoch, policy greedy max/L per iteration."""
     from tfra_dynamic_embedding.placement import evaluate  # pylint: disable=import-outside-toplevel
-    plt = evaluate._pyplot()  # pylint: disable=protected-access
+    plt = evaluate.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if cost_history:
         ep = [h["epoch"] for h in cost_history]
