@@ -1,16 +1,12 @@
 // Table<K, V>: the concurrent, compact hash table behind every native op.
 //
 // Layout. Keys hash to one of S shards (top hash bits); each shard owns
-//  - an index: open addressing over 8-slot groups, each slot a uint32 of a
-//    7-bit hash tag and a 25-bit row id (0xFFFFFFFF: empty; 0xFFFFFFFE:
-//    deleted); a key's first group is its hash scaled to the group count (any
-//    multiple of 8 slots), probing goes on group by group;
-//  - a slab: one contiguous array of fixed-size records
+//  - an index (SlotIndex, de_index.h): hash -> row id, open addressing over
+//    8-slot groups;
+//  - a slab (RowSlab, de_slab.h): one contiguous array of fixed-size records
 //      [key | u32 stamp | u32 freq | dim values | dim values per slot group]
-//    grown with mremap (no copy, no resident doubling); freed rows are reused
-//    through a free list, and freq == 0 marks a free row. After removals a
-//    shard may compact: its top rows move into free ones and the pages above
-//    go back to the OS (MaybeCompact).
+//    with a free list; freq == 0 marks a free row. After removals a shard may
+//    compact (MaybeCompact; de_compaction.h).
 // Growth is per shard, so at most one shard's index exists twice at a time.
 //
 // Concurrency. A shard's reader-writer lock guards both its index and slab.
@@ -24,7 +20,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -36,10 +31,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "de_compaction.h"
 #include "de_file.h"
-#include "de_keyed.h"
+#include "de_index.h"
+#include "de_init.h"
 #include "de_keys.h"
-#include "de_draw.h"
+#include "de_slab.h"
 #include "de_table.h"
 #include "de_util.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -47,17 +44,6 @@
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace tfra_de {
-
-inline size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-template <class V>
-inline V FromDouble(double x) {
-  if constexpr (std::is_same<V, double>::value) {
-    return x;
-  } else {
-    return static_cast<V>(static_cast<float>(x));
-  }
-}
 
 template <class K, class V>
 class Table : public TableBase {
@@ -67,19 +53,12 @@ class Table : public TableBase {
 
   struct alignas(64) Shard {
     mutable std::shared_mutex mu;
-    uint32_t* slots = nullptr;   // the index: cap slots (see SlotGroup)
-    size_t cap = 0;              // slots; a multiple of kGroupWidth
-    size_t growth_left = 0;      // empty slots that may still be filled
+    SlotIndex index;
     std::atomic<int64_t> size{0};
-    char* slab = nullptr;
-    size_t slab_rows = 0;        // allocated rows
-    uint32_t high_water = 0;     // rows ever handed out
-    size_t faulted_rows = 0;     // rows [0, faulted_rows) have their pages faulted in
-    size_t fault_ahead = 0;      // new rows this batch may still fault in (PrepareNewRows)
-    std::vector<uint32_t> free_rows;
+    RowSlab rows;
     uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1);
                                  // cleared by a write at another stamp (NoteWriteStamp)
-    uint32_t compactions = 0;    // times rows moved (Compact): chunked export cursors carry it
+    uint32_t compactions = 0;    // times rows moved (CompactRows): chunked export cursors carry it
   };
 
   // A batch of keys bucketed by shard.
@@ -98,16 +77,11 @@ class Table : public TableBase {
   // Read-only batches at least this large visit their keys in batch order
   // (ForEachKeyInOrder), in chunks of 512 to 4096 keys.
   static constexpr int64_t kInOrderMinKeys = 16384;
-  // AllocRow faults new rows' pages in ahead in chunks this large: one call per
-  // chunk, and at most a chunk per shard faulted but never used.
-  static constexpr size_t kFaultChunkBytes = 16384;
   // Chunked export cursors: bits 0-31 a row, 32-47 a shard; a scan that began
   // at cursor 0 is registered (kScanCursor), its cursors also carry the
   // shard's compaction count (bits 48-61, kCompactionMask).
   static constexpr int64_t kScanCursor = int64_t{1} << 62;
   static constexpr uint32_t kCompactionMask = (1u << 14) - 1;
-  // A registered scan with no chunk read for this long counts as abandoned.
-  static constexpr int64_t kScanLeaseNs = int64_t{300} * 1000 * 1000 * 1000;
 
  public:
   explicit Table(const TableConfig& cfg) : TableBase(cfg) {
@@ -117,14 +91,8 @@ class Table : public TableBase {
     while ((1 << shard_bits_) < s) ++shard_bits_;
     num_shards_ = 1 << shard_bits_;
     shards_.reset(new Shard[num_shards_]);
-    const size_t key_bytes = sizeof(KS);
-    stamp_off_ = AlignUp(key_bytes, 4);
-    freq_off_ = stamp_off_ + 4;
-    val_off_ = AlignUp(freq_off_ + 4, alignof(V));
-    row_bytes_ = static_cast<size_t>(cfg.dim) * sizeof(V);
-    rec_bytes_ = AlignUp(val_off_ + row_bytes_, std::max<size_t>({alignof(KS), alignof(V), 4}));
+    layout_ = RecordLayout::For<KS, V>(cfg.dim);
     init_rows_ = static_cast<size_t>(cfg.init_size / num_shards_);
-    prefetch_bytes_ = std::min<size_t>(rec_bytes_, 512);
   }
 
   ~Table() override {
@@ -162,7 +130,7 @@ class Table : public TableBase {
     for (int i = 0; i < num_shards_; ++i) {
       const Shard& s = shards_[i];
       std::shared_lock<std::shared_mutex> l(s.mu);
-      total += s.cap * 4 + s.high_water * rec_bytes_ + s.free_rows.capacity() * 4;
+      total += s.index.bytes() + s.rows.high_water() * layout_.rec_bytes + s.rows.free_list_bytes();
     }
     return total;
   }
@@ -180,7 +148,7 @@ class Table : public TableBase {
     auto visit = [&](const Shard& s, int64_t i, uint64_t, int64_t row) {
       ex[i] = row >= 0;
       const V* src = row >= 0 ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
-      std::memcpy(out + i * dim, src, row_bytes_);
+      std::memcpy(out + i * dim, src, layout_.row_bytes);
       return absl::OkStatus();
     };
     if (keys.NumElements() >= kInOrderMinKeys) return ForEachKeyInOrder(ctx, keys, visit);
@@ -200,9 +168,7 @@ class Table : public TableBase {
     bool* ex = exists->flat<bool>().data();
     return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
       for (int64_t p = lo; p < hi; ++p) {
-        if (p + 16 < hi && s.cap != 0) {  // the index group of a key further ahead
-          __builtin_prefetch(s.slots + HomeGroup(b.hash[p + 16], s.cap) * kGroupWidth);
-        }
+        if (p + 16 < hi) PrefetchGroup(s, b.hash[p + 16]);  // the index group of a key further ahead
         ex[b.order[p]] = FindSlot(s, b.keys[b.order[p]], b.hash[p]) >= 0;
       }
       return absl::OkStatus();
@@ -218,14 +184,14 @@ class Table : public TableBase {
     if (!insert && keys.NumElements() >= kInOrderMinKeys) {
       TF_RETURN_IF_ERROR(ForEachKeyInOrder(ctx, keys, [&](const Shard& s, int64_t i, uint64_t, int64_t row) {
         ex[i] = row >= 0;
-        if (row >= 0) std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+        if (row >= 0) std::memcpy(out + i * dim, Vals(s, row), layout_.row_bytes);
         return absl::OkStatus();
       }));
       // The missing keys' rows are drawn in a pass of their own: interleaved with
       // the probes, the draws were slower than probes and draws one after the other.
       ForEachChunk(ctx, keys.NumElements(), 8 * dim, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
-          if (!ex[i]) FillInit(init, InitHash(init, key_data[i], KO::Hash(key_data[i])), out + i * dim);
+          if (!ex[i]) FillInitRow(init, InitHash(init, key_data[i], KO::Hash(key_data[i])), dim, out + i * dim);
         }
       });
       return absl::OkStatus();
@@ -243,12 +209,12 @@ class Table : public TableBase {
       TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
         ex[i] = row >= 0;
         if (row >= 0) {
-          std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+          std::memcpy(out + i * dim, Vals(s, row), layout_.row_bytes);
         } else if (insert) {
           missing.push_back(i);
           missing.push_back(static_cast<int64_t>(h));
         } else {
-          FillInit(init, InitHash(init, b.keys[i], h), out + i * dim);
+          FillInitRow(init, InitHash(init, b.keys[i], h), dim, out + i * dim);
         }
         return absl::OkStatus();
       }));
@@ -259,10 +225,10 @@ class Table : public TableBase {
         V* dst = out + i * dim;
         const int64_t row = FindRow(s, b.keys[i], h);
         if (row >= 0) {  // an earlier duplicate in this batch created it
-          std::memcpy(dst, Vals(s, row), row_bytes_);
+          std::memcpy(dst, Vals(s, row), layout_.row_bytes);
           continue;
         }
-        FillInit(init, InitHash(init, b.keys[i], h), dst);
+        FillInitRow(init, InitHash(init, b.keys[i], h), dim, dst);
         uint32_t r;
         TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r));
         WriteRow(s, r, dst, stamp, 1);
@@ -289,7 +255,7 @@ class Table : public TableBase {
           WriteRow(s, r, in + i * dim, stamp, 1);
           row = r;
         }
-        std::memcpy(out + i * dim, Vals(s, row), row_bytes_);
+        std::memcpy(out + i * dim, Vals(s, row), layout_.row_bytes);
         return absl::OkStatus();
       });
     });
@@ -348,14 +314,14 @@ class Table : public TableBase {
     for (int i = 0; i < num_shards_; ++i) {
       const Shard& s = shards_[i];
       std::shared_lock<std::shared_mutex> l(s.mu);
-      const size_t rows = std::max<size_t>(s.faulted_rows, s.high_water);
+      const size_t rows = s.rows.touched_rows();
       use.rows += static_cast<int64_t>(rows);
-      use.records += static_cast<int64_t>(rows * rec_bytes_);
-      use.index += static_cast<int64_t>(s.cap * 4);
-      use.other += static_cast<int64_t>(s.free_rows.capacity() * 4);
+      use.records += static_cast<int64_t>(rows * layout_.rec_bytes);
+      use.index += static_cast<int64_t>(s.index.bytes());
+      use.other += static_cast<int64_t>(s.rows.free_list_bytes());
       if constexpr (std::is_same<K, tensorflow::tstring>::value) {  // long keys live on the heap
-        for (uint32_t row = 0; row < s.high_water; ++row) {
-          const char* rec = s.slab + size_t{row} * rec_bytes_;
+        for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
+          const char* rec = Rec(s, row);
           if (Freq(rec) != 0) use.other += KO::HeapBytes(*reinterpret_cast<const KS*>(rec));
         }
       }
@@ -376,10 +342,10 @@ class Table : public TableBase {
     // A scan from cursor 0 is registered until its last chunk: while one is
     // open, no shard compacts (rows moving behind its cursor would be missed).
     const bool scan = registered || (cursor == 0 && limit > 0);
-    if (cursor == 0 && scan) scans_open_.fetch_add(1);
-    if (scan) scan_seen_ns_.store(NowNs());
+    if (cursor == 0 && scan) scans_.Open();
+    if (scan) scans_.Touch();
     Status st = ExportChunk(cursor, limit, registered, scan, sink, next, group);
-    if (scan && (!st.ok() || *next < 0)) CloseScan();
+    if (scan && (!st.ok() || *next < 0)) scans_.Close();
     return st;
   }
 
@@ -408,16 +374,16 @@ class Table : public TableBase {
           static_cast<uint32_t>(cursor >> 48 & kCompactionMask) != (s.compactions & kCompactionMask)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "export: rows of shard ", si, " moved since this chunked export's previous chunk "
-            "(an export with no chunk for ", kScanLeaseNs / 1000000000,
+            "(an export with no chunk for ", ScanRegistry::kLeaseNs / 1000000000,
             " s counts as abandoned); export again from cursor 0"));
       }
-      for (; row < s.high_water; ++row) {
+      for (; row < s.rows.high_water(); ++row) {
         if (static_cast<int64_t>(keys.size()) == want) {
           *next = (si << 32) | row;
           if (scan) *next |= kScanCursor | int64_t{s.compactions & kCompactionMask} << 48;
           break;
         }
-        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        const char* rec = Rec(s, row);
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         keys.push_back(KO::ToOwned(*reinterpret_cast<const KS*>(rec)));
@@ -467,11 +433,11 @@ class Table : public TableBase {
           TF_RETURN_IF_ERROR(InsertNew(s, b.keys[i], h, &r, group));
           row = r;
         }
-        std::memcpy(GVals(s, row, group), in + i * dim, row_bytes_);
+        std::memcpy(GVals(s, row, group), in + i * dim, layout_.row_bytes);
         // A slot group's import leaves the metadata of the table's keys alone.
         if (group == 0 || fresh) SetMeta(s, row, stamp, freq);
         if (mark != nullptr) {
-          if (mark->size() <= static_cast<size_t>(row)) mark->resize(s.high_water, 0);
+          if (mark->size() <= static_cast<size_t>(row)) mark->resize(s.rows.high_water(), 0);
           (*mark)[row] = 1;
         }
         return absl::OkStatus();
@@ -495,9 +461,9 @@ class Table : public TableBase {
     TF_RETURN_IF_ERROR(ForEachShard(ctx, b, Lock::kNone, body));
     for (int si = 0; si < num_shards_; ++si) {
       Shard& s = shards_[si];
-      for (uint32_t row = 0; row < s.high_water; ++row) {
+      for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
         if (row < seen[si].size() && seen[si][row]) continue;
-        const char* rec = s.slab + size_t{row} * rec_bytes_;
+        const char* rec = Rec(s, row);
         if (Freq(rec) == 0) continue;
         const KS& k = *reinterpret_cast<const KS*>(rec);
         const int64_t slot = FindSlotStored(s, k, KO::HashStored(k));
@@ -526,14 +492,14 @@ class Table : public TableBase {
     if (want <= have) return absl::OkStatus();
     // Every record is rewritten wider; the slabs are allocated first, so that a
     // failure leaves the table as it was. Row ids (so the index) stay.
-    const size_t old_rec = rec_bytes_, new_rec = RecBytes(want);
+    const size_t old_rec = layout_.rec_bytes, new_rec = layout_.RecBytes(want);
     std::vector<char*> slabs(num_shards_, nullptr);
     for (int si = 0; si < num_shards_; ++si) {
-      if (shards_[si].slab_rows == 0) continue;
-      slabs[si] = static_cast<char*>(BigAlloc(shards_[si].slab_rows * new_rec));
+      if (shards_[si].rows.rows() == 0) continue;
+      slabs[si] = static_cast<char*>(BigAlloc(shards_[si].rows.rows() * new_rec));
       if (slabs[si] == nullptr) {
         for (int j = 0; j < si; ++j) {
-          if (slabs[j] != nullptr) BigFree(slabs[j], shards_[j].slab_rows * new_rec);
+          if (slabs[j] != nullptr) BigFree(slabs[j], shards_[j].rows.rows() * new_rec);
         }
         return absl::ResourceExhaustedError("cannot widen a table's records for slot groups");
       }
@@ -543,20 +509,17 @@ class Table : public TableBase {
     for (int si = 0; si < num_shards_; ++si) {
       Shard& s = shards_[si];
       if (slabs[si] == nullptr) continue;
-      for (uint32_t row = 0; row < s.high_water; ++row) {
+      for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
         char* dst = slabs[si] + size_t{row} * new_rec;
-        std::memcpy(dst, s.slab + size_t{row} * old_rec, used);
+        std::memcpy(dst, s.rows.Rec(row, old_rec), used);
         for (int g = have; g < want; ++g) {
           V* cols = reinterpret_cast<V*>(dst + GroupOff(g));
           std::fill(cols, cols + cfg_.dim, FromDouble<V>(fills_[g]));
         }
       }
-      BigFree(s.slab, s.slab_rows * old_rec);
-      s.slab = slabs[si];
-      s.faulted_rows = s.high_water;
+      s.rows.AdoptWider(slabs[si], old_rec);
     }
-    rec_bytes_ = new_rec;
-    prefetch_bytes_ = std::min<size_t>(rec_bytes_, 512);
+    layout_.SetGroups(want);
     groups_.store(want);
     return absl::OkStatus();
   }
@@ -599,7 +562,7 @@ class Table : public TableBase {
           if (row < 0) {
             std::fill(dst, dst + dim, fill[j]);
           } else {
-            std::memcpy(dst, GVals(s, row, groups[j]), row_bytes_);
+            std::memcpy(dst, GVals(s, row, groups[j]), layout_.row_bytes);
           }
         }
         return absl::OkStatus();
@@ -641,7 +604,7 @@ class Table : public TableBase {
           row = r;
         }
         for (size_t j = 0; j < n; ++j) {
-          std::memcpy(GVals(s, row, groups[j]), in[j] + i * dim, row_bytes_);
+          std::memcpy(GVals(s, row, groups[j]), in[j] + i * dim, layout_.row_bytes);
         }
         if (fresh) {
           SetMeta(s, row, stamp, 1);
@@ -658,8 +621,8 @@ class Table : public TableBase {
     for (int si = 0; si < num_shards_; ++si) {
       Shard& s = shards_[si];
       std::unique_lock<std::shared_mutex> l(s.mu);
-      for (uint32_t row = 0; row < s.high_water; ++row) {
-        const char* rec = s.slab + size_t{row} * rec_bytes_;
+      for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
+        const char* rec = Rec(s, row);
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         if (static_cast<int64_t>(Stamp(rec)) >= min_stamp && static_cast<int64_t>(f) >= min_freq) continue;
@@ -696,7 +659,7 @@ class Table : public TableBase {
   // Prefetches the first bytes of a batch row (the rest streams in behind).
   void PrefetchRow(const V* row, bool write) const {
     const char* p = reinterpret_cast<const char*>(row);
-    for (size_t off = 0; off < std::min<size_t>(row_bytes_, 512); off += 64) {
+    for (size_t off = 0; off < std::min<size_t>(layout_.row_bytes, 512); off += 64) {
       if (write) {
         __builtin_prefetch(p + off, 1);
       } else {
@@ -708,18 +671,32 @@ class Table : public TableBase {
   int ShardOf(uint64_t h) const {
     return shard_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - shard_bits_));
   }
+  int Index(const Shard& s) const { return static_cast<int>(&s - shards_.get()); }
+  char* Rec(const Shard& s, int64_t row) const {
+    return s.rows.data() + static_cast<size_t>(row) * layout_.rec_bytes;
+  }
   const KS& KeyAt(const Shard& s, uint32_t row) const {
-    return *reinterpret_cast<const KS*>(s.slab + size_t{row} * rec_bytes_);
+    return *reinterpret_cast<const KS*>(Rec(s, row));
   }
   V* Vals(const Shard& s, int64_t row) const {
-    return reinterpret_cast<V*>(s.slab + static_cast<size_t>(row) * rec_bytes_ + val_off_);
+    return reinterpret_cast<V*>(Rec(s, row) + layout_.val_off);
   }
-  size_t GroupOff(int group) const { return val_off_ + static_cast<size_t>(group) * row_bytes_; }
+  size_t GroupOff(int group) const { return layout_.GroupOff(group); }
   V* GVals(const Shard& s, int64_t row, int group) const {
-    return reinterpret_cast<V*>(s.slab + static_cast<size_t>(row) * rec_bytes_ + GroupOff(group));
+    return reinterpret_cast<V*>(Rec(s, row) + GroupOff(group));
   }
-  size_t RecBytes(int groups) const {
-    return AlignUp(GroupOff(groups), std::max<size_t>({alignof(KS), alignof(V), 4}));
+  uint32_t Stamp(const char* rec) const { return layout_.Stamp(rec); }
+  uint32_t Freq(const char* rec) const { return layout_.Freq(rec); }
+  void SetMeta(const Shard& s, int64_t row, uint32_t stamp, uint32_t freq) const {
+    layout_.SetMeta(Rec(s, row), stamp, freq);
+  }
+  void WriteRow(const Shard& s, int64_t row, const V* src, uint32_t stamp, uint32_t freq) const {
+    std::memcpy(Vals(s, row), src, layout_.row_bytes);
+    SetMeta(s, row, stamp, freq);
+  }
+  uint32_t BumpFreq(const Shard& s, int64_t row) const {
+    const uint32_t f = Freq(Rec(s, row));
+    return f == UINT32_MAX ? f : f + 1;  // saturating
   }
   Status CheckGroup(int group) const {
     const int n = groups_.load();
@@ -730,8 +707,8 @@ class Table : public TableBase {
   // Sets group `group` (>= 1) of every live row of `s` to its fill.
   void FillGroup(const Shard& s, int group) const {
     const V c = FromDouble<V>(fills_[group]);
-    for (uint32_t row = 0; row < s.high_water; ++row) {
-      if (Freq(s.slab + size_t{row} * rec_bytes_) == 0) continue;
+    for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
+      if (Freq(Rec(s, row)) == 0) continue;
       V* cols = GVals(s, row, group);
       std::fill(cols, cols + cfg_.dim, c);
     }
@@ -746,109 +723,6 @@ class Table : public TableBase {
       if (g == written) continue;
       V* cols = GVals(s, row, g);
       std::fill(cols, cols + cfg_.dim, FromDouble<V>(g == 0 ? 0.0 : fills_[g]));
-    }
-  }
-
-  uint32_t Stamp(const char* rec) const {
-    uint32_t v;
-    std::memcpy(&v, rec + stamp_off_, 4);
-    return v;
-  }
-  uint32_t Freq(const char* rec) const {
-    uint32_t v;
-    std::memcpy(&v, rec + freq_off_, 4);
-    return v;
-  }
-  void SetMeta(const Shard& s, int64_t row, uint32_t stamp, uint32_t freq) const {
-    char* rec = s.slab + static_cast<size_t>(row) * rec_bytes_;
-    std::memcpy(rec + stamp_off_, &stamp, 4);
-    std::memcpy(rec + freq_off_, &freq, 4);
-  }
-  void WriteRow(const Shard& s, int64_t row, const V* src, uint32_t stamp, uint32_t freq) const {
-    std::memcpy(Vals(s, row), src, row_bytes_);
-    SetMeta(s, row, stamp, freq);
-  }
-  uint32_t BumpFreq(const Shard& s, int64_t row) const {
-    const uint32_t f = Freq(s.slab + static_cast<size_t>(row) * rec_bytes_);
-    return f == UINT32_MAX ? f : f + 1;  // saturating
-  }
-
-  // The hash a key's initial row is drawn from: the table's key hash, except
-  // for string keys drawn by the keyed recipe (TF's FarmHash fingerprint).
-  static uint64_t InitHash(const InitSpec& init, const KIn& key, uint64_t h) {
-    if constexpr (std::is_same<KIn, tensorflow::tstring>::value) {
-      if (init.keyed && init.kind != InitSpec::kConstant) return KeyedStringHash(key.data(), key.size());
-    }
-    return h;
-  }
-
-  void FillInit(const InitSpec& init, uint64_t key_hash, V* dst) const {
-    const int64_t dim = cfg_.dim;
-    const double a = init.a, b = init.b;
-    if (init.kind == InitSpec::kConstant) {
-      if (init.row != nullptr) {
-        for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(init.row[j]);
-        return;
-      }
-      const V c = FromDouble<V>(a);
-      for (int64_t j = 0; j < dim; ++j) dst[j] = c;
-      return;
-    }
-    // Column j uses the (j+1)-th output of this generator (keyed_random.py).
-    const uint64_t row_seed = key_hash ^ Mix64(init.seed + kSeedSalt);
-    RowRng rng(row_seed);
-    switch (init.kind) {
-      case InitSpec::kUniform: {
-        const double width = b - a;
-        if constexpr (std::is_same<V, float>::value) {
-          UniformRow(row_seed, dim, a, width, dst);  // the same floats as the loop below
-        } else {
-          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + width * rng.Uniform());
-        }
-        break;
-      }
-      case InitSpec::kNormal:
-        if (init.keyed) {
-          KeyedNormal(row_seed, a, b, /*truncated=*/false, dst);
-        } else if (dim < kBoxMullerMinDim) {
-          rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
-        } else if constexpr (std::is_same<V, float>::value) {
-          NormalRow(row_seed, dim, static_cast<float>(a), static_cast<float>(b), dst);
-        } else {
-          thread_local std::vector<float> z;
-          z.resize(static_cast<size_t>(dim));
-          NormalRow(row_seed, dim, 0.0f, 1.0f, z.data());
-          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * static_cast<double>(z[j]));
-        }
-        break;
-      default:  // truncated normal: within two standard deviations
-        if (init.keyed) {
-          KeyedNormal(row_seed, a, b, /*truncated=*/true, dst);
-        } else if (dim >= kBoxMullerMinDim) {
-          thread_local std::vector<float> z;
-          z.resize(static_cast<size_t>(dim));
-          TruncatedNormalRow(row_seed, dim, z.data());
-          for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(a + b * static_cast<double>(z[j]));
-        } else {  // redraw beyond two standard deviations
-          for (int64_t j = 0; j < dim; ++j) {
-            double z;
-            do z = rng.Normal(); while (z < -2.0 || z > 2.0);
-            dst[j] = FromDouble<V>(a + b * z);
-          }
-        }
-    }
-  }
-
-  // The keyed recipe's (truncated) normal row (de_keyed.h), computed in double.
-  void KeyedNormal(uint64_t row_seed, double a, double b, bool truncated, V* dst) const {
-    const int64_t dim = cfg_.dim;
-    if constexpr (std::is_same<V, double>::value) {
-      KeyedNormalRow(row_seed, dim, a, b, truncated, dst);
-    } else {
-      thread_local std::vector<double> row;
-      row.resize(static_cast<size_t>(dim));
-      KeyedNormalRow(row_seed, dim, a, b, truncated, row.data());
-      for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(row[j]);
     }
   }
 
@@ -947,34 +821,12 @@ class Table : public TableBase {
       work(0, num_shards_);
     } else {
       // Cost per shard in ~ns: a few cache misses per key plus the row copy.
-      const int64_t cost = (b.n / num_shards_ + 1) * (60 + static_cast<int64_t>(row_bytes_) / 8);
+      const int64_t cost = (b.n / num_shards_ + 1) * (60 + static_cast<int64_t>(layout_.row_bytes) / 8);
       tensorflow::Shard(w->num_threads, w->workers, num_shards_, cost, work);
     }
     return first;
   }
 
-  // Prefetches the index group where a key with hash h is looked for first.
-  void PrefetchGroup(const Shard& s, uint64_t h) const {
-    if (s.cap == 0) return;
-    __builtin_prefetch(s.slots + HomeGroup(h, s.cap) * kGroupWidth);
-  }
-  // The row of the first slot in a key's first index group whose tag matches
-  // (-1: none), with its record prefetched; the caller verifies the key.
-  // kAbsent: no tag matches and the group has an empty slot, so the key is not
-  // in the shard (as long as nobody inserts before the caller looks).
-  static constexpr int64_t kAbsent = -2;
-  int64_t Candidate(const Shard& s, uint64_t h) const {
-    if (s.cap == 0) return kAbsent;
-    const uint64_t g = HomeGroup(h, s.cap);
-    const SlotGroup grp(s.slots + g * kGroupWidth);
-    const uint32_t m = grp.Match(TagOf(h));
-    if (m == 0) return grp.MaskEmpty() != 0 ? kAbsent : -1;
-    const uint32_t row = s.slots[g * kGroupWidth + LowestSlot(m)] & kRowMask;
-    const char* rec = s.slab + size_t{row} * rec_bytes_;
-    for (size_t off = 0; off < prefetch_bytes_; off += 64) __builtin_prefetch(rec + off);
-    __builtin_prefetch(rec + rec_bytes_ - 1);
-    return row;
-  }
 
   // Calls fn(shard, key index, hash, row or -1) for every key of a read-only
   // op, in batch order. Chunks of keys run on the intra-op pool,
@@ -1011,7 +863,7 @@ class Table : public TableBase {
         }
       }
     };
-    ForEachChunk(ctx, chunks, chunk * (60 + static_cast<int64_t>(row_bytes_) / 8), work);
+    ForEachChunk(ctx, chunks, chunk * (60 + static_cast<int64_t>(layout_.row_bytes) / 8), work);
     return first;
   }
 
@@ -1108,8 +960,8 @@ class Table : public TableBase {
       // another key) by a bounded write of an earlier key, or by other writers
       // while that write waited without the lock (a clear or load may then
       // have replaced the shard's rows too): check it again.
-      if (row < 0 || row >= static_cast<int64_t>(s.high_water) ||
-          Freq(s.slab + size_t(row) * rec_bytes_) == 0 ||
+      if (row < 0 || row >= static_cast<int64_t>(s.rows.high_water()) ||
+          Freq(Rec(s, row)) == 0 ||
           !KO::Eq(KeyAt(s, static_cast<uint32_t>(row)), b.keys[i])) {
         row = FindRow(s, b.keys[i], b.hash[p]);
       }
@@ -1144,7 +996,7 @@ class Table : public TableBase {
           bool fresh;
           TF_RETURN_IF_ERROR(InsertNewBounded(s, b, b.keys[i], h, stamp, &r, &fresh, group));
           if (fresh) {
-            std::memcpy(GVals(s, r, group), src, row_bytes_);
+            std::memcpy(GVals(s, r, group), src, layout_.row_bytes);
             SetMeta(s, r, stamp, 1);
             return absl::OkStatus();
           }
@@ -1154,7 +1006,7 @@ class Table : public TableBase {
         if (accum) {
           for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<V>(dst[j] + src[j]);
         } else {
-          std::memcpy(dst, src, row_bytes_);
+          std::memcpy(dst, src, layout_.row_bytes);
         }
         // Writing a slot group is part of its row's update: the metadata is the row's.
         if (group == 0) SetMeta(s, row, stamp, BumpFreq(s, row));
@@ -1179,48 +1031,29 @@ class Table : public TableBase {
 
   // -------------------------------------------------------------- index --
 
-  template <class Eq>
-  int64_t Probe(const Shard& s, uint64_t h, Eq&& eq) const {
-    if (s.cap == 0) return -1;
-    const uint64_t groups = s.cap / kGroupWidth;
-    const uint32_t tag = TagOf(h);
-    uint64_t g = HomeGroup(h, s.cap);
-    for (uint64_t step = 1;; ++step) {
-      const SlotGroup grp(s.slots + g * kGroupWidth);
-      for (uint32_t m = grp.Match(tag); m != 0; m &= m - 1) {
-        const size_t slot = g * kGroupWidth + LowestSlot(m);
-        if (eq(KeyAt(s, s.slots[slot] & kRowMask))) return static_cast<int64_t>(slot);
-      }
-      if (grp.MaskEmpty() != 0 || step >= groups) return -1;
-      g = g + 1 == groups ? 0 : g + 1;
-    }
-  }
   int64_t FindSlot(const Shard& s, const KIn& key, uint64_t h) const {
-    return Probe(s, h, [&](const KS& k) { return KO::Eq(k, key); });
+    return s.index.Probe(h, [&](uint32_t row) { return KO::Eq(KeyAt(s, row), key); });
   }
   int64_t FindSlotStored(const Shard& s, const KS& key, uint64_t h) const {
-    return Probe(s, h, [&](const KS& k) { return KO::EqStored(k, key); });
+    return s.index.Probe(h, [&](uint32_t row) { return KO::EqStored(KeyAt(s, row), key); });
   }
   int64_t FindRow(const Shard& s, const KIn& key, uint64_t h) const {
     const int64_t slot = FindSlot(s, key, h);
-    return slot < 0 ? int64_t{-1} : static_cast<int64_t>(s.slots[slot] & kRowMask);
+    return slot < 0 ? int64_t{-1} : static_cast<int64_t>(s.index.RowAt(slot));
   }
-
-  // The index group where a key with hash h is looked for first: bits 7-38 of
-  // h (bits 0-6 are its tag, the top bits pick its shard) scaled to the group
-  // count, which need not be a power of two. Probes go on group by group.
-  static uint64_t HomeGroup(uint64_t h, size_t cap) {
-    return (((h >> 7) & 0xFFFFFFFFu) * (cap / kGroupWidth)) >> 32;
-  }
-
-  static size_t FirstNonFull(const uint32_t* slots, size_t cap, uint64_t h) {
-    const uint64_t groups = cap / kGroupWidth;
-    uint64_t g = HomeGroup(h, cap);
-    for (;;) {
-      const uint32_t m = SlotGroup(slots + g * kGroupWidth).MaskEmptyOrDeleted();
-      if (m != 0) return g * kGroupWidth + LowestSlot(m);
-      g = g + 1 == groups ? 0 : g + 1;
-    }
+  // Prefetches the index group where a key with hash h is looked for first.
+  void PrefetchGroup(const Shard& s, uint64_t h) const { s.index.PrefetchHome(h); }
+  // The row of the first slot in a key's first index group whose tag matches
+  // (-1: none), with its record prefetched; the caller verifies the key.
+  // kAbsent: the key is not in the shard (SlotIndex::HomeMatch).
+  static constexpr int64_t kAbsent = SlotIndex::kAbsent;
+  int64_t Candidate(const Shard& s, uint64_t h) const {
+    const int64_t row = s.index.HomeMatch(h);
+    if (row < 0) return row;
+    const char* rec = Rec(s, row);
+    for (size_t off = 0; off < layout_.prefetch_bytes; off += 64) __builtin_prefetch(rec + off);
+    __builtin_prefetch(rec + layout_.rec_bytes - 1);
+    return row;
   }
 
   // Adds `key` (absent when called) with a fresh row; values/meta are the caller's.
@@ -1329,7 +1162,6 @@ class Table : public TableBase {
     return n;
   }
 
-  int Index(const Shard& s) const { return static_cast<int>(&s - shards_.get()); }
   int64_t ShardSize(int si) const { return shards_[si].size.load(std::memory_order_relaxed); }
   int LargestShard() const {
     int best = 0;
@@ -1363,8 +1195,8 @@ class Table : public TableBase {
     std::sort(keep.begin(), keep.end());
     const bool lfu = bound_lfu_.load(std::memory_order_relaxed);
     std::vector<std::pair<uint64_t, uint32_t>> scored;  // (score, row)
-    for (uint32_t row = 0; row < s.high_water; ++row) {
-      const char* rec = s.slab + size_t{row} * rec_bytes_;
+    for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
+      const char* rec = Rec(s, row);
       const uint32_t f = Freq(rec);
       if (f == 0) continue;
       const uint32_t stamp = Stamp(rec);
@@ -1377,7 +1209,7 @@ class Table : public TableBase {
     std::nth_element(scored.begin(), scored.begin() + (take - 1), scored.end());
     int64_t count = 0;
     for (size_t j = 0; j < take; ++j) {
-      const KS& k = *reinterpret_cast<const KS*>(s.slab + size_t{scored[j].second} * rec_bytes_);
+      const KS& k = KeyAt(s, scored[j].second);
       const int64_t slot = FindSlotStored(s, k, KO::HashStored(k));
       if (slot >= 0) {
         EraseSlot(s, slot);
@@ -1393,40 +1225,31 @@ class Table : public TableBase {
     if (s.barren_stamp != stamp + 1) s.barren_stamp = 0;
   }
 
-  // `counted`: the caller already added the key to total_ (InsertNewBounded).
+  // Adds `key` (absent when called) with a fresh row; values/meta are the caller's.
+  // `written`: the column group the caller writes (InitGroups); `counted`: the
+  // caller already added the key to total_ (InsertNewBounded).
   Status InsertNew(Shard& s, const KIn& key, uint64_t h, uint32_t* row_out, int written = 0,
                    bool counted = false) {
-    if (s.cap == 0) TF_RETURN_IF_ERROR(Rehash(s, kGroupWidth));
-    size_t slot = FirstNonFull(s.slots, s.cap, h);
-    if (s.growth_left == 0 && s.slots[slot] != kDeletedSlot) {
-      // Mostly tombstones: rebuild at the same size; otherwise double -- or, in a
-      // bounded table, whose shards stop growing near their share of the bound,
-      // grow to a load of 0.7 only (doubling left their index at a load of
-      // 0.4-0.5, 6-8% of a dim-16 bound's bytes).
+    if (s.index.cap() == 0) TF_RETURN_IF_ERROR(Rehash(s, kGroupWidth));
+    size_t slot = s.index.InsertSlot(h);
+    if (s.index.MustGrow(slot)) {
       const size_t live = static_cast<size_t>(s.size.load(std::memory_order_relaxed));
-      size_t cap = s.cap * 2;
-      if (live * 4 <= s.cap * 3) {
-        cap = s.cap;
-      } else if (Bounded()) {
-        cap = std::min(cap, (live * 10 / 7 / kGroupWidth + 1) * kGroupWidth);
-      }
-      TF_RETURN_IF_ERROR(Rehash(s, cap));
-      slot = FirstNonFull(s.slots, s.cap, h);
+      TF_RETURN_IF_ERROR(Rehash(s, s.index.GrownCap(live, Bounded())));
+      slot = s.index.InsertSlot(h);
     }
-    uint32_t row = 0;  // set by AllocRow (initialized to quiet -Wmaybe-uninitialized)
-    TF_RETURN_IF_ERROR(AllocRow(s, &row));
+    uint32_t row = 0;  // set by Alloc (initialized to quiet -Wmaybe-uninitialized)
+    TF_RETURN_IF_ERROR(s.rows.Alloc(layout_.rec_bytes, &row));
     try {
-      KO::Construct(s.slab + size_t{row} * rec_bytes_, key);
+      KO::Construct(Rec(s, row), key);
     } catch (const std::bad_alloc&) {
-      s.free_rows.push_back(row);
+      s.rows.Release(row);
       return absl::ResourceExhaustedError("out of memory storing a key");
     } catch (const std::exception& e) {
-      s.free_rows.push_back(row);
+      s.rows.Release(row);
       return absl::InvalidArgumentError(absl::StrCat("cannot store a key: ", e.what()));
     }
     InitGroups(s, row, written);
-    if (s.slots[slot] == kEmptySlot) --s.growth_left;
-    s.slots[slot] = FullSlot(h, row);
+    s.index.Fill(slot, h, row);
     s.size.fetch_add(1, std::memory_order_relaxed);
     if (Bounded()) {
       live_.fetch_add(1, std::memory_order_relaxed);
@@ -1437,20 +1260,12 @@ class Table : public TableBase {
   }
 
   void EraseSlot(Shard& s, int64_t slot) {
-    const uint32_t row = s.slots[slot] & kRowMask;
-    char* rec = s.slab + size_t{row} * rec_bytes_;
+    const uint32_t row = s.index.RowAt(slot);
+    char* rec = Rec(s, row);
     KO::Destroy(rec);
     SetMeta(s, row, 0, 0);  // freq 0 marks the row free
-    s.free_rows.push_back(row);
-    // A group that still has an empty slot ends every probe that reaches it,
-    // so no probe continues past it and the slot may become empty again.
-    const size_t g = static_cast<size_t>(slot) / kGroupWidth * kGroupWidth;
-    if (SlotGroup(s.slots + g).MaskEmpty() != 0) {
-      s.slots[slot] = kEmptySlot;
-      ++s.growth_left;
-    } else {
-      s.slots[slot] = kDeletedSlot;
-    }
+    s.rows.Release(row);
+    s.index.Erase(slot);
     s.size.fetch_sub(1, std::memory_order_relaxed);
     if (Bounded()) {
       total_.fetch_sub(1, std::memory_order_relaxed);
@@ -1458,188 +1273,69 @@ class Table : public TableBase {
     }
   }
 
-  Status Rehash(Shard& s, size_t new_cap) {
-    uint32_t* nslots = static_cast<uint32_t*>(BigAlloc(new_cap * 4, /*populate=*/true));
-    if (nslots == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard index to ", new_cap, " slots"));
-    }
-    std::memset(nslots, 0xFF, new_cap * 4);  // all kEmptySlot
-    // The live rows are exactly the slab's rows with freq != 0 (every insert
-    // writes freq >= 1 right after placing its key; erasing writes 0), so the
-    // keys are read by one sequential pass over the slab, which the hardware
-    // prefetcher streams, instead of one random record read per index slot.
-    constexpr uint32_t kAhead = 8;  // wide records step past what the prefetcher follows
-    for (uint32_t row = 0; row < s.high_water; ++row) {
-      const char* rec = s.slab + size_t{row} * rec_bytes_;
-      if (row + kAhead < s.high_water) __builtin_prefetch(rec + kAhead * rec_bytes_);
-      if (Freq(rec) == 0) continue;
-      const uint64_t h = KO::HashStored(*reinterpret_cast<const KS*>(rec));
-      nslots[FirstNonFull(nslots, new_cap, h)] = FullSlot(h, row);
-    }
-    BigFree(s.slots, s.cap * 4);
-    s.slots = nslots;
-    s.cap = new_cap;
-    s.growth_left = new_cap - new_cap / 8 - static_cast<size_t>(s.size.load(std::memory_order_relaxed));
-    return absl::OkStatus();
+  // Rebuilds the index of `s` at `new_cap` slots. The live rows are exactly
+  // the slab's rows with freq != 0, so the keys are read by one sequential
+  // pass over the slab, which the hardware prefetcher streams, instead of one
+  // random record read per index slot. Not inlined: growth is rare, and kept
+  // out of InsertNew it leaves that path small enough for the compiler to
+  // inline its probe and row allocation.
+  __attribute__((noinline)) Status Rehash(Shard& s, size_t new_cap) {
+    const size_t live = static_cast<size_t>(s.size.load(std::memory_order_relaxed));
+    return s.index.Rebuild(new_cap, live, [&](auto&& place) {
+      constexpr uint32_t kAhead = 8;  // wide records step past what the prefetcher follows
+      const uint32_t top = s.rows.high_water();
+      for (uint32_t row = 0; row < top; ++row) {
+        const char* rec = Rec(s, row);
+        if (row + kAhead < top) __builtin_prefetch(rec + kAhead * layout_.rec_bytes);
+        if (Freq(rec) == 0) continue;
+        place(KO::HashStored(*reinterpret_cast<const KS*>(rec)), row);
+      }
+    });
   }
 
   // After removals from `s` (held exclusively; the caller keeps none of its
-  // rows): gives back the rows it no longer needs, when they are worth it. A
-  // bounded table's shard keeps up to its share of the bound (rows it fills
-  // again); without that, every shard kept the rows of the most keys it ever
-  // held, and shards' sizes differ by chance. An unbounded table's shard
-  // compacts once a quarter of its rows are free (a large removal, a TTL sweep).
+  // rows): gives back the rows it no longer needs, when they are worth it
+  // (CompactRows, de_compaction.h). A bounded table's shard keeps up to its
+  // share of the bound (rows it fills again); without that, every shard kept
+  // the rows of the most keys it ever held, and shards' sizes differ by
+  // chance. An unbounded table's shard compacts once a quarter of its rows are
+  // free (a large removal, a TTL sweep).
   void MaybeCompact(Shard& s) {
     const size_t live = static_cast<size_t>(s.size.load(std::memory_order_relaxed));
+    const size_t high_water = s.rows.high_water();
     // Free rows not worth moving rows for: a page's (fewer in a small shard, so
     // that small tables compact too).
-    const size_t keep = std::min<size_t>(4096 / rec_bytes_, s.high_water / 8);
+    const size_t keep = std::min<size_t>(4096 / layout_.rec_bytes, high_water / 8);
     size_t target = live;
     if (Bounded()) {
       const int64_t bound = bound_.load(std::memory_order_relaxed);
       target = std::max(live, static_cast<size_t>((bound + num_shards_ - 1) / num_shards_));
-    } else if (s.free_rows.size() * 4 <= s.high_water) {
+    } else if (s.rows.free_rows().size() * 4 <= high_water) {
       return;
     }
-    if (s.high_water <= target + keep || ScanOpen()) return;
-    Compact(s, target);
+    if (high_water <= target + keep || scans_.Active()) return;
+    if (CompactRows<KO>(s.index, s.rows, layout_, target)) ++s.compactions;
   }
 
-  // Moves the live rows of `s` at or above `target` (>= its size) into its
-  // lowest free rows, repointing their index slots, and releases the pages
-  // past the new top. Chunked export cursors into `s` become stale (see Export).
-  void Compact(Shard& s, size_t target) {
-    std::vector<uint32_t> holes;
-    for (uint32_t r : s.free_rows) {
-      if (r < target) holes.push_back(r);
-    }
-    size_t movers = 0;
-    for (uint32_t row = static_cast<uint32_t>(target); row < s.high_water; ++row) {
-      movers += Freq(s.slab + size_t{row} * rec_bytes_) != 0;
-    }
-    if (movers > holes.size()) return;  // the free list is short of holes: keep all rows
-    std::sort(holes.begin(), holes.end());
-    size_t used = 0;
-    for (uint32_t row = static_cast<uint32_t>(target); row < s.high_water; ++row) {
-      char* rec = s.slab + size_t{row} * rec_bytes_;
-      if (Freq(rec) == 0) continue;
-      const KS& k = *reinterpret_cast<const KS*>(rec);
-      const uint64_t h = KO::HashStored(k);
-      const int64_t slot = FindSlotStored(s, k, h);
-      if (slot >= 0) {  // (a row no slot points at is unreachable: it is dropped)
-        const uint32_t to = holes[used++];
-        // A record moves as its bytes: a long key's heap block goes with it.
-        std::memcpy(s.slab + size_t{to} * rec_bytes_, rec, rec_bytes_);
-        s.slots[slot] = FullSlot(h, to);
-      }
-      SetMeta(s, row, 0, 0);  // rows past the top read as free when handed out again
-    }
-    s.free_rows.assign(holes.begin() + used, holes.end());
-    s.free_rows.shrink_to_fit();
-    const size_t top = std::max<size_t>(s.faulted_rows, s.high_water);
-    if (s.slab_rows * rec_bytes_ >= kMmapMin) {
-      ReleasePages(s.slab + target * rec_bytes_, (top - target) * rec_bytes_);
-    }
-    s.high_water = static_cast<uint32_t>(target);
-    s.faulted_rows = std::min(s.faulted_rows, target);
-    ++s.compactions;
-  }
-
-  // Whether a registered chunked export is open; one idle for kScanLeaseNs
-  // counts as abandoned (its next chunk then fails if its shard compacted).
-  bool ScanOpen() {
-    if (scans_open_.load() <= 0) return false;
-    if (NowNs() - scan_seen_ns_.load() < kScanLeaseNs) return true;
-    scans_open_.store(0);
-    return false;
-  }
-  void CloseScan() {
-    int64_t n = scans_open_.load();
-    while (n > 0 && !scans_open_.compare_exchange_weak(n, n - 1)) {
-    }
-  }
-  static int64_t NowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
-
-  Status AllocRow(Shard& s, uint32_t* row) {
-    if (!s.free_rows.empty()) {
-      *row = s.free_rows.back();
-      s.free_rows.pop_back();
-      return absl::OkStatus();
-    }
-    if (s.high_water == s.slab_rows) TF_RETURN_IF_ERROR(GrowSlab(s, s.slab_rows + 1));
-    FaultAhead(s);
-    *row = s.high_water++;
-    return absl::OkStatus();
-  }
-
-  // Doubles the slab (at least to `min_rows`, at most 2^kRowBits rows).
-  Status GrowSlab(Shard& s, size_t min_rows) {
-    constexpr size_t kMaxRows = size_t{kRowMask} + 1;
-    if (s.slab_rows >= kMaxRows) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a table shard is full (2^", kRowBits, " rows); create the table with more num_shards"));
-    }
-    const size_t want = std::min(kMaxRows, std::max<size_t>({16, s.slab_rows * 2, min_rows}));
-    void* p = BigRealloc(s.slab, s.slab_rows * rec_bytes_, want * rec_bytes_);
-    if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard to ", want, " rows of ",
-                                                       rec_bytes_, " bytes"));
-    }
-    s.slab = static_cast<char*>(p);
-    s.slab_rows = want;
-    return absl::OkStatus();
-  }
-
-  // Before a batch that may create up to `n` rows in shard `s`: reserves them
-  // (virtual space only) and lets AllocRow fault their pages in ahead, a chunk
-  // per call, up to `n` rows. In chunks, because `n` counts every key of the
-  // batch, also those the table already holds: faulting all `n` at once left a
-  // batch of rows resident that a table not growing never used. A bounded table
-  // faults none past the room its bound leaves (at the bound, a new key takes
-  // the row an eviction freed).
+  // Before a batch that may create up to `n` rows in shard `s` (RowSlab::
+  // PrepareNewRows). A bounded table faults none past the room its bound leaves.
   void PrepareNewRows(Shard& s, size_t n) {
-    n -= std::min(n, s.free_rows.size());
+    size_t room = SIZE_MAX;
     if (Bounded()) {
-      const int64_t room = bound_.load(std::memory_order_relaxed) - total_.load(std::memory_order_relaxed);
-      n = std::min<size_t>(n, static_cast<size_t>(std::max<int64_t>(0, room)));
+      const int64_t left = bound_.load(std::memory_order_relaxed) - total_.load(std::memory_order_relaxed);
+      room = static_cast<size_t>(std::max<int64_t>(0, left));
     }
-    s.fault_ahead = n;
-    const size_t end = std::min<size_t>(size_t{kRowMask} + 1, size_t{s.high_water} + n);
-    if (end > s.slab_rows) GrowSlab(s, end).IgnoreError();  // AllocRow reports it
-  }
-
-  // Faults in the pages of the next rows of `s` past high_water, in one call
-  // for up to kFaultChunkBytes (within what PrepareNewRows allowed).
-  void FaultAhead(Shard& s) {
-    if (s.high_water < s.faulted_rows || s.fault_ahead == 0) return;
-    const size_t chunk = std::max<size_t>(1, kFaultChunkBytes / rec_bytes_);
-    const size_t end = std::min<size_t>(s.slab_rows, s.high_water + std::min(s.fault_ahead, chunk));
-    if (end <= s.high_water) return;
-    Prefault(s.slab + size_t{s.high_water} * rec_bytes_, (end - s.high_water) * rec_bytes_);
-    s.fault_ahead -= std::min(s.fault_ahead, end - s.high_water);
-    s.faulted_rows = end;
+    s.rows.PrepareNewRows(n, room, layout_.rec_bytes);
   }
 
   // Frees everything a shard owns.
   void FreeShard(Shard* s) {
-    for (uint32_t row = 0; row < s->high_water; ++row) {
-      char* rec = s->slab + size_t{row} * rec_bytes_;
+    for (uint32_t row = 0; row < s->rows.high_water(); ++row) {
+      char* rec = Rec(*s, row);
       if (Freq(rec) != 0) KO::Destroy(rec);
     }
-    BigFree(s->slab, s->slab_rows * rec_bytes_);
-    BigFree(s->slots, s->cap * 4);
-    s->slab = nullptr;
-    s->slab_rows = 0;
-    s->high_water = 0;
-    s->faulted_rows = 0;
-    s->fault_ahead = 0;
-    std::vector<uint32_t>().swap(s->free_rows);
-    s->slots = nullptr;
-    s->cap = 0;
-    s->growth_left = 0;
+    s->rows.Free(layout_.rec_bytes);
+    s->index.Free();
     if (Bounded()) {
       const int64_t n = s->size.load(std::memory_order_relaxed);
       total_.fetch_sub(n, std::memory_order_relaxed);
@@ -1653,31 +1349,17 @@ class Table : public TableBase {
   Status ResetShard(Shard* s, size_t rows) {
     FreeShard(s);
     if (rows == 0) return absl::OkStatus();
-    size_t cap = kGroupWidth;
-    while (cap - cap / 8 < rows) cap *= 2;
-    TF_RETURN_IF_ERROR(Rehash(*s, cap));
-    // Pages of the reservation cost no memory until rows are written.
-    void* p = BigAlloc(rows * rec_bytes_);
-    if (p != nullptr) {
-      s->slab = static_cast<char*>(p);
-      s->slab_rows = rows;
-    }
+    TF_RETURN_IF_ERROR(Rehash(*s, SlotIndex::CapFor(rows)));
+    s->rows.Reserve(rows, layout_.rec_bytes);
     return absl::OkStatus();
   }
 
   static void SwapShard(Shard* a, Shard* b) {
-    std::swap(a->slots, b->slots);
-    std::swap(a->cap, b->cap);
-    std::swap(a->growth_left, b->growth_left);
+    a->index.Swap(b->index);
     const int64_t sa = a->size.load(), sb = b->size.load();
     a->size.store(sb);
     b->size.store(sa);
-    std::swap(a->slab, b->slab);
-    std::swap(a->slab_rows, b->slab_rows);
-    std::swap(a->high_water, b->high_water);
-    std::swap(a->faulted_rows, b->faulted_rows);
-    std::swap(a->fault_ahead, b->fault_ahead);
-    a->free_rows.swap(b->free_rows);
+    a->rows.Swap(b->rows);
   }
 
   int shard_bits_ = 0;
@@ -1692,18 +1374,17 @@ class Table : public TableBase {
   // Counts the recounts of total_ (SetBound on an unbounded table), so that a
   // write that waited without its lock knows whether its place is still counted.
   std::atomic<uint64_t> recounts_{0};
-  // Registered chunked exports still open, and when one last read a chunk.
-  std::atomic<int64_t> scans_open_{0};
-  std::atomic<int64_t> scan_seen_ns_{0};
+  // Registered chunked exports still open (they hold compaction off).
+  ScanRegistry scans_;
   int64_t ShardSum() const {
     int64_t n = 0;
     for (int i = 0; i < num_shards_; ++i) n += shards_[i].size.load(std::memory_order_relaxed);
     return n;
   }
   bool Bounded() const { return bound_.load(std::memory_order_relaxed) > 0; }
-  size_t stamp_off_ = 0, freq_off_ = 0, val_off_ = 0, row_bytes_ = 0, rec_bytes_ = 0;
+  // Widens with the column groups: changed only with every shard locked (EnsureGroups).
+  RecordLayout layout_;
   size_t init_rows_ = 0;
-  size_t prefetch_bytes_ = 0;  // leading record bytes worth prefetching
   // Column groups: changed only with every shard locked (EnsureGroups).
   std::atomic<int> groups_{1};
   std::array<double, kMaxGroups> fills_{};
@@ -1722,12 +1403,12 @@ class Table : public TableBase {
     int64_t i = 0;
     for (int si = 0; si < num_shards_; ++si) {
       const Shard& s = shards_[si];
-      for (uint32_t row = 0; row < s.high_water && i < n; ++row) {
-        const char* rec = s.slab + size_t{row} * rec_bytes_;
+      for (uint32_t row = 0; row < s.rows.high_water() && i < n; ++row) {
+        const char* rec = Rec(s, row);
         const uint32_t f = Freq(rec);
         if (f == 0) continue;
         KO::Export(*reinterpret_cast<const KS*>(rec), &ok(i));
-        if (ov != nullptr) std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), row_bytes_);
+        if (ov != nullptr) std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), layout_.row_bytes);
         os[i] = Stamp(rec);
         of[i] = f;
         ++i;

@@ -25,12 +25,12 @@ Status Table<K, V>::SaveToFile(const std::string& path, int group) {
       std::shared_lock<std::shared_mutex> l(s.mu);
       std::string buf;
       uint32_t rows = 0;
-      for (uint32_t row = 0; row < s.high_water; ++row) {
-        const char* rec = s.slab + size_t{row} * rec_bytes_;
+      for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
+        const char* rec = Rec(s, row);
         if (Freq(rec) == 0) continue;
         KO::Encode(*reinterpret_cast<const KS*>(rec), &buf);
-        buf.append(rec + stamp_off_, 8);  // stamp + freq
-        buf.append(rec + GroupOff(group), row_bytes_);
+        buf.append(rec + layout_.stamp_off, 8);  // stamp + freq
+        buf.append(rec + GroupOff(group), layout_.row_bytes);
         if (++rows == UINT32_MAX || buf.size() >= kBlockTargetBytes) {
           blocks.emplace_back(rows, std::move(buf));
           buf.clear();
@@ -78,14 +78,14 @@ Status Table<K, V>::LoadFromFile(const std::string& path, int group, int64_t* lo
     const char* end = p + payload.size();
     for (uint32_t j = 0; j < rows; ++j) {
       KIn key;
-      if (!KO::Decode(&p, end, &key) || static_cast<size_t>(end - p) < 8 + row_bytes_) {
+      if (!KO::Decode(&p, end, &key) || static_cast<size_t>(end - p) < 8 + layout_.row_bytes) {
         return absl::DataLossError(absl::StrCat("load_from_file: block in '", path,
                                                 "' ends inside row ", j, " of ", rows));
       }
       uint32_t meta[2];
       std::memcpy(meta, p, 8);
-      std::memcpy(row.data(), p + 8, row_bytes_);
-      p += 8 + row_bytes_;
+      std::memcpy(row.data(), p + 8, layout_.row_bytes);
+      p += 8 + layout_.row_bytes;
       TF_RETURN_IF_ERROR(staged->PutOne(key, row.data(), meta[0], std::max<uint32_t>(1, meta[1])));
     }
     if (p != end) {
