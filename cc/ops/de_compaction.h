@@ -3,11 +3,11 @@
 // repointed) and the pages above the new top go back to the OS. Without it a
 // shard kept the rows of the most keys it ever held, and under a bound every
 // shard kept more than its share. When a shard compacts is the table's
-// decision (Table::MaybeCompact, de_table_impl.h); how is CompactRows here.
+// decision (Table::MaybeCompact, de_table_core.h); how is CompactRows here.
 //
 // Chunked exports walk rows by position, so rows moving behind a cursor would
 // be missed: ScanRegistry counts the exports begun at cursor 0 and still open,
-// and no shard compacts while one is (Table::Export registers them).
+// and no shard compacts while one is (de_table_io.h registers them).
 #ifndef TFRA_DE_CC_OPS_DE_COMPACTION_H_
 #define TFRA_DE_CC_OPS_DE_COMPACTION_H_
 

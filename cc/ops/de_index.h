@@ -9,7 +9,7 @@
 // never compares keys: a probe asks its caller whether a candidate row holds
 // the key, and a rebuild asks the caller for every live (hash, row). That keeps
 // this class free of the key type, the record layout and the locking, which
-// belong to the table (de_table_impl.h); the caller holds the shard's lock.
+// belong to the table (de_table_core.h); the caller holds the shard's lock.
 #ifndef TFRA_DE_CC_OPS_DE_INDEX_H_
 #define TFRA_DE_CC_OPS_DE_INDEX_H_
 
@@ -141,7 +141,9 @@ class SlotIndex {
       return absl::ResourceExhaustedError(absl::StrCat("cannot grow a table shard index to ", new_cap, " slots"));
     }
     std::memset(nslots, 0xFF, new_cap * 4);  // all kEmptySlot
-    for_each_live([&](uint64_t h, uint32_t row) { nslots[FirstNonFull(nslots, new_cap, h)] = FullSlot(h, row); });
+    for_each_live([&](uint64_t h, uint32_t row) {
+      nslots[FirstNonFull(nslots, new_cap, h)] = FullSlot(h, row);
+    });
     BigFree(slots_, cap_ * 4);
     slots_ = nslots;
     cap_ = new_cap;

@@ -2,7 +2,7 @@
 // ids over one page-backed array of records (RowSlab).
 //
 // A record is [key | u32 stamp | u32 freq | dim values per column group]
-// (group 0: the row; groups 1..: optimizer slots). freq == 0
+// (group 0: the row; groups 1..: optimizer slots, de_groups.h). freq == 0
 // marks a free row: every insert writes freq >= 1 right after placing its key
 // and erasing writes 0, so the live rows are found by one sequential pass
 // over the slab (rebuilds, exports, eviction) with no index lookups.
