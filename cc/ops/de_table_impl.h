@@ -224,8 +224,9 @@ class Table : public TableBase {
       // The missing keys' rows are drawn in a pass of their own: interleaved with
       // the probes, the draws were slower than probes and draws one after the other.
       ForEachChunk(ctx, keys.NumElements(), 8 * dim, [&](int64_t lo, int64_t hi) {
+        InitRows rows(*this, init);
         for (int64_t i = lo; i < hi; ++i) {
-          if (!ex[i]) FillInit(init, InitHash(init, key_data[i], KO::Hash(key_data[i])), out + i * dim);
+          if (!ex[i]) rows.Add(InitHash(init, key_data[i], KO::Hash(key_data[i])), out + i * dim);
         }
       });
       return absl::OkStatus();
@@ -239,6 +240,7 @@ class Table : public TableBase {
       // also for a key repeated in the batch. Pass 2 creates the missing rows.
       std::vector<int64_t> missing;
       if (insert) NoteWriteStamp(s, stamp);
+      InitRows rows(*this, init);
       auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
       TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
         ex[i] = row >= 0;
@@ -248,10 +250,11 @@ class Table : public TableBase {
           missing.push_back(i);
           missing.push_back(static_cast<int64_t>(h));
         } else {
-          FillInit(init, InitHash(init, b.keys[i], h), out + i * dim);
+          rows.Add(InitHash(init, b.keys[i], h), out + i * dim);
         }
         return absl::OkStatus();
       }));
+      rows.Flush();
       if (insert) PrepareNewRows(s, missing.size() / 2);
       for (size_t j = 0; j < missing.size(); j += 2) {
         const int64_t i = missing[j];
@@ -782,6 +785,58 @@ class Table : public TableBase {
     return h;
   }
 
+  // The row seed of a key's initial row: column j uses the (j+1)-th output of
+  // RowRng(row seed) (keyed_random.py).
+  static uint64_t RowSeed(const InitSpec& init, uint64_t key_hash) {
+    return key_hash ^ Mix64(init.seed + kSeedSalt);
+  }
+
+  // Whether rows of `init` are keyed (truncated) normal rows that round through
+  // float: drawn many rows at a time (KeyedNormalRowsFloat, checked against the
+  // exact doubles), where one row at a time in double was several times slower.
+  static bool KeyedFloatRows(const InitSpec& init) {
+    return init.keyed && !std::is_same<V, double>::value &&
+           (init.kind == InitSpec::kNormal || init.kind == InitSpec::kTruncatedNormal);
+  }
+
+  // Keyed float rows drawn together (InitRows, KeyedRows), of rows up to kInitBatchMaxDim.
+  static constexpr int kInitBatch = 16;
+  static constexpr int64_t kInitBatchMaxDim = 4096;
+
+  // Collects the missing keys' rows of one pass and draws them (Add, then
+  // Flush): keyed float rows kInitBatch at a time, others at once.
+  class InitRows {
+   public:
+    InitRows(const Table& table, const InitSpec& init)
+        : table_(table), init_(init),
+          // Rows of thousands of columns fill the draws' vectors alone (and a batch of
+          // them would take a large buffer in float16 / bfloat16 tables).
+          batched_(KeyedFloatRows(init) && table.cfg_.dim <= kInitBatchMaxDim) {}
+    ~InitRows() { Flush(); }
+    void Add(uint64_t key_hash, V* dst) {
+      if (!batched_) {
+        table_.FillInit(init_, key_hash, dst);
+        return;
+      }
+      seeds_[count_] = RowSeed(init_, key_hash);
+      dst_[count_++] = dst;
+      if (count_ == kInitBatch) Flush();
+    }
+    void Flush() {
+      if (count_ == 0) return;
+      table_.KeyedRows(init_, seeds_, count_, dst_);
+      count_ = 0;
+    }
+
+   private:
+    const Table& table_;
+    const InitSpec& init_;
+    const bool batched_;
+    int count_ = 0;
+    uint64_t seeds_[kInitBatch];
+    V* dst_[kInitBatch];
+  };
+
   void FillInit(const InitSpec& init, uint64_t key_hash, V* dst) const {
     const int64_t dim = cfg_.dim;
     const double a = init.a, b = init.b;
@@ -794,8 +849,15 @@ class Table : public TableBase {
       for (int64_t j = 0; j < dim; ++j) dst[j] = c;
       return;
     }
-    // Column j uses the (j+1)-th output of this generator (keyed_random.py).
-    const uint64_t row_seed = key_hash ^ Mix64(init.seed + kSeedSalt);
+    const uint64_t row_seed = RowSeed(init, key_hash);
+    if (init.keyed && init.kind != InitSpec::kUniform) {  // (truncated) normal rows
+      if constexpr (std::is_same<V, double>::value) {
+        KeyedNormalRow(row_seed, dim, a, b, init.kind == InitSpec::kTruncatedNormal, dst);
+      } else {
+        KeyedRows(init, &row_seed, 1, &dst);
+      }
+      return;
+    }
     RowRng rng(row_seed);
     switch (init.kind) {
       case InitSpec::kUniform: {
@@ -808,9 +870,7 @@ class Table : public TableBase {
         break;
       }
       case InitSpec::kNormal:
-        if (init.keyed) {
-          KeyedNormal(row_seed, a, b, /*truncated=*/false, dst);
-        } else if (dim < kBoxMullerMinDim) {
+        if (dim < kBoxMullerMinDim) {
           rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
         } else if constexpr (std::is_same<V, float>::value) {
           NormalRow(row_seed, dim, static_cast<float>(a), static_cast<float>(b), dst);
@@ -822,9 +882,7 @@ class Table : public TableBase {
         }
         break;
       default:  // truncated normal: within two standard deviations
-        if (init.keyed) {
-          KeyedNormal(row_seed, a, b, /*truncated=*/true, dst);
-        } else if (dim >= kBoxMullerMinDim) {
+        if (dim >= kBoxMullerMinDim) {
           thread_local std::vector<float> z;
           z.resize(static_cast<size_t>(dim));
           TruncatedNormalRow(row_seed, dim, z.data());
@@ -839,16 +897,22 @@ class Table : public TableBase {
     }
   }
 
-  // The keyed recipe's (truncated) normal row (de_keyed.h), computed in double.
-  void KeyedNormal(uint64_t row_seed, double a, double b, bool truncated, V* dst) const {
-    const int64_t dim = cfg_.dim;
-    if constexpr (std::is_same<V, double>::value) {
-      KeyedNormalRow(row_seed, dim, a, b, truncated, dst);
+  // Keyed (truncated) normal rows of float, float16 and bfloat16 tables for `count`
+  // (<= kInitBatch) row seeds: float rows, rounded to V (as FromDouble<V>: through float).
+  void KeyedRows(const InitSpec& init, const uint64_t* seeds, int count, V* const* dst) const {
+    const bool truncated = init.kind == InitSpec::kTruncatedNormal;
+    if constexpr (std::is_same<V, float>::value) {
+      KeyedNormalRowsFloat(seeds, count, cfg_.dim, init.a, init.b, truncated, dst);
     } else {
-      thread_local std::vector<double> row;
-      row.resize(static_cast<size_t>(dim));
-      KeyedNormalRow(row_seed, dim, a, b, truncated, row.data());
-      for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(row[j]);
+      const size_t dim = static_cast<size_t>(cfg_.dim);
+      thread_local std::vector<float> buf;
+      buf.resize(dim * static_cast<size_t>(count));
+      float* rows[kInitBatch];
+      for (int k = 0; k < count; ++k) rows[k] = buf.data() + k * dim;
+      KeyedNormalRowsFloat(seeds, count, cfg_.dim, init.a, init.b, truncated, rows);
+      for (int k = 0; k < count; ++k) {
+        for (size_t j = 0; j < dim; ++j) dst[k][j] = static_cast<V>(rows[k][j]);
+      }
     }
   }
 
