@@ -2,10 +2,10 @@
 
 __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashTableConfig",
            "CuckooHashTableCreator", "HkvEvictStrategy", "HkvHashTableConfig",
-           "HkvHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
+           "HkvHashTableCreator", "InitSpec", "KVCreator", "KVTable", "NativeKVCreator",
            "default_kv_creator"]
 
-from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
+from tfra_dynamic_embedding.tables.base import InitSpec, KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
 from tfra_dynamic_embedding.tables.creators import (CuckooHashTableConfig, CuckooHashTableCreator,
                                                     HkvEvictStrategy, HkvHashTableConfig,
