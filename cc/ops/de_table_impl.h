@@ -793,7 +793,7 @@ class Table : public TableBase {
 
   // Whether rows of `init` are keyed (truncated) normal rows that round through
   // float: drawn many rows at a time (KeyedNormalRowsFloat, checked against the
-  // exact doubles), where one row at a time in double was several times slower.
+  // exact doubles): the rows' tails, a few columns each, then fill the vectors together.
   static bool KeyedFloatRows(const InitSpec& init) {
     return init.keyed && !std::is_same<V, double>::value &&
            (init.kind == InitSpec::kNormal || init.kind == InitSpec::kTruncatedNormal);
