@@ -132,7 +132,8 @@ class InitSpec:
         if self.kind == CONSTANT:
             value = self.a if self.row is None else f"row[{len(self.row)}]"
             return f"{name}('constant', {value})"
-        return f"{name}({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed}, keyed={self.keyed})"
+        return (f"{name}({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed}, "
+                f"keyed={self.keyed})")
 
 
 def as_init_spec(init, dim, dtype):
@@ -243,13 +244,17 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
                 if return_exists:
                     return self.lookup_with_exists(keys, defaults)
                 return self.lookup(keys, defaults), None
-            rows, exists = self.lookup_with_exists(
-                keys, tf.zeros([tf.size(keys), self.dim], self.value_dtype))
+            rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
             new_rows = tf.cast(init.rows(unique_keys), self.value_dtype)
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
             return rows, exists if return_exists else None
+
+    def _lookup_or_zeros(self, keys):
+        """(rows, exists) with zero rows for missing keys (backends may skip the `[N, dim]`
+        default)."""
+        return self.lookup_with_exists(keys, tf.zeros([tf.size(keys), self.dim], self.value_dtype))
 
     @abc.abstractmethod
     def find_or_insert(self, keys, init):

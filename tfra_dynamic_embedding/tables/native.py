@@ -205,6 +205,11 @@ class NativeKVTable(base.KVTable):
             return self._gen.tfra_de_find(self.resource_handle, keys,
                                           self._rows(default_rows, "default_rows"), dim=self.dim)
 
+    def _lookup_or_zeros(self, keys):
+        with tf.device(self.device):
+            return self._gen.tfra_de_find(self.resource_handle, self._keys(keys),
+                                          tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+
     def contains(self, keys):
         """A bool mask of the keys present: one probe of the index per key, no row read."""
         with tf.device(self.device):
@@ -238,8 +243,7 @@ class NativeKVTable(base.KVTable):
             keys = self._keys(keys)
             if fused is not None:
                 return self._find_init(keys, fused, insert=True)
-            rows, exists = self._gen.tfra_de_find(
-                self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+            rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
             new_rows = self._rows(init.rows(unique_keys), "initial rows")
