@@ -102,10 +102,39 @@ def test_uniform_rows_equal_the_native_kernels(key_dtype, value_dtype):
     init = native.NativeInitializer("uniform", -2.0, 1.0, seed=13, dim=6, dtype=value_dtype)
     table = native.NativeKVTable(key_dtype, value_dtype, 6, "kernel_draws")
     kernel_rows, _ = table.lookup_or_init(keys, init)
-    make_rows = initializers.rows_maker(tf.random_uniform_initializer(-2.0, 1.0, seed=13), 6,
-                                        value_dtype)
-    np.testing.assert_array_equal(make_rows(keys).numpy(), kernel_rows.numpy())
-    np.testing.assert_array_equal(init(keys).numpy(), kernel_rows.numpy())  # its TF-op twin
+    spec = initializers.describe(tf.random_uniform_initializer(-2.0, 1.0, seed=13), 6,
+                                 value_dtype)
+    np.testing.assert_array_equal(spec.rows(keys).numpy(), kernel_rows.numpy())
+    np.testing.assert_array_equal(init.rows(keys).numpy(), kernel_rows.numpy())  # its TF-op twin
+
+
+def test_initializers_are_described_as_data_the_kernels_draw():
+    describe = initializers.describe
+    assert describe(None, 4, tf.float32).kind == "constant" and describe(None, 4, tf.float32).a == 0
+    assert describe(2.5, 4, tf.float32).a == 2.5
+    assert describe(tf.zeros_initializer(), 4, tf.float32).a == 0.0
+    assert describe(tf.ones_initializer(), 4, tf.float32).a == 1.0
+    assert describe(tf.constant_initializer(3.0), 4, tf.float32).a == 3.0
+    assert describe(tf.constant_initializer(ROW), 4, tf.float32).row == tuple(ROW)
+    i = describe(tf.random_normal_initializer(0.5, 0.1, seed=9), 4, tf.float32)
+    assert (i.kind, i.a, i.seed, i.keyed) == ("normal", 0.5, 9, True) and abs(i.b - 0.1) < 1e-7
+    i = describe(tf.keras.initializers.TruncatedNormal(0.0, 0.2), 4, tf.float32)
+    assert i.kind == "truncated_normal" and abs(i.b - 0.2) < 1e-7 and not i.keyed
+    i = describe(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16)
+    assert (i.kind, i.a, i.b) == ("uniform", -1.0, 3.0)
+    assert describe("zeros", 4, tf.float32).a == 0.0
+    # Kinds no kernel draws, and constants only TF ops hold exactly: TF-op rows.
+    assert describe(tf.keras.initializers.GlorotUniform(), 4, tf.float32).kind == "custom"
+    text = describe("", 4, tf.string)
+    assert text.kind == "custom" and text.constant
+    assert describe(2**60, 4, tf.int64).kind == "custom"
+    # The TF-op rows: one per key, of the rows' dtype.
+    rows = describe(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16).rows(tf.range(6))
+    assert rows.shape == (6, 4) and rows.dtype == tf.float16
+    with pytest.raises(ValueError, match=r"\[1\] or \[dim\]"):
+        describe(tf.constant_initializer([1.0, 2.0]), 4, tf.float32)
+    with pytest.raises(ValueError, match="kind"):
+        native.NativeInitializer("gamma")
 
 
 @pytest.mark.parametrize("kind, a, b", [("uniform", -1.0, 3.0), ("normal", 0.5, 2.0),
@@ -260,7 +289,7 @@ def test_row_valued_constants_give_every_key_that_row(kv_creator, name):
     want = np.tile(ROW, (5, 1))
     w = de.Variable(dim=4, devices=CPUS[:2], initializer=CONSTANT_ROWS[name](),
                     kv_creator=kv_creator)
-    assert initializers.is_constant(w._make_rows)  # pylint: disable=protected-access
+    assert w._init.constant  # pylint: disable=protected-access
     np.testing.assert_array_equal(w.lookup(tf.constant(keys)).numpy(), want)
     np.testing.assert_array_equal(tf.function(w.lookup)(tf.constant(keys)).numpy(), want)
     rows, _ = w.find_or_insert(tf.constant(keys))

@@ -142,9 +142,10 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids, shadow=None):
     `rows[positions[i]]`, or `rows[i]` when positions is None -- and the lookup's
     TrainableWrapper, or None when no gradient is wanted.
 
-    When training, the rows are read from the lookup's wrapper after it is loaded, so gradients
-    w.r.t. them reach the wrapper (see trainable.needs_wrapper); a new wrapper is placed with
-    the caller's `ids`.
+    The rows are read here, through the variable (`params.lookup`: its shard tables draw the
+    missing keys' rows). When training they are handed to the lookup's wrapper and read back
+    from it, so gradients w.r.t. them reach the wrapper (see trainable.needs_wrapper); a new
+    wrapper is placed with the caller's `ids`.
     """
     if shadow is not None:   # a ShadowVariable reads its rows through itself (train mode)
         if trainable_lib.get_model_mode() == trainable_lib.ModelMode.INFERENCE:
@@ -154,7 +155,8 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids, shadow=None):
         return params.lookup(unique_ids), None, None
     else:
         wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name), ids=ids)
-    loaded, positions = wrapper.load_lookup(unique_ids)
+    load_ids, positions = wrapper.ids_to_load(unique_ids)
+    loaded = wrapper.hold(load_ids, params.lookup(load_ids))
     with tf.control_dependencies([loaded] if loaded is not None else []):
         return wrapper.held_rows(), positions, wrapper
 

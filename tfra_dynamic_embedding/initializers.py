@@ -1,71 +1,75 @@
-"""Turns the `initializer` argument of `de.Variable` into a function that makes initial rows.
+"""Turns the `initializer` argument of `de.Variable` into an `InitSpec`: a description of the
+initial rows that goes down to the tables, each backend drawing it its own way.
 
-`make_rows(keys)` returns the `[size(keys), dim]` initial rows of the 1-D tensor `keys` (the
-missing keys of one shard). Lookups call it for exactly the distinct missing keys, unless
-`is_constant(make_rows)` (every row equal), when it may be called for any keys. By initializer:
+The description (`tables.base.InitSpec`) holds the initializer's kind and parameters as data the
+native kernels draw from, and a TF-op row maker for backends that draw with TF ops (and for kinds
+no kernel draws): `spec.rows(keys)` gives the `[size(keys), dim]` initial rows of 1-D `keys`.
+Tables ask for rows of exactly the distinct missing keys, unless `spec.constant` (every row
+equal), when of any keys. By initializer:
 
 - None (zeros), a number, a scalar, `[1]` (broadcast, as TFRA) or `[dim]` array, list or tensor,
-  Zeros / Ones / Constant initializers (a Constant may hold a `[dim]` row): that row for every key.
-  Integer rows take only whole numbers in their range (TF would cut or wrap the rest); string
-  rows take text (None: empty text).
+  Zeros / Ones / Constant initializers (a Constant may hold a `[dim]` row): that row for every key
+  (kind "constant"). Integer rows take only whole numbers in their range (TF would cut or wrap
+  the rest); string rows take text (None: empty text); those, and graph tensors, are custom
+  constants (TF ops only).
 - RandomNormal / RandomUniform / TruncatedNormal of TF, tf.compat.v1, Keras 3 or tf_keras with an
-  integer seed: a key's row is a pure function of (seed, key) (tables/keyed_random.py), the same
-  whatever batch, shard count, backend or process first makes it; different keys get different
-  rows. (Called directly, a seeded initializer returns the same values on every call, which would
-  give every new key one shared row.)
-- the same without a seed: fresh stateful draws, one per key.
-- VarianceScaling and its subclasses (Glorot, He, LeCun): as TFRA, drawn for the run-time shape
-  `[n, dim]`, n the number of rows being made (a shard's distinct missing keys), so fan_in = n and
-  fan_out = dim. With a seed the unit draws are keyed as above, then scaled for n.
-- any other callable: called with `shape=[n, dim]` (shape-bound ones such as Orthogonal fail when
-  n is only known at run time).
+  integer seed: keyed -- a key's row is a pure function of (seed, key) (tables/keyed_random.py),
+  the same whatever batch, shard count, backend or process first makes it; different keys get
+  different rows. (Called directly, a seeded initializer returns the same values on every call,
+  which would give every new key one shared row.)
+- the same without a seed: fresh draws, one per key (TF's stateful ops; the native kernels' fast
+  generator under a seed drawn here, from TF's global seed when one is set).
+- VarianceScaling and its subclasses (Glorot, He, LeCun): custom; as TFRA, drawn for the
+  run-time shape `[n, dim]`, n the number of rows being made (a shard's distinct missing keys),
+  so fan_in = n and fan_out = dim. With a seed the unit draws are keyed as above, then scaled.
+- any other callable: custom, called with `shape=[n, dim]` (shape-bound ones such as Orthogonal
+  fail when n is only known at run time).
 
-The makers of constants and of RandomNormal / RandomUniform / TruncatedNormal carry
-`make_rows.native_init`, a `tables.native.NativeInitializer` drawing the same rows inside the native
-backend's fused lookup kernel (no TF ops): seeded ones bit for bit the rows above, unseeded ones
-fresh draws of the same distribution (docs/native_backend.md, "Users' initializers"). A bad
-parameter (maxval <= minval, stddev < 0) raises ValueError naming it.
+A bad parameter (maxval <= minval, stddev < 0) raises ValueError naming it.
 
 Example:
-    make_rows = rows_maker(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
-    make_rows(tf.constant([3, 5], tf.int64))   # [2, 8]; key 3 gets this same row in every call
+    spec = describe(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
+    spec.kind, spec.keyed                  # ("normal", True): the native kernels draw it
+    spec.rows(tf.constant([3, 5], tf.int64))   # [2, 8] by TF ops; key 3's row is always this one
 """
 
 import math
 import numbers
+import random
 
 import numpy as np
 import tensorflow as tf
 
+from tfra_dynamic_embedding.tables import base
 from tfra_dynamic_embedding.tables import keyed_random
-from tfra_dynamic_embedding.tables import native
+from tfra_dynamic_embedding.tables.base import InitSpec  # the description type (tables read it)
 
 # Initializer class name -> (draw kind, config key of a, config key of b). The names are the same
 # in TF v2 (init_ops_v2), tf.compat.v1 (init_ops), Keras 3 and tf_keras.
 _RANDOM = {
-    "RandomNormal": ("normal", "mean", "stddev"),
-    "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
-    "RandomUniform": ("uniform", "minval", "maxval"),
+    "RandomNormal": (base.NORMAL, "mean", "stddev"),
+    "TruncatedNormal": (base.TRUNCATED_NORMAL, "mean", "stddev"),
+    "RandomUniform": (base.UNIFORM, "minval", "maxval"),
 }
-_STATEFUL = {"normal": tf.random.normal, "truncated_normal": tf.random.truncated_normal,
-             "uniform": tf.random.uniform}
+_STATEFUL = {base.NORMAL: tf.random.normal, base.TRUNCATED_NORMAL: tf.random.truncated_normal,
+             base.UNIFORM: tf.random.uniform}
 _CONSTANT_CLASSES = ("Zeros", "Ones", "Constant")
 _LIBRARIES = ("tensorflow", "keras", "tf_keras")   # modules whose classes we re-express
 # Stddev of a unit normal truncated at +-2 (TF's VarianceScaling divides by it).
 _TRUNCATED_STDDEV = 0.87962566103423978
+_MASK64 = (1 << 64) - 1
 
 
-def rows_maker(initializer, dim, dtype):
-    """Returns `make_rows(keys) -> [size(keys), dim]` for `initializer` (see the module doc).
+def describe(initializer, dim, dtype):
+    """The `InitSpec` of `initializer` for `[n, dim]` rows of `dtype` (see the module doc).
 
     Raises ValueError naming `initializer` when it cannot make `[n, dim]` rows.
     """
     dtype = tf.as_dtype(dtype)
     if initializer is None:   # zeros; empty text in string rows
-        return _fused(_constant_rows(b"" if dtype == tf.string else 0, dim, dtype), None, dim,
-                      dtype)
+        return _constant(b"" if dtype == tf.string else 0, dim, dtype)
     if dtype == tf.string and isinstance(initializer, (str, bytes)):   # text, not a Keras name
-        return _constant_rows(initializer, dim, dtype)
+        return _constant(initializer, dim, dtype)
     if isinstance(initializer, str):  # a Keras identifier such as "uniform" or "zeros"
         try:
             initializer = tf.keras.initializers.get(initializer)
@@ -73,7 +77,7 @@ def rows_maker(initializer, dim, dtype):
             raise ValueError(f"initializer {initializer!r} is not a Keras initializer name: "
                              f"{error}") from error
     if not callable(initializer):
-        return _fused(_constant_rows(initializer, dim, dtype), initializer, dim, dtype)
+        return _constant(initializer, dim, dtype)
     cls = type(initializer)
     if cls.__module__.split(".")[0] in _LIBRARIES:
         if cls.__name__ in _CONSTANT_CLASSES:
@@ -82,11 +86,59 @@ def rows_maker(initializer, dim, dtype):
                 value = getattr(initializer, "value", None)
                 if value is None:
                     value = initializer.get_config().get("value", 0)
-            return _fused(_constant_rows(value, dim, dtype), initializer, dim, dtype)
+            return _constant(value, dim, dtype)
         if cls.__name__ in _RANDOM:
-            return _fused(_random_rows(initializer, dim, dtype), initializer, dim, dtype)
-        if any(base.__name__ == "VarianceScaling" for base in cls.__mro__):
-            return _variance_scaling_rows(initializer, dim, dtype)
+            return _random(initializer, dim, dtype)
+        if any(klass.__name__ == "VarianceScaling" for klass in cls.__mro__):
+            return InitSpec(base.CUSTOM, dim=dim, dtype=dtype,
+                            make_rows=_variance_scaling_rows(initializer, dim, dtype))
+    return InitSpec(base.CUSTOM, dim=dim, dtype=dtype,
+                    make_rows=_callable_rows(initializer, dim, dtype))
+
+
+def unseeded_seed():
+    """A seed for an initializer the user left unseeded: drawn from TF's global seed when one is
+    set (`tf.random.set_seed`, v1 `set_random_seed`: a seeded program stays reproducible, as
+    TF's own random ops), else random."""
+    global_seed, op_seed = tf.compat.v1.random.get_seed(None)
+    if global_seed is None:
+        return random.getrandbits(63)
+    return ((int(global_seed) * 0x9E3779B97F4A7C15 + int(op_seed)) & _MASK64) >> 1
+
+
+def _constant(value, dim, dtype):
+    """A constant's InitSpec: the kernels' fields (the value rounded to `dtype` as TF rounds it)
+    where they hold it -- a number, or a [1] / [dim] array, in floating rows -- else a custom
+    constant; either way with the exact TF-op maker of `_constant_rows`."""
+    make_rows = _constant_rows(value, dim, dtype)
+    fields = _constant_fields(value, dim, dtype) if dtype.is_floating else None
+    if fields is None:
+        return InitSpec(base.CUSTOM, dim=dim, dtype=dtype, make_rows=make_rows, equal_rows=True)
+    a, row = fields
+    return InitSpec(base.CONSTANT, dim=dim, dtype=dtype, a=a, row=row, make_rows=make_rows)
+
+
+def _constant_fields(value, dim, dtype):
+    """(a, row) of a constant value rounded to `dtype` as TF rounds it, or None if it is not a
+    number or a [1] / [dim] array (e.g. a graph tensor)."""
+    if isinstance(value, bool) or (isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value)):
+        return None
+    try:
+        arr = np.asarray(value)
+    except Exception:  # pylint: disable=broad-except  (not array-like: not a constant)
+        return None
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype.name == "bfloat16"):
+        return None
+    arr = arr.astype(dtype.as_numpy_dtype).astype(np.float64)
+    if arr.shape in ((), (1,)):
+        return float(arr.reshape(())), None
+    if arr.shape == (dim,):
+        return 0.0, tuple(arr.tolist())
+    return None
+
+
+def _callable_rows(initializer, dim, dtype):
+    """A maker calling `initializer(shape=[n, dim], dtype=dtype)`, checked."""
 
     def make_rows(keys):
         try:
@@ -108,22 +160,6 @@ def rows_maker(initializer, dim, dtype):
             return tf.cast(rows, dtype)
 
     return make_rows
-
-
-def _fused(make_rows, initializer, dim, dtype):
-    """Attaches to `make_rows` the NativeInitializer drawing the same rows in the native
-    kernels (`make_rows.native_init`; see NativeKVTable.fuses_init). Seeded random rows are
-    the same on both paths (keyed_random.py's recipe); unseeded ones are fresh draws on both."""
-    if dtype in native.VALUE_DTYPES:
-        init = native.native_initializer(initializer, dim, dtype)
-        if init is not None:
-            make_rows.native_init = init
-    return make_rows
-
-
-def is_constant(make_rows):
-    """Whether `make_rows` (from `rows_maker`) gives the same row for every key."""
-    return getattr(make_rows, "is_constant", False)
 
 
 def _constant_rows(value, dim, dtype):
@@ -162,7 +198,6 @@ def _constant_rows(value, dim, dtype):
             raise ValueError(f"initializer must be a scalar or have shape [1] or [dim] = [{dim}] "
                              f"when given as an array or a constant initializer's value; got "
                              f"shape {list(row.shape)}")
-    make_rows.is_constant = True
     return make_rows
 
 
@@ -208,21 +243,36 @@ def _stateful(kind, shape, a, b, dtype):
                                    dtype=draw_dtype), dtype)
 
 
-def _random_rows(initializer, dim, dtype):
+def _random(initializer, dim, dtype):
+    """A RandomNormal / TruncatedNormal / RandomUniform's InitSpec: keyed under the user's seed,
+    else fresh draws (stateful TF ops; the kernels' generator under `unseeded_seed()`)."""
     kind, key_a, key_b = _RANDOM[type(initializer).__name__]
     config = initializer.get_config()
     # tf.compat.v1's random_uniform_initializer leaves maxval None: 1 for float rows, as TF.
     a = float(0.0 if config[key_a] is None else config[key_a])
     b = float(1.0 if config[key_b] is None else config[key_b])
-    if kind == "uniform" and not b > a:
+    if kind == base.UNIFORM and not b > a:
         raise ValueError(f"initializer {initializer!r} needs maxval > minval; got minval={a}, "
                          f"maxval={b}")
-    if kind != "uniform" and b < 0:
+    if kind != base.UNIFORM and b < 0:
         raise ValueError(f"initializer {initializer!r} needs stddev >= 0; got stddev={b}")
+    if not (math.isfinite(a) and math.isfinite(b)):
+        raise ValueError(f"initializer {initializer!r} needs finite parameters; got {a}, {b}")
     seed = _seed_of(initializer)
     if seed is not None:
-        return lambda keys: keyed_random.keyed_rows(keys, kind, a, b, seed, dim, dtype)
-    return lambda keys: _stateful(kind, tf.stack([tf.size(keys), dim]), a, b, dtype)
+        def make_rows(keys):
+            return keyed_random.keyed_rows(keys, kind, a, b, seed, dim, dtype)
+
+        return InitSpec(kind, dim=dim, dtype=dtype, a=a, b=b, seed=seed, keyed=True,
+                        make_rows=make_rows)
+
+    def fresh_rows(keys):
+        return _stateful(kind, tf.stack([tf.size(keys), dim]), a, b, dtype)
+
+    # Drawn for floating rows only (the kernels' dtypes): like a TF random op, it advances the
+    # graph's op seed.
+    return InitSpec(kind, dim=dim, dtype=dtype, a=a, b=b,
+                    seed=unseeded_seed() if dtype.is_floating else 0, make_rows=fresh_rows)
 
 
 def _variance_scaling_rows(initializer, dim, dtype):

@@ -228,7 +228,8 @@ class _DynamicEmbeddingMixin:
                 rows = w.params.lookup_groups(ids, groups[w.ref()])
                 prefetch += [b.hold(ids, r) for b, r in zip(buffers, rows)]
             else:
-                prefetch += [b.prefetch(w.batch_ids()) for b in buffers]
+                ids = w.batch_ids()
+                prefetch += [b.hold(ids, b.params.lookup(ids)) for b in buffers]
         # bp_v2 writes back the change: keep the rows as looked up, read before the update.
         looked_up = {w.ref(): tf.identity(w.held_rows()) for w in wrappers
                      if (w.params.bp_v2 if self._de_bp_v2 is None else self._de_bp_v2)}

@@ -6,6 +6,9 @@ A `de.Variable` is a hash table, which optimizers cannot train. Each lookup site
 of the batch's unique ids, and the embeddings are gathered from it. Gradients w.r.t. it are
 IndexedSlices over those rows; `de.DynamicEmbeddingOptimizer` trains it and writes the rows back.
 
+A wrapper holds rows; it does not fetch them. A lookup (embedding_ops) asks it which ids to hold
+(`ids_to_load`), reads their rows through the variable and its tables, and hands them to `hold`.
+
 Example:
     emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
     grads = tape.gradient(loss, [wrapper])          # IndexedSlices over wrapper rows
@@ -214,13 +217,6 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             snapshot.restore(self.params)
         return super().assign(value, use_locking=use_locking, name=name, read_value=read_value)
 
-    def prefetch(self, unique_ids):
-        """Loads the rows of `unique_ids` (initializer rows for missing ids, not inserted).
-
-        Returns an op (graph mode) that later reads of this wrapper must depend on.
-        """
-        return self.hold(unique_ids, self.params.lookup(unique_ids))
-
     def hold(self, unique_ids, rows):
         """Makes `rows` (those of `unique_ids`, read by the caller) the rows held; returns an
         op (graph mode) that later reads of this wrapper must depend on."""
@@ -231,28 +227,40 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
             self._loaded = loaded
         return loaded
 
-    def load_lookup(self, unique_ids):
-        """Loads the rows of one lookup's `unique_ids`; returns (op, positions).
+    def ids_to_load(self, unique_ids):
+        """The ids whose rows one lookup of `unique_ids` must hold, and where its own rows will
+        sit: (ids, positions). The caller reads the rows of `ids` and hands them to `hold`;
+        the wrapper never reads a table.
 
-        The first lookup of a step replaces the rows held (`positions` is None: row i is
-        `unique_ids[i]`). Later lookups of the same step -- one name used twice in a loss, or a
-        layer shared by two features -- add their ids after the held ones and return where
-        their rows sit, so the gradients of every lookup point at their own rows. A step is a
-        tf.function trace, or in eager mode the lookups under a recording GradientTape until the
-        write-back (or a step whose gradient skipped this wrapper) ends it; a tf.compat.v1
-        graph gives each lookup its own wrapper.
+        The first lookup of a step replaces the rows held (`ids` is `unique_ids`, `positions`
+        None: row i is `unique_ids[i]`). Later lookups of the same step -- one name used twice
+        in a loss, or a layer shared by two features -- add their ids after the held ones (every
+        row is read again, so a held row is the table's current one), and `positions` says
+        where their rows sit, so the gradients of every lookup point at their own rows. A step
+        is a tf.function trace, or in eager mode the lookups under a recording GradientTape
+        until the write-back (or a step whose gradient skipped this wrapper) ends it; a
+        tf.compat.v1 graph gives each lookup its own wrapper.
+
+        Example:
+            ids, positions = wrapper.ids_to_load(unique_ids)
+            loaded = wrapper.hold(ids, params.lookup(ids))
         """
         step = _step_marker()
         open_step = self._open_step() if self._open_step is not None else None
         if step is None or open_step is not step:
             # A weak reference: a traced graph must not live on in the wrapper.
             self._open_step = None if step is None else weakref.ref(step)
-            return self.prefetch(unique_ids), None
+            return unique_ids, None
         held = self.batch_ids()
-        held_count = tf.size(held)
         all_ids, index = tf.unique(tf.concat([held, unique_ids], 0))
-        # Every row is read again, so a held row is the table's current one.
-        return self.hold(all_ids, self.params.lookup(all_ids)), index[held_count:]
+        return all_ids, index[tf.size(held):]
+
+    def load_lookup(self, unique_ids):
+        """Loads the rows of one lookup's `unique_ids` (initializer rows for missing ids, not
+        inserted); returns (op, positions) as `ids_to_load` and `hold`. (The lookup of
+        shadow_ops; embedding_ops reads the rows itself, through the variable.)"""
+        ids, positions = self.ids_to_load(unique_ids)
+        return self.hold(ids, self.params.lookup(ids)), positions
 
     def end_step(self):
         """The next lookup starts a new step (replaces the rows held)."""

@@ -164,7 +164,9 @@ class Variable(_tf_private.AutoTrackable):
         self._devices = _device_list(devices)
         self._partitioner = partitioner
         self._initializer = initializer
-        self._make_rows = initializers.rows_maker(initializer, dim, self._value_dtype)
+        # What the shard tables draw missing keys' rows from (a description; each backend draws
+        # it its own way, nothing calls back into this variable).
+        self._init = initializers.describe(initializer, dim, self._value_dtype)
         self._trainable = trainable
         self._checkpoint = checkpoint
         self._init_size = init_size
@@ -369,7 +371,7 @@ class Variable(_tf_private.AutoTrackable):
     def _default_row(self):
         """The shard tables' static default value (TFRA's): the initializer's row of key 0 --
         the constant row, a seeded initializer's keyed row, or one draw of an unseeded one."""
-        return self._make_rows(tf.zeros([1], self._key_dtype))[0]
+        return self._init.rows(tf.zeros([1], self._key_dtype))[0]
 
     # -- data plane -------------------------------------------------------------------------
     def restrict(self, num_reserved, **kwargs):
@@ -385,26 +387,14 @@ class Variable(_tf_private.AutoTrackable):
         """Rows for `keys` (any shape) -> `keys.shape + [dim]`; missing keys get initializer rows.
 
         Never inserts. With `return_exists=True` also returns a bool tensor shaped like `keys`.
+        Each shard table draws the missing keys' rows from the initializer's description
+        (native: in its fused lookup kernel; built-in: with TF ops).
         """
         keys = self._keys_tensor(keys)
         with tf.name_scope(name or scope_name(self._name + "_lookup")):
             flat = tf.reshape(keys, [-1])
-
-            def shard_lookup(table, shard_keys):
-                if table.fuses_init(self._make_rows):
-                    # One kernel: find, and draw rows for the missing keys (native backend).
-                    rows, exists = table.lookup_or_init(shard_keys, self._make_rows)
-                    return rows, exists if return_exists else None
-                if initializers.is_constant(self._make_rows):  # one find, defaults for all
-                    defaults = self._make_rows(shard_keys)
-                    if return_exists:
-                        return table.lookup_with_exists(shard_keys, defaults)
-                    return table.lookup(shard_keys, defaults), None
-                # Random initializers draw for exactly the missing keys.
-                rows, exists = table.lookup_or_init(shard_keys, self._make_rows)
-                return rows, exists if return_exists else None
-
-            rows, exists = self._map_shards(flat, shard_lookup)
+            rows, exists = self._map_shards(flat, lambda table, shard_keys: table.lookup_or_init(
+                shard_keys, self._init, return_exists=return_exists))
             rows = self._unflatten(rows, keys)
             if not return_exists:
                 return rows
@@ -485,7 +475,7 @@ class Variable(_tf_private.AutoTrackable):
         with tf.name_scope(name or scope_name(self._name + "_find_or_insert")):
             rows, exists = self._map_shards(
                 tf.reshape(keys, [-1]),
-                lambda table, shard_keys: table.find_or_insert(shard_keys, self._make_rows))
+                lambda table, shard_keys: table.find_or_insert(shard_keys, self._init))
             exists = tf.reshape(exists, tf.shape(keys))
             exists.set_shape(keys.shape)
             return self._unflatten(rows, keys), exists

@@ -11,18 +11,12 @@
 #include <cstring>
 #include <string>
 
-#include "de_keyed.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define TFRA_DE_X86_SIMD 1
-#endif
+#include "de_simd.h"
+#include "de_util.h"
 
 namespace tfra_de {
 namespace {
 
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;  // splitmix64's increment
-constexpr uint64_t kMul1 = 0xbf58476d1ce4e5b9ULL, kMul2 = 0x94d049bb133111ebULL;
 // -2 ln 2 = hi + lo, hi exact in float (ln 2's split, doubled: exact).
 constexpr float kM2Ln2Hi = -2.0f * 0.693145751953125f;
 constexpr float kM2Ln2Lo = -2.0f * 1.42860682030941723212e-6f;
@@ -36,13 +30,6 @@ constexpr float kS[6] = {1.0f, -1.66666667e-1f, 8.33333333e-3f, -1.98412698e-4f,
                          -2.50521084e-8f};
 constexpr float kC[7] = {1.0f, -0.5f, 4.16666667e-2f, -1.38888889e-3f, 2.48015873e-5f,
                          -2.75573192e-7f, 2.08767570e-9f};
-
-inline uint64_t WordAt(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * kGamma;
-  z = (z ^ (z >> 30)) * kMul1;
-  z = (z ^ (z >> 27)) * kMul2;
-  return z ^ (z >> 31);
-}
 
 inline float FloatOf(uint32_t bits) {
   float f;
@@ -133,29 +120,8 @@ int ListBeyondTwoScalar(const float* x, int m, int32_t* at) {
   return count;
 }
 
-void KeyedNormalScalar(uint64_t seed, int64_t n, double a, double b, bool truncated, double* dst) {
-  for (int64_t j = 0; j < n; ++j) {
-    const double u = (static_cast<double>(WordAt(seed, static_cast<uint64_t>(j)) >> 11) + 0.5) * 0x1.0p-53;
-    dst[j] = a + b * Ndtri(truncated ? kPhiLo + kPhiWidth * u : u);
-  }
-}
-
 #ifdef TFRA_DE_X86_SIMD
 // -------------------------------------------------------------------- AVX2 --
-#define TFRA_AVX2 __attribute__((target("avx2,fma")))
-
-TFRA_AVX2 inline __m256i Mul64Avx2(__m256i x, __m256i c) {  // low 64 bits of x * c (no vpmullq)
-  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), c),
-                                         _mm256_mul_epu32(x, _mm256_srli_epi64(c, 32)));
-  return _mm256_add_epi64(_mm256_mul_epu32(x, c), _mm256_slli_epi64(cross, 32));
-}
-
-TFRA_AVX2 inline __m256i MixAvx2(__m256i z) {
-  z = Mul64Avx2(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), _mm256_set1_epi64x(kMul1));
-  z = Mul64Avx2(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), _mm256_set1_epi64x(kMul2));
-  return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
-}
-
 TFRA_AVX2 inline __m256 PolyAvx2(__m256 x, const float* k, int len) {  // as PolyScalar
   __m256 p = _mm256_set1_ps(k[len - 1]);
   for (int i = len - 2; i >= 0; --i) p = _mm256_fmadd_ps(x, p, _mm256_set1_ps(k[i]));
@@ -244,15 +210,6 @@ TFRA_AVX2 void RowAvx2(uint64_t seed, int64_t n, float mean, float stddev, float
   }
 }
 
-TFRA_AVX2 inline __m256d U53ToDoubleAvx2(__m256i x) {  // exact for x < 2^53 (no vcvtuqq2pd)
-  const __m256i magic = _mm256_set1_epi64x(0x4330000000000000LL);  // 2^52 as a double's bits
-  const __m256d two52 = _mm256_set1_pd(0x1.0p52);
-  const __m256d lo = _mm256_sub_pd(
-      _mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi64x(0xFFFFFFFFLL)), magic)), two52);
-  const __m256d hi = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(_mm256_srli_epi64(x, 32), magic)), two52);
-  return _mm256_add_pd(_mm256_mul_pd(hi, _mm256_set1_pd(0x1.0p32)), lo);
-}
-
 TFRA_AVX2 void UniformAvx2(uint64_t seed, int64_t n, double a, double width, float* dst) {
   const __m256i step = _mm256_set1_epi64x(static_cast<int64_t>(4 * kGamma));
   __m256i state = _mm256_add_epi64(
@@ -271,127 +228,6 @@ TFRA_AVX2 void UniformAvx2(uint64_t seed, int64_t n, double a, double width, flo
   for (; j < n; ++j) {
     const double u = (static_cast<double>(WordAt(seed, static_cast<uint64_t>(j)) >> 11) + 0.5) * 0x1.0p-53;
     dst[j] = static_cast<float>(a + width * u);
-  }
-}
-
-// Polevl<N> on K vectors at once, their steps interleaved: one polynomial is a chain of
-// dependent multiply-adds, and a single chain leaves the core waiting on each step.
-template <int N, int K>
-TFRA_AVX2 inline void PolevlAvx2(const __m256d* x, const double* c, __m256d* r) {
-#pragma GCC unroll 4
-  for (int v = 0; v < K; ++v) r[v] = _mm256_set1_pd(c[0]);
-#pragma GCC unroll 16
-  for (int i = 1; i <= N; ++i) {
-    const __m256d ci = _mm256_set1_pd(c[i]);
-#pragma GCC unroll 4
-    for (int v = 0; v < K; ++v) r[v] = _mm256_add_pd(_mm256_mul_pd(r[v], x[v]), ci);
-  }
-}
-
-// NdtriTail (de_keyed.h) of n values, with the same operations: the two logarithms by the
-// same libm call, the rest four lanes at a time. b and r may be the same array; both are
-// padded to a multiple of 8.
-TFRA_AVX2 void NdtriTailsAvx2(int n, const double* b, double* x, double* lx, double* r) {
-  const int padded = (n + 7) & ~7;
-  for (int t = 0; t < n; ++t) lx[t] = std::log(b[t]);
-  for (int t = n; t < padded; ++t) lx[t] = -1.0;  // padding: any valid input
-  for (int t = 0; t < padded; t += 4) {
-    _mm256_store_pd(x + t, _mm256_sqrt_pd(_mm256_mul_pd(_mm256_set1_pd(-2.0), _mm256_load_pd(lx + t))));
-  }
-  for (int t = 0; t < n; ++t) lx[t] = std::log(x[t]);
-  for (int t = 0; t < padded; t += 8) {
-    __m256d xs[2], zs[2], p[2], q[2];
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) {
-      xs[v] = _mm256_load_pd(x + t + 4 * v);
-      zs[v] = _mm256_div_pd(_mm256_set1_pd(1.0), xs[v]);
-    }
-    PolevlAvx2<8, 2>(zs, kNdtriP1, p);
-    PolevlAvx2<8, 2>(zs, kNdtriQ1, q);
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) {
-      __m256d ratio = _mm256_div_pd(p[v], q[v]);
-      const __m256d far = _mm256_cmp_pd(xs[v], _mm256_set1_pd(8.0), _CMP_GE_OQ);
-      if (_mm256_movemask_pd(far) != 0) {  // b < exp(-32): all but never
-        __m256d p2, q2;
-        PolevlAvx2<8, 1>(&zs[v], kNdtriP2, &p2);
-        PolevlAvx2<8, 1>(&zs[v], kNdtriQ2, &q2);
-        ratio = _mm256_blendv_pd(ratio, _mm256_div_pd(p2, q2), far);
-      }
-      const __m256d x0 = _mm256_sub_pd(xs[v], _mm256_div_pd(_mm256_load_pd(lx + t + 4 * v), xs[v]));
-      _mm256_store_pd(r + t + 4 * v, _mm256_sub_pd(x0, _mm256_mul_pd(zs[v], ratio)));
-    }
-  }
-}
-
-// Sixteen columns (four vectors) per iteration. Every column first gets Ndtri's central
-// branch (73% of draws take it); the columns in a tail are listed without a branch and
-// redone together after the pass. (A branch per vector on "any lane in a tail", taken 72%
-// of the time at random, and one dependent chain at a time left the core mostly waiting.)
-TFRA_AVX2 void KeyedNormalAvx2(uint64_t seed, int64_t n, double a, double b, bool truncated,
-                               double* dst) {
-  constexpr int kVec = 4, kBlock = 4 * kVec;
-  constexpr int kChunk = 256;  // columns per pass, so the tails' buffers stay on the stack
-  const __m256i step = _mm256_set1_epi64x(static_cast<int64_t>(4 * kGamma));
-  __m256i state = _mm256_add_epi64(
-      _mm256_set1_epi64x(static_cast<int64_t>(seed)),
-      _mm256_set_epi64x(static_cast<int64_t>(4 * kGamma), static_cast<int64_t>(3 * kGamma),
-                        static_cast<int64_t>(2 * kGamma), static_cast<int64_t>(kGamma)));
-  const __m256d one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
-  const __m256d va = _mm256_set1_pd(a), vb = _mm256_set1_pd(b);
-  alignas(32) double lane_b[kChunk], tail_b[kChunk + 8], tail_x[kChunk + 8], tail_l[kChunk + 8];
-  alignas(32) double out[4];
-  int32_t tail_at[kChunk + 4];  // 2 * column + flip
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int m = static_cast<int>(std::min<int64_t>(kChunk, n - c0));
-    int tails = 0;
-    for (int j = 0; j < m; j += kBlock) {
-      __m256d bb[kVec], c2[kVec], p[kVec], q[kVec], cs[kVec];
-      int center[kVec], flips[kVec];
-#pragma GCC unroll 4
-      for (int v = 0; v < kVec; ++v) {
-        __m256d u = _mm256_mul_pd(
-            _mm256_add_pd(U53ToDoubleAvx2(_mm256_srli_epi64(MixAvx2(state), 11)), half),
-            _mm256_set1_pd(0x1.0p-53));
-        state = _mm256_add_epi64(state, step);
-        if (truncated) u = _mm256_add_pd(_mm256_set1_pd(kPhiLo), _mm256_mul_pd(_mm256_set1_pd(kPhiWidth), u));
-        // As Ndtri: flip = u <= 1 - exp(-2); bb = flip ? u : 1 - u; central where exp(-2) < bb.
-        const __m256d flip = _mm256_cmp_pd(u, _mm256_set1_pd(1.0 - kExpNegTwo), _CMP_LE_OQ);
-        bb[v] = _mm256_blendv_pd(_mm256_sub_pd(one, u), u, flip);
-        center[v] = _mm256_movemask_pd(_mm256_cmp_pd(_mm256_set1_pd(kExpNegTwo), bb[v], _CMP_LT_OQ));
-        flips[v] = _mm256_movemask_pd(flip);
-        _mm256_store_pd(lane_b + j + 4 * v, bb[v]);
-        cs[v] = _mm256_sub_pd(bb[v], half);
-        c2[v] = _mm256_mul_pd(cs[v], cs[v]);
-      }
-      PolevlAvx2<4, kVec>(c2, kNdtriP0, p);
-      PolevlAvx2<8, kVec>(c2, kNdtriQ0, q);
-#pragma GCC unroll 4
-      for (int v = 0; v < kVec; ++v) {
-        const __m256d ratio = _mm256_div_pd(p[v], q[v]);
-        const __m256d z = _mm256_mul_pd(
-            _mm256_add_pd(_mm256_mul_pd(cs[v], _mm256_mul_pd(c2[v], ratio)), cs[v]), _mm256_set1_pd(kSqrt2Pi));
-        const __m256d row = _mm256_add_pd(va, _mm256_mul_pd(vb, z));
-        const int lanes = std::max(0, std::min(4, m - j - 4 * v));
-        if (lanes == 4) {
-          _mm256_storeu_pd(dst + c0 + j + 4 * v, row);
-        } else if (lanes > 0) {
-          _mm256_store_pd(out, row);
-          std::memcpy(dst + c0 + j + 4 * v, out, static_cast<size_t>(lanes) * sizeof(double));
-        }
-        const int in_tail = ~center[v] & ((1 << lanes) - 1);
-        for (int k = 0; k < 4; ++k) {
-          tail_at[tails] = 2 * (j + 4 * v + k) + ((flips[v] >> k) & 1);
-          tails += (in_tail >> k) & 1;
-        }
-      }
-    }
-    for (int t = 0; t < tails; ++t) tail_b[t] = lane_b[tail_at[t] >> 1];
-    NdtriTailsAvx2(tails, tail_b, tail_x, tail_l, tail_b);
-    for (int t = 0; t < tails; ++t) {
-      const double r = tail_b[t];
-      dst[c0 + (tail_at[t] >> 1)] = a + b * ((tail_at[t] & 1) ? -r : r);
-    }
   }
 }
 
@@ -418,14 +254,6 @@ TFRA_AVX2 int ListBeyondTwoAvx2(const float* x, int m, int32_t* at) {
 }
 
 // ----------------------------------------------------------------- AVX-512 --
-#define TFRA_AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl")))
-
-TFRA_AVX512 inline __m512i MixAvx512(__m512i z) {
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(kMul1));
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(kMul2));
-  return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
-}
-
 TFRA_AVX512 inline __m512 PolyAvx512(__m512 x, const float* k, int len) {  // as PolyScalar
   __m512 p = _mm512_set1_ps(k[len - 1]);
   for (int i = len - 2; i >= 0; --i) p = _mm512_fmadd_ps(x, p, _mm512_set1_ps(k[i]));
@@ -529,85 +357,10 @@ TFRA_AVX512 void UniformAvx512(uint64_t seed, int64_t n, double a, double width,
   }
 }
 
-// Polevl<N> on K vectors at once, their steps interleaved (as PolevlAvx2).
-template <int N, int K>
-TFRA_AVX512 inline void PolevlAvx512(const __m512d* x, const double* c, __m512d* r) {
-#pragma GCC unroll 4
-  for (int v = 0; v < K; ++v) r[v] = _mm512_set1_pd(c[0]);
-#pragma GCC unroll 16
-  for (int i = 1; i <= N; ++i) {
-    const __m512d ci = _mm512_set1_pd(c[i]);
-#pragma GCC unroll 4
-    for (int v = 0; v < K; ++v) r[v] = _mm512_add_pd(_mm512_mul_pd(r[v], x[v]), ci);
-  }
-}
-
-// As KeyedNormalAvx2, eight lanes a vector: 32 columns (four vectors) per iteration, the
-// columns in a tail compressed into a list and redone together after the pass.
-TFRA_AVX512 void KeyedNormalAvx512(uint64_t seed, int64_t n, double a, double b, bool truncated,
-                                   double* dst) {
-  constexpr int kVec = 4, kBlock = 8 * kVec;
-  constexpr int kChunk = 256;  // columns per pass, so the tails' buffers stay on the stack
-  const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGamma));
-  __m512i state = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
-                                   _mm512_mullo_epi64(_mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1),
-                                                      _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
-  const __m512d one = _mm512_set1_pd(1.0), half = _mm512_set1_pd(0.5);
-  const __m512d va = _mm512_set1_pd(a), vb = _mm512_set1_pd(b);
-  const __m512i lane2 = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);  // 2 * lane
-  alignas(64) double tail_b[kChunk + 8], tail_x[kChunk + 8], tail_l[kChunk + 8];
-  alignas(64) int64_t tail_at[kChunk + 8];  // 2 * column + flip
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int m = static_cast<int>(std::min<int64_t>(kChunk, n - c0));
-    int tails = 0;
-    for (int j = 0; j < m; j += kBlock) {
-      __m512d bb[kVec], c2[kVec], p[kVec], q[kVec], cs[kVec];
-      __mmask8 center[kVec], flips[kVec];
-#pragma GCC unroll 4
-      for (int v = 0; v < kVec; ++v) {
-        __m512d u = _mm512_mul_pd(
-            _mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(MixAvx512(state), 11)), half),
-            _mm512_set1_pd(0x1.0p-53));
-        state = _mm512_add_epi64(state, step);
-        if (truncated) u = _mm512_add_pd(_mm512_set1_pd(kPhiLo), _mm512_mul_pd(_mm512_set1_pd(kPhiWidth), u));
-        // As Ndtri: flip = u <= 1 - exp(-2); bb = flip ? u : 1 - u; central where exp(-2) < bb.
-        flips[v] = _mm512_cmp_pd_mask(u, _mm512_set1_pd(1.0 - kExpNegTwo), _CMP_LE_OQ);
-        bb[v] = _mm512_mask_blend_pd(flips[v], _mm512_sub_pd(one, u), u);
-        center[v] = _mm512_cmp_pd_mask(_mm512_set1_pd(kExpNegTwo), bb[v], _CMP_LT_OQ);
-        cs[v] = _mm512_sub_pd(bb[v], half);
-        c2[v] = _mm512_mul_pd(cs[v], cs[v]);
-      }
-      PolevlAvx512<4, kVec>(c2, kNdtriP0, p);
-      PolevlAvx512<8, kVec>(c2, kNdtriQ0, q);
-#pragma GCC unroll 4
-      for (int v = 0; v < kVec; ++v) {
-        const __m512d ratio = _mm512_div_pd(p[v], q[v]);
-        const __m512d z = _mm512_mul_pd(
-            _mm512_add_pd(_mm512_mul_pd(cs[v], _mm512_mul_pd(c2[v], ratio)), cs[v]), _mm512_set1_pd(kSqrt2Pi));
-        const int col = j + 8 * v;
-        const int lanes = std::max(0, std::min(8, m - col));
-        const __mmask8 live = static_cast<__mmask8>((1u << lanes) - 1);
-        _mm512_mask_storeu_pd(dst + c0 + col, live, _mm512_add_pd(va, _mm512_mul_pd(vb, z)));
-        const __mmask8 in_tail = static_cast<__mmask8>(~center[v] & live);
-        const __m512i twice = _mm512_add_epi64(_mm512_set1_epi64(2 * col), lane2);
-        const __m512i at = _mm512_mask_add_epi64(twice, flips[v], twice, _mm512_set1_epi64(1));
-        _mm512_storeu_si512(tail_at + tails, _mm512_maskz_compress_epi64(in_tail, at));
-        _mm512_storeu_pd(tail_b + tails, _mm512_maskz_compress_pd(in_tail, bb[v]));
-        tails += __builtin_popcount(in_tail);
-      }
-    }
-    NdtriTailsAvx2(tails, tail_b, tail_x, tail_l, tail_b);
-    for (int t = 0; t < tails; ++t) {
-      const double r = tail_b[t];
-      dst[c0 + (tail_at[t] >> 1)] = a + b * ((tail_at[t] & 1) ? -r : r);
-    }
-  }
-}
 #endif  // TFRA_DE_X86_SIMD
 
 using RowFn = void (*)(uint64_t, int64_t, float, float, float*);
 using UniformFn = void (*)(uint64_t, int64_t, double, double, float*);
-using KeyedNormalFn = void (*)(uint64_t, int64_t, double, double, bool, double*);
 using ListFn = int (*)(const float*, int, int32_t*);
 
 struct Paths {
@@ -615,11 +368,10 @@ struct Paths {
   RowFn narrow;  // normal rows of < 32 columns: an AVX-512 iteration would waste half its lanes
   RowFn wide;
   UniformFn uniform;
-  KeyedNormalFn keyed_normal;
   ListFn list_beyond_two;
 };
 
-Paths Pick() {
+Isa PickIsa() {
   const char* env = std::getenv("TFRA_DE_DRAW_ISA");
   const std::string cap = env == nullptr ? "avx512" : env;
 #ifdef TFRA_DE_X86_SIMD
@@ -627,17 +379,28 @@ Paths Pick() {
   const bool avx2 = cap != "scalar" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && cap == "avx512" && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  if (avx512) {
-    return {"avx512", RowAvx2, RowAvx512, UniformAvx512, KeyedNormalAvx512, ListBeyondTwoAvx2};
-  }
-  if (avx2) return {"avx2", RowAvx2, RowAvx2, UniformAvx2, KeyedNormalAvx2, ListBeyondTwoAvx2};
+  if (avx512) return Isa::kAvx512;
+  if (avx2) return Isa::kAvx2;
 #endif
-  return {"scalar", RowScalar, RowScalar, UniformScalar, KeyedNormalScalar, ListBeyondTwoScalar};
+  return Isa::kScalar;
+}
+
+Paths Pick() {
+#ifdef TFRA_DE_X86_SIMD
+  if (DrawIsaLevel() == Isa::kAvx512) return {"avx512", RowAvx2, RowAvx512, UniformAvx512, ListBeyondTwoAvx2};
+  if (DrawIsaLevel() == Isa::kAvx2) return {"avx2", RowAvx2, RowAvx2, UniformAvx2, ListBeyondTwoAvx2};
+#endif
+  return {"scalar", RowScalar, RowScalar, UniformScalar, ListBeyondTwoScalar};
 }
 
 const Paths kPaths = Pick();
 
 }  // namespace
+
+Isa DrawIsaLevel() {
+  static const Isa isa = PickIsa();  // a function's static: safe from other files' static init
+  return isa;
+}
 
 void NormalRow(uint64_t seed, int64_t n, float mean, float stddev, float* dst) {
   (n < 32 ? kPaths.narrow : kPaths.wide)(seed, n, mean, stddev, dst);
@@ -662,10 +425,6 @@ void TruncatedNormalRow(uint64_t seed, int64_t n, float* dst) {
 
 void UniformRow(uint64_t seed, int64_t n, double a, double width, float* dst) {
   kPaths.uniform(seed, n, a, width, dst);
-}
-
-void KeyedNormalRow(uint64_t seed, int64_t n, double a, double b, bool truncated, double* dst) {
-  kPaths.keyed_normal(seed, n, a, b, truncated, dst);
 }
 
 const char* DrawIsa() { return kPaths.isa; }

@@ -39,11 +39,6 @@ void TruncatedNormalRow(uint64_t seed, int64_t n, float* dst);
 // dst[j] = float(a + width * u_j) for the row's n uniform draws.
 void UniformRow(uint64_t seed, int64_t n, double a, double width, float* dst);
 
-// The keyed recipe's normal rows (de_keyed.h) in double: dst[j] = a + b * Ndtri(v_j) with
-// v_j = u_j, or kPhiLo + kPhiWidth * u_j when `truncated`; the same doubles as that scalar
-// loop (the central branch is vectorized with the same operations, the tails stay scalar).
-void KeyedNormalRow(uint64_t seed, int64_t n, double a, double b, bool truncated, double* dst);
-
 // "avx512", "avx2" or "scalar": the path the draws take (normal rows: wide ones). The
 // environment variable TFRA_DE_DRAW_ISA (read once, at load) may lower it.
 const char* DrawIsa();

@@ -37,16 +37,43 @@ inline uint64_t InitHash(const InitSpec& init, const KIn& key, uint64_t h) {
   return h;
 }
 
-// The keyed recipe's (truncated) normal row (de_keyed.h), computed in double.
+// The row seed of a key's initial row: column j uses the (j+1)-th output of
+// RowRng(row seed) (keyed_random.py).
+inline uint64_t RowSeed(const InitSpec& init, uint64_t key_hash) {
+  return key_hash ^ Mix64(init.seed + kSeedSalt);
+}
+
+// Whether rows of `init` are keyed (truncated) normal rows that round through
+// float: drawn many rows at a time (KeyedNormalRowsFloat, checked against the
+// exact doubles): the rows' tails, a few columns each, then fill the vectors together.
 template <class V>
-inline void KeyedNormal(uint64_t row_seed, int64_t dim, double a, double b, bool truncated, V* dst) {
-  if constexpr (std::is_same<V, double>::value) {
-    KeyedNormalRow(row_seed, dim, a, b, truncated, dst);
+inline bool KeyedFloatRows(const InitSpec& init) {
+  return init.keyed && !std::is_same<V, double>::value &&
+         (init.kind == InitSpec::kNormal || init.kind == InitSpec::kTruncatedNormal);
+}
+
+// Keyed float rows drawn together (InitRows, KeyedRows), of rows up to kInitBatchMaxDim.
+constexpr int kInitBatch = 16;
+constexpr int64_t kInitBatchMaxDim = 4096;
+
+// Keyed (truncated) normal rows of float, float16 and bfloat16 tables for `count`
+// (<= kInitBatch) row seeds: float rows, rounded to V (as FromDouble<V>: through float).
+template <class V>
+inline void KeyedRows(const InitSpec& init, const uint64_t* seeds, int count, int64_t dim,
+                      V* const* dst) {
+  const bool truncated = init.kind == InitSpec::kTruncatedNormal;
+  if constexpr (std::is_same<V, float>::value) {
+    KeyedNormalRowsFloat(seeds, count, dim, init.a, init.b, truncated, dst);
   } else {
-    thread_local std::vector<double> row;
-    row.resize(static_cast<size_t>(dim));
-    KeyedNormalRow(row_seed, dim, a, b, truncated, row.data());
-    for (int64_t j = 0; j < dim; ++j) dst[j] = FromDouble<V>(row[j]);
+    const size_t width = static_cast<size_t>(dim);
+    thread_local std::vector<float> buf;
+    buf.resize(width * static_cast<size_t>(count));
+    float* rows[kInitBatch];
+    for (int k = 0; k < count; ++k) rows[k] = buf.data() + k * width;
+    KeyedNormalRowsFloat(seeds, count, dim, init.a, init.b, truncated, rows);
+    for (int k = 0; k < count; ++k) {
+      for (size_t j = 0; j < width; ++j) dst[k][j] = static_cast<V>(rows[k][j]);
+    }
   }
 }
 
@@ -63,8 +90,15 @@ inline void FillInitRow(const InitSpec& init, uint64_t key_hash, int64_t dim, V*
     for (int64_t j = 0; j < dim; ++j) dst[j] = c;
     return;
   }
-  // Column j uses the (j+1)-th output of this generator (keyed_random.py).
-  const uint64_t row_seed = key_hash ^ Mix64(init.seed + kSeedSalt);
+  const uint64_t row_seed = RowSeed(init, key_hash);
+  if (init.keyed && init.kind != InitSpec::kUniform) {  // (truncated) normal rows
+    if constexpr (std::is_same<V, double>::value) {
+      KeyedNormalRow(row_seed, dim, a, b, init.kind == InitSpec::kTruncatedNormal, dst);
+    } else {
+      KeyedRows(init, &row_seed, 1, dim, &dst);
+    }
+    return;
+  }
   RowRng rng(row_seed);
   switch (init.kind) {
     case InitSpec::kUniform: {
@@ -77,9 +111,7 @@ inline void FillInitRow(const InitSpec& init, uint64_t key_hash, int64_t dim, V*
       break;
     }
     case InitSpec::kNormal:
-      if (init.keyed) {
-        KeyedNormal(row_seed, dim, a, b, /*truncated=*/false, dst);
-      } else if (dim < kBoxMullerMinDim) {
+      if (dim < kBoxMullerMinDim) {
         rng.Normals(dim, [&](int64_t j, double z) { dst[j] = FromDouble<V>(a + b * z); });
       } else if constexpr (std::is_same<V, float>::value) {
         NormalRow(row_seed, dim, static_cast<float>(a), static_cast<float>(b), dst);
@@ -91,9 +123,7 @@ inline void FillInitRow(const InitSpec& init, uint64_t key_hash, int64_t dim, V*
       }
       break;
     default:  // truncated normal: within two standard deviations
-      if (init.keyed) {
-        KeyedNormal(row_seed, dim, a, b, /*truncated=*/true, dst);
-      } else if (dim >= kBoxMullerMinDim) {
+      if (dim >= kBoxMullerMinDim) {
         thread_local std::vector<float> z;
         z.resize(static_cast<size_t>(dim));
         TruncatedNormalRow(row_seed, dim, z.data());
@@ -107,6 +137,41 @@ inline void FillInitRow(const InitSpec& init, uint64_t key_hash, int64_t dim, V*
       }
   }
 }
+
+// Collects the missing keys' rows of one pass and draws them (Add, then
+// Flush): keyed float rows kInitBatch at a time, others at once.
+template <class V>
+class InitRows {
+ public:
+  InitRows(const InitSpec& init, int64_t dim)
+      : init_(init), dim_(dim),
+        // Rows of thousands of columns fill the draws' vectors alone (and a batch of
+        // them would take a large buffer in float16 / bfloat16 tables).
+        batched_(KeyedFloatRows<V>(init) && dim <= kInitBatchMaxDim) {}
+  ~InitRows() { Flush(); }
+  void Add(uint64_t key_hash, V* dst) {
+    if (!batched_) {
+      FillInitRow(init_, key_hash, dim_, dst);
+      return;
+    }
+    seeds_[count_] = RowSeed(init_, key_hash);
+    dst_[count_++] = dst;
+    if (count_ == kInitBatch) Flush();
+  }
+  void Flush() {
+    if (count_ == 0) return;
+    KeyedRows(init_, seeds_, count_, dim_, dst_);
+    count_ = 0;
+  }
+
+ private:
+  const InitSpec& init_;
+  const int64_t dim_;
+  const bool batched_;
+  int count_ = 0;
+  uint64_t seeds_[kInitBatch];
+  V* dst_[kInitBatch];
+};
 
 }  // namespace tfra_de
 

@@ -268,6 +268,23 @@ inline uint64_t KeyedStringHash(const char* s, size_t n) {
   return Mix64(farm::Fingerprint64(s, n) % 0x7fffffffffffffffULL);
 }
 
+// ---------------------------------------------------------------- rows --
+// Rows of n columns for the row seed `seed` (the key's hash ^ Mix64(seed + kSeedSalt)), drawn
+// on the instruction set DrawIsaLevel() picks (de_keyed.cc); every path gives the same values.
+
+// Normal rows in double: dst[j] = a + b * Ndtri(v_j), v_j = u_j, or kPhiLo + kPhiWidth * u_j
+// when `truncated`; the same doubles as that scalar loop (the central branch is vectorized
+// with the same operations).
+void KeyedNormalRow(uint64_t seed, int64_t n, double a, double b, bool truncated, double* dst);
+
+// Such rows rounded to float, bit for bit float(KeyedNormalRow's doubles), for `rows` row seeds
+// at once (row i into dst[i]): what float, float16 and bfloat16 tables store (they round
+// through float). Faster than KeyedNormalRow: an evaluation whose error bound is checked
+// column by column, and the tail columns of all the rows drawn together (de_keyed.cc).
+// Example: float* out[2] = {row0, row1}; KeyedNormalRowsFloat(seeds, 2, 64, 0.0, 0.01, false, out);
+void KeyedNormalRowsFloat(const uint64_t* seeds, int64_t rows, int64_t n, double a, double b,
+                          bool truncated, float* const* dst);
+
 }  // namespace tfra_de
 
 #endif  // TFRA_DE_CC_OPS_DE_KEYED_H_

@@ -74,8 +74,9 @@ inline Status Table<K, V>::FindInit(OpKernelContext* ctx, const Tensor& keys, co
     // The missing keys' rows are drawn in a pass of their own: interleaved with
     // the probes, the draws were slower than probes and draws one after the other.
     ForEachChunk(ctx, keys.NumElements(), 8 * dim, [&](int64_t lo, int64_t hi) {
+      InitRows<V> rows(init, dim);
       for (int64_t i = lo; i < hi; ++i) {
-        if (!ex[i]) FillInitRow(init, InitHash(init, key_data[i], KO::Hash(key_data[i])), dim, out + i * dim);
+        if (!ex[i]) rows.Add(InitHash(init, key_data[i], KO::Hash(key_data[i])), out + i * dim);
       }
     });
     return absl::OkStatus();
@@ -89,6 +90,7 @@ inline Status Table<K, V>::FindInit(OpKernelContext* ctx, const Tensor& keys, co
     // also for a key repeated in the batch. Pass 2 creates the missing rows.
     std::vector<int64_t> missing;
     if (insert) NoteWriteStamp(s, stamp);
+    InitRows<V> rows(init, dim);
     auto pre = [&](int64_t i) { PrefetchRow(out + i * dim, /*write=*/true); };
     TF_RETURN_IF_ERROR(ForEachRow(s, b, lo, hi, pre, [&](int64_t i, uint64_t h, int64_t row) {
       ex[i] = row >= 0;
@@ -98,10 +100,11 @@ inline Status Table<K, V>::FindInit(OpKernelContext* ctx, const Tensor& keys, co
         missing.push_back(i);
         missing.push_back(static_cast<int64_t>(h));
       } else {
-        FillInitRow(init, InitHash(init, b.keys[i], h), dim, out + i * dim);
+        rows.Add(InitHash(init, b.keys[i], h), out + i * dim);
       }
       return absl::OkStatus();
     }));
+    rows.Flush();
     if (insert) PrepareNewRows(s, missing.size() / 2);
     for (size_t j = 0; j < missing.size(); j += 2) {
       const int64_t i = missing[j];

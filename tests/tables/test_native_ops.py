@@ -278,29 +278,6 @@ def test_native_initializers(value_dtype):
     assert not np.allclose(a.numpy(), b.numpy())
 
 
-def test_native_initializer_conversion():
-    conv = native.native_initializer
-    assert conv(None, 4).kind == "constant" and conv(None, 4).a == 0.0
-    assert conv(2.5, 4).a == 2.5
-    assert conv(tf.zeros_initializer(), 4).a == 0.0
-    assert conv(tf.ones_initializer(), 4).a == 1.0
-    assert conv(tf.constant_initializer(3.0), 4).a == 3.0
-    assert conv(tf.constant_initializer([1.0, 2.0]), 4) is None
-    i = conv(tf.random_normal_initializer(0.5, 0.1, seed=9), 4)
-    assert (i.kind, i.a, i.seed) == ("normal", 0.5, 9) and abs(i.b - 0.1) < 1e-7
-    i = conv(tf.keras.initializers.TruncatedNormal(0.0, 0.2), 4)
-    assert i.kind == "truncated_normal" and abs(i.b - 0.2) < 1e-7
-    i = conv(tf.random_uniform_initializer(-1.0, 3.0), 4)
-    assert (i.kind, i.a, i.b) == ("uniform", -1.0, 3.0)
-    assert conv("zeros", 4).a == 0.0
-    assert conv(tf.keras.initializers.GlorotUniform(), 4) is None
-    # Used by another backend it draws with TF ops, one row per key.
-    rows = conv(tf.random_uniform_initializer(-1.0, 3.0), 4, tf.float16)(tf.range(6))
-    assert rows.shape == (6, 4) and rows.dtype == tf.float16
-    with pytest.raises(ValueError, match="kind"):
-        native.NativeInitializer("gamma")
-
-
 def test_tf_function_and_v1_graph():
     t = table(tf.string, tf.float64, 2)
     init = native.NativeInitializer("constant", 1.0)

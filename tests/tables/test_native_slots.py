@@ -155,7 +155,7 @@ def test_bad_groups_and_fills_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="not a column group view"):
         table._gen.tfra_de_group_view(view.resource_handle, tf.zeros([1], tf.float64), group=1)  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError, match="not available on column group"):
-        view._find_init(_keys([1]), native.native_initializer(0.0, DIM), insert=True)  # pylint: disable=protected-access
+        view._find_init(_keys([1]), native.NativeInitializer("constant", 0.0), insert=True)  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \[1, 3\]"):
         native_slots.upsert_groups(table, _keys([1]), [tf.zeros([1, DIM]), tf.zeros([1, 2])],
                                    [0, 1])

@@ -1,10 +1,10 @@
 """Key-value backends behind the `KVTable` interface (see base.py)."""
 
 __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashTableConfig",
-           "CuckooHashTableCreator", "KVCreator", "KVTable", "NativeKVCreator",
+           "CuckooHashTableCreator", "InitSpec", "KVCreator", "KVTable", "NativeKVCreator",
            "default_kv_creator"]
 
-from tfra_dynamic_embedding.tables.base import KVCreator, KVTable
+from tfra_dynamic_embedding.tables.base import InitSpec, KVCreator, KVTable
 from tfra_dynamic_embedding.tables.builtin import BuiltinKVCreator, BuiltinKVTable
 from tfra_dynamic_embedding.tables.creators import (CuckooHashTableConfig, CuckooHashTableCreator,
                                                     default_kv_creator)

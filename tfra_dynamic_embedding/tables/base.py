@@ -5,21 +5,146 @@ on one device as a TensorFlow resource. All methods take 1-D keys and `[N, dim]`
 tensors or ops, so they work in eager mode, inside `tf.function` and in `tf.compat.v1` graphs.
 Tables know nothing of training, partitioning or checkpoint layout: `de.Variable` does that.
 
+Rows of keys a table does not hold come from an `InitSpec`, a description of the initializer
+that goes down to the table (`lookup_or_init`, `find_or_insert`): each backend decides itself how
+to draw it -- the native one in its fused lookup kernel, the built-in one with TF ops -- and
+nothing calls back up into the Variable.
+
 Example (any backend):
     table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=4, name="t", device="/CPU:0")
     table.insert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
     rows, exists = table.lookup_with_exists(tf.constant([1, 7], tf.int64), tf.zeros([2, 4]))
+    rows, exists = table.lookup_or_init(keys, InitSpec("normal", dim=4, a=0.0, b=0.01, seed=3))
 """
 
 import abc
+import dataclasses
 import itertools
+import math
 import weakref
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding.tables import keyed_random
 
 _table_ids = itertools.count()
+
+# The kinds of initial rows a backend may draw itself (the native kernels do), and "custom":
+# rows only `make_rows` can make.
+CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL, CUSTOM = (
+    "constant", "uniform", "normal", "truncated_normal", "custom")
+INIT_KINDS = (CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL, CUSTOM)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InitSpec:
+    """How a table makes the initial rows of keys it does not hold: a description (plain data),
+    which each backend draws its own way (`initializers.describe` makes it from a Variable's
+    `initializer`).
+
+    kind: "constant" (every column `a`, or the `[dim]` `row`), "uniform" in [a, b), "normal"
+      (mean a, stddev b), "truncated_normal" (mean a, stddev b, within two stddev, as TF's), or
+      "custom" (rows from `make_rows` only, e.g. a VarianceScaling or a user's callable).
+    seed: the random kinds' seed. keyed: rows a pure function of (seed, key), the same on every
+      backend (tables/keyed_random.py's recipe; what a seed the user gave means). Unkeyed random
+      rows are fresh draws (the native kernels' fast generator under `seed`).
+    make_rows: None, or `fn(keys) -> [size(keys), dim]` rows by TF ops, which backends that do
+      not draw the kind themselves use: the Variable's initializer as TF draws it (stateful
+      draws for unseeded initializers, a VarianceScaling's fan), or a constant the fields cannot
+      hold exactly (integer or text rows, a graph tensor). It is data handed down: it calls TF
+      and the user's initializer, never the Variable. Without it, `rows` draws from the fields.
+    equal_rows: every row is the same (a constant kind, or a custom constant): a backend may ask
+      for rows of any keys, e.g. default rows for one find. Otherwise `make_rows` is called once
+      per op with exactly the distinct missing keys.
+    dim, dtype: the rows' width and dtype.
+
+    Example:
+        spec = InitSpec("normal", dim=8, a=0.0, b=0.01, seed=7, keyed=True)
+        rows, exists = table.lookup_or_init(keys, spec)   # native: one fused kernel
+        spec.rows(tf.constant([3], tf.int64))             # the same row of key 3, by TF ops
+    """
+    kind: str
+    dim: Optional[int] = None
+    dtype: tf.DType = tf.float32
+    a: float = 0.0
+    b: float = 0.0
+    row: Optional[Tuple[float, ...]] = None
+    seed: int = 0
+    keyed: bool = False
+    make_rows: Optional[Callable] = None
+    equal_rows: bool = False
+
+    def __post_init__(self):
+        if self.kind not in INIT_KINDS:
+            raise ValueError(f"kind must be one of {INIT_KINDS}; got {self.kind!r}")
+        object.__setattr__(self, "dtype", tf.as_dtype(self.dtype))
+        if self.kind == CUSTOM:
+            if not callable(self.make_rows):
+                raise ValueError(f"a custom InitSpec needs make_rows; got {self.make_rows!r}")
+            return
+        object.__setattr__(self, "a", float(self.a))
+        object.__setattr__(self, "b", float(self.b))
+        object.__setattr__(self, "seed", int(self.seed))
+        if self.row is not None:
+            if self.kind != CONSTANT:
+                raise ValueError(f"row is for constant initializers; got kind {self.kind!r}")
+            object.__setattr__(self, "row", tuple(float(v) for v in self.row))
+            if self.dim is not None and len(self.row) != self.dim:
+                raise ValueError(f"row must have shape [dim] = [{self.dim}]; got "
+                                 f"[{len(self.row)}]")
+        if self.kind in (CONSTANT, CUSTOM):
+            return
+        if not (math.isfinite(self.a) and math.isfinite(self.b)):
+            raise ValueError(f"a {self.kind} initializer needs finite parameters; got "
+                             f"a={self.a}, b={self.b}")
+        if self.kind == UNIFORM and not self.b > self.a:
+            raise ValueError(f"maxval must be > minval for a uniform initializer; got "
+                             f"minval={self.a}, maxval={self.b}")
+        if self.kind != UNIFORM and self.b < 0:
+            raise ValueError(f"stddev must be >= 0 for a {self.kind} initializer; got {self.b}")
+
+    @property
+    def constant(self):
+        """Whether every row is the same."""
+        return self.kind == CONSTANT or self.equal_rows
+
+    def rows(self, keys):
+        """The `[size(keys), dim]` initial rows of 1-D `keys`, by TF ops (`make_rows` if given)."""
+        if self.make_rows is not None:
+            return self.make_rows(keys)
+        if self.dim is None:
+            raise ValueError("an InitSpec needs `dim` to draw rows with TF ops")
+        if self.kind == CONSTANT:
+            if self.row is not None:
+                return tf.tile(tf.cast(tf.constant([self.row], tf.float64), self.dtype),
+                               tf.stack([tf.size(keys), 1]))
+            return tf.fill(tf.stack([tf.size(keys), self.dim]),
+                           tf.cast(tf.constant(self.a, tf.float64), self.dtype))
+        return keyed_random.keyed_rows(keys, self.kind, self.a, self.b, self.seed, self.dim,
+                                       self.dtype)
+
+    def __repr__(self):
+        name = type(self).__name__
+        if self.kind == CUSTOM:
+            return f"{name}('custom', {self.make_rows!r})"
+        if self.kind == CONSTANT:
+            value = self.a if self.row is None else f"row[{len(self.row)}]"
+            return f"{name}('constant', {value})"
+        return (f"{name}({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed}, "
+                f"keyed={self.keyed})")
+
+
+def as_init_spec(init, dim, dtype):
+    """`init` as an InitSpec: itself, or a plain `make_rows(keys)` callable as a custom one (the
+    tables' own API accepts either)."""
+    if isinstance(init, InitSpec):
+        return init
+    if callable(init):
+        return InitSpec(CUSTOM, dim=dim, dtype=dtype, make_rows=init)
+    raise TypeError(f"an initializer must be an InitSpec or a callable make_rows(keys); got "
+                    f"{init!r}")
 
 
 class _AbstractResourceMeta(type(tf.saved_model.experimental.TrackableResource), abc.ABCMeta):
@@ -105,33 +230,40 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
         return self.lookup_with_exists(keys, tf.zeros([tf.size(keys), self.dim],
                                                       self.value_dtype))[1]
 
-    def fuses_init(self, make_rows):
-        """Whether this backend draws `make_rows`' rows inside its own lookup kernels (then
-        `lookup_or_init` / `find_or_insert` never call it). The built-in backend never does."""
-        del make_rows
-        return False
+    def lookup_or_init(self, keys, init, return_exists=True):
+        """(rows, exists) without inserting: missing keys get initial rows of `init` (an
+        `InitSpec`, or a `make_rows(keys)` callable); exists is None when not `return_exists`.
 
-    def lookup_or_init(self, keys, make_rows):
-        """(rows, exists) without inserting: missing keys get rows from `make_rows(keys)`.
-
-        `make_rows` is called once, with the 1-D tensor of distinct missing keys (a repeated key
-        gets one row), and returns their `[n, dim]` rows. Backends may override this with a fused
-        kernel.
+        This generic form draws with TF ops: a constant's rows are the defaults of one find;
+        other rows are made once, for the distinct missing keys (a repeated key gets one row).
+        Backends override it to draw the kinds they can in their own kernels.
         """
+        init = as_init_spec(init, self.dim, self.value_dtype)
         with tf.device(self.device):
-            rows, exists = self.lookup_with_exists(
-                keys, tf.zeros([tf.size(keys), self.dim], self.value_dtype))
+            if init.constant:
+                defaults = tf.cast(init.rows(keys), self.value_dtype)
+                if return_exists:
+                    return self.lookup_with_exists(keys, defaults)
+                return self.lookup(keys, defaults), None
+            rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = tf.cast(make_rows(unique_keys), self.value_dtype)
-            return tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index)), exists
+            new_rows = tf.cast(init.rows(unique_keys), self.value_dtype)
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
+            return rows, exists if return_exists else None
+
+    def _lookup_or_zeros(self, keys):
+        """(rows, exists) with zero rows for missing keys (backends may skip the `[N, dim]`
+        default)."""
+        return self.lookup_with_exists(keys, tf.zeros([tf.size(keys), self.dim], self.value_dtype))
 
     @abc.abstractmethod
-    def find_or_insert(self, keys, make_rows):
-        """(rows, exists): missing keys are inserted with rows from `make_rows(missing_keys)`.
+    def find_or_insert(self, keys, init):
+        """(rows, exists): missing keys are inserted with initial rows of `init` (an `InitSpec`,
+        or a `make_rows(keys)` callable).
 
-        `make_rows` gets the 1-D tensor of the distinct missing keys, exactly those, and returns
-        their `[n, dim]` initial rows (a row may depend on its key, e.g. a seeded draw).
+        Only the distinct missing keys draw, exactly those (a row may depend on its key, e.g. a
+        seeded draw).
         """
 
     @abc.abstractmethod

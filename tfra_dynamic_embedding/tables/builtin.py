@@ -2,6 +2,7 @@
 
 Every op here is a stock TF op, so a model exported with this backend is servable by stock
 TensorFlow without this package. It is the fallback when the native op library is not built.
+Initial rows are drawn with TF ops, from the `InitSpec` (`KVTable.lookup_or_init`).
 
 Example:
     table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=2, name="t")
@@ -89,14 +90,15 @@ class BuiltinKVTable(base.KVTable):
         return tf.raw_ops.LookupTableFindV2(
             table_handle=self.resource_handle, keys=keys, default_value=default_rows)
 
-    def find_or_insert(self, keys, make_rows):
+    def find_or_insert(self, keys, init):
+        init = base.as_init_spec(init, self.dim, self.value_dtype)
         with tf.device(self.device):
             unique_keys, index = tf.unique(keys)
             zeros = tf.zeros([tf.size(unique_keys), self.dim], self.value_dtype)
             rows, exists = self.lookup_with_exists(unique_keys, zeros)
             missing = tf.where(tf.logical_not(exists))
             missing_keys = tf.gather_nd(unique_keys, missing)
-            new_rows = tf.cast(make_rows(missing_keys), self.value_dtype)
+            new_rows = tf.cast(init.rows(missing_keys), self.value_dtype)
             with tf.control_dependencies([self.insert(missing_keys, new_rows)]):
                 rows = tf.tensor_scatter_nd_update(rows, missing, new_rows)
             return tf.gather(rows, index), tf.gather(exists, index)

@@ -4,7 +4,7 @@ A native table keeps rows in contiguous per-shard slabs indexed by an open-addre
 with striped locks; batch ops run on TensorFlow's intra-op thread pool. Beyond the `KVTable`
 interface it offers per-key metadata (last-write stamp, saturating write count) for eviction,
 chunked export, streaming checksummed file save/load, and initializers computed in C++ for
-exactly the missing keys (`NativeInitializer`).
+exactly the missing keys (an `InitSpec` drawn by the fused lookup kernel).
 
 The op library is `_tfra_de_ops.so` next to this file, or the file named by the environment
 variable `TFRA_DE_OPS_LIBRARY`. It is loaded on first use; when it is missing or fails to load,
@@ -12,7 +12,7 @@ variable `TFRA_DE_OPS_LIBRARY`. It is loaded on first use; when it is missing or
 
 Example:
     table = NativeKVCreator().create(tf.int64, tf.float32, dim=4, name="t")
-    init = native_initializer(tf.random_normal_initializer(0.0, 0.01), dim=4, dtype=tf.float32)
+    init = NativeInitializer("normal", 0.0, 0.01, seed=1)   # or initializers.describe(...)
     rows, exists = table.find_or_insert(tf.constant([1, 2], tf.int64), init)
     table.save_to("/tmp/t.shard0")
 """
@@ -26,7 +26,6 @@ import tensorflow as tf
 from absl import logging
 
 from tfra_dynamic_embedding.tables import base
-from tfra_dynamic_embedding.tables import keyed_random
 
 LIBRARY_ENV = "TFRA_DE_OPS_LIBRARY"
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
@@ -90,183 +89,44 @@ def commit_save(dirpath, record, generation, expected_files):
 
 # ----------------------------------------------------------------------------- initializers --
 
-_INIT_KINDS = ("constant", "uniform", "normal", "truncated_normal")
 _MASK64 = (1 << 64) - 1
+_FUSED_KINDS = (base.CONSTANT, base.UNIFORM, base.NORMAL, base.TRUNCATED_NORMAL)
 
 
-class NativeInitializer:
-    """Initial rows the kernels draw for exactly the missing keys: `make_rows` for native tables.
+class NativeInitializer(base.InitSpec):
+    """An `InitSpec` made by hand for native tables, with this backend's defaults: a random seed
+    when `seed` is None, and unkeyed rows (the kernels' fast generator) unless `keyed=True`.
 
-    kind: "constant" (a, or a `[dim]` `row`), "uniform" in [a, b), "normal" (mean a, stddev b)
-    or "truncated_normal" (mean a, stddev b, within two stddev, as TF's).
-    The initial row of a key is a pure function of (seed, key): a read-only lookup and a later
-    find_or_insert of the same key give the same row, whichever batch or shard.
-    keyed: draw by the recipe of `keyed_random.py` (inverse-CDF normals, FarmHash string keys):
-    the kernels' rows then equal `keyed_random.keyed_rows` bit for bit, which is what seeded
-    user initializers get on every backend. Otherwise (the default) normals come from a faster
-    generator (vectorized Box-Muller rows from dim 16, a ziggurat below; cc/ops/de_draw.h);
-    uniform rows of integer keys are the same either way.
-    Called as `make_rows(keys)` (e.g. by another backend) it draws the rows with TF ops
-    (`keyed_random.keyed_rows`): equal to the kernels' rows when keyed.
+    Drawn with TF ops (`rows`, e.g. by another backend) its random rows follow
+    `keyed_random.keyed_rows` under `seed`: equal to the kernels' rows when keyed (and for
+    uniform rows of integer keys either way).
+
+    Example:
+        init = NativeInitializer("normal", 0.0, 0.01, seed=1)
+        rows, exists = table.find_or_insert(keys, init)   # one fused kernel
     """
 
     def __init__(self, kind, a=0.0, b=0.0, seed=None, dim=None, dtype=tf.float32, keyed=False,
                  row=None):
-        if kind not in _INIT_KINDS:
-            raise ValueError(f"kind must be one of {_INIT_KINDS}; got {kind!r}")
-        self.kind, self.a, self.b = kind, float(a), float(b)
-        if kind != "constant":
-            if not (np.isfinite(self.a) and np.isfinite(self.b)):
-                raise ValueError(f"a {kind} initializer needs finite parameters; got a={a}, b={b}")
-            if kind == "uniform" and not self.b > self.a:
-                raise ValueError(f"maxval must be > minval for a uniform initializer; got "
-                                 f"minval={a}, maxval={b}")
-            if kind != "uniform" and self.b < 0:
-                raise ValueError(f"stddev must be >= 0 for a {kind} initializer; got {b}")
-        self.row = None
-        if row is not None:
-            if kind != "constant":
-                raise ValueError(f"row is for constant initializers; got kind {kind!r}")
-            self.row = np.asarray(row, np.float64).reshape(-1)
-            if dim is not None and self.row.shape != (dim,):
-                raise ValueError(f"row must have shape [dim] = [{dim}]; got {list(self.row.shape)}")
-        # An unseeded initializer still needs one fixed seed so lookups and inserts agree.
-        self.seed = int(seed) if seed is not None else random.getrandbits(63)
-        self.dim = dim
-        self.dtype = tf.as_dtype(dtype)
-        self.keyed = bool(keyed)
-
-    def init_args(self):
-        """The kernel's `init_args` tensor: [a, b], or the constant's [1] / [dim] row (float64)."""
-        if self.kind == "constant":
-            return tf.constant(self.row if self.row is not None else [self.a], tf.float64)
-        return tf.constant([self.a, self.b], tf.float64)
-
-    def __call__(self, keys):
-        if self.dim is None:
-            raise ValueError("NativeInitializer needs `dim` to draw rows with TF ops")
-        if self.kind == "constant":
-            if self.row is not None:
-                return tf.tile(tf.cast(self.row[np.newaxis, :], self.dtype),
-                               tf.stack([tf.size(keys), 1]))
-            return tf.fill(tf.stack([tf.size(keys), self.dim]),
-                           tf.cast(tf.constant(self.a, tf.float64), self.dtype))
-        return keyed_random.keyed_rows(keys, self.kind, self.a, self.b, self.seed, self.dim,
-                                       self.dtype)
-
-    def __repr__(self):
-        if self.kind == "constant":
-            value = self.a if self.row is None else f"row[{self.row.size}]"
-            return f"NativeInitializer('constant', {value})"
-        return (f"NativeInitializer({self.kind!r}, a={self.a}, b={self.b}, seed={self.seed}, "
-                f"keyed={self.keyed})")
+        if kind not in _FUSED_KINDS:
+            raise ValueError(f"kind must be one of {_FUSED_KINDS}; got {kind!r}")
+        if row is not None:   # numbers of any array-like, flattened (a [dim] row)
+            row = np.asarray(row, np.float64).reshape(-1)
+        super().__init__(kind, dim=dim, dtype=dtype, a=a, b=b, row=row,
+                         seed=random.getrandbits(63) if seed is None else seed, keyed=keyed)
 
 
-_CONFIG_KINDS = {  # initializer class name -> (kind, config key of a, config key of b, defaults)
-    "RandomNormal": ("normal", "mean", "stddev", (0.0, 1.0)),
-    "TruncatedNormal": ("truncated_normal", "mean", "stddev", (0.0, 1.0)),
-    "RandomUniform": ("uniform", "minval", "maxval", (0.0, 1.0)),
-}
-_CONSTANT_CLASSES = {"Zeros": 0.0, "zeros_initializer": 0.0, "Ones": 1.0, "ones_initializer": 1.0,
-                     "Constant": None, "constant_initializer": None}
-# Modules whose initializer classes are recognized by name (TF, tf.compat.v1, Keras 3, tf_keras).
-_LIBRARIES = ("tensorflow", "keras", "tf_keras")
+def _fused_form(init):
+    """`init` if the fused kernel draws it (every kind but custom), else None: this backend
+    then draws with TF ops (`init.rows`)."""
+    return init if init.kind in _FUSED_KINDS else None
 
 
-def unseeded_seed():
-    """A seed for an initializer the user left unseeded: drawn from TF's global seed when one is
-    set (`tf.random.set_seed`, v1 `set_random_seed`: a seeded program stays reproducible, as
-    TF's own random ops), else random."""
-    global_seed, op_seed = tf.compat.v1.random.get_seed(None)
-    if global_seed is None:
-        return random.getrandbits(63)
-    return ((int(global_seed) * 0x9E3779B97F4A7C15 + int(op_seed)) & _MASK64) >> 1
-
-
-def _constant_row(value, dim, dtype):
-    """(a, row) of a constant value rounded to `dtype` as TF rounds it, or None if it is not a
-    number or a [1] / [dim] array."""
-    if isinstance(value, bool) or (isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value)):
-        return None
-    try:
-        arr = np.asarray(value)
-    except Exception:  # pylint: disable=broad-except  (not array-like: not a constant)
-        return None
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype.name == "bfloat16"):
-        return None
-    arr = arr.astype(dtype.as_numpy_dtype).astype(np.float64)
-    if arr.shape in ((), (1,)):
-        return float(arr.reshape(())), None
-    if arr.shape == (dim,):
-        return 0.0, arr
-    return None
-
-
-def native_initializer(initializer, dim, dtype=tf.float32):
-    """A `NativeInitializer` equivalent to `initializer`, or None if it has no C++ equivalent.
-
-    Understood: None / numbers / `[1]` or `[dim]` arrays (constant rows); Zeros, Ones, Constant
-    (a number or a `[dim]` row), RandomNormal, TruncatedNormal and RandomUniform of TF v2,
-    tf.compat.v1, Keras 3 and tf_keras (objects or Keras names such as "zeros"). A seeded random
-    initializer draws by the keyed recipe (rows equal `keyed_random.keyed_rows`, the rows every
-    backend gives it); an unseeded one by the fast one, seeded by `unseeded_seed()`.
-    Raises ValueError for bad parameters (maxval <= minval, stddev < 0).
-    """
-    dtype = tf.as_dtype(dtype)
-    if isinstance(initializer, NativeInitializer):
-        return initializer
-    if initializer is None:
-        return NativeInitializer("constant", 0.0, dim=dim, dtype=dtype)
-    if isinstance(initializer, str):
-        try:
-            initializer = tf.keras.initializers.get(initializer)
-        except (ValueError, TypeError):
-            return None
-    if not callable(initializer):
-        constant = _constant_row(initializer, dim, dtype)
-        if constant is None:
-            return None
-        return NativeInitializer("constant", constant[0], dim=dim, dtype=dtype, row=constant[1])
-    cls = type(initializer)
-    if cls.__module__.split(".")[0] not in _LIBRARIES:
-        return None
-    name = cls.__name__
-    get_config = getattr(initializer, "get_config", None)
-    config = get_config() if callable(get_config) else {}
-    if name in _CONSTANT_CLASSES:
-        value = _CONSTANT_CLASSES[name]
-        if value is None:
-            value = getattr(initializer, "value", None)
-            if value is None:
-                value = config.get("value", 0.0)
-        constant = _constant_row(value, dim, dtype)
-        if constant is None:
-            return None
-        return NativeInitializer("constant", constant[0], dim=dim, dtype=dtype, row=constant[1])
-    spec = _CONFIG_KINDS.get(name)
-    if spec is None or spec[1] not in config or spec[2] not in config:
-        return None
-    kind, key_a, key_b, (default_a, default_b) = spec
-    # tf.compat.v1's random_uniform_initializer leaves maxval None: 1 for float rows, as TF.
-    a = default_a if config[key_a] is None else float(config[key_a])
-    b = default_b if config[key_b] is None else float(config[key_b])
-    seed = config.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        seed = None
-    try:
-        return NativeInitializer(kind, a, b, seed=unseeded_seed() if seed is None else int(seed),
-                                 dim=dim, dtype=dtype, keyed=seed is not None)
-    except ValueError as error:
-        raise ValueError(f"initializer {initializer!r}: {error}") from error
-
-
-def _native_form(make_rows):
-    """The NativeInitializer a `make_rows` stands for (itself, or the `native_init` that
-    initializers.rows_maker attached), or None."""
-    if isinstance(make_rows, NativeInitializer):
-        return make_rows
-    init = getattr(make_rows, "native_init", None)
-    return init if isinstance(init, NativeInitializer) else None
+def _init_args(init):
+    """The kernel's `init_args` tensor: [a, b], or the constant's [1] / [dim] row (float64)."""
+    if init.kind == base.CONSTANT:
+        return tf.constant(init.row if init.row is not None else [init.a], tf.float64)
+    return tf.constant([init.a, init.b], tf.float64)
 
 
 # ---------------------------------------------------------------------------------- tables --
@@ -274,7 +134,7 @@ def _native_form(make_rows):
 class NativeKVTable(base.KVTable):
     """A shard table on the native kernels (see `KVTable` for the interface methods).
 
-    Extra methods: `lookup_or_init`, `export_with_meta`, `export_chunks`, `import_with_meta`,
+    Extra methods: `export_with_meta`, `export_chunks`, `import_with_meta`,
     `save_to`, `load_from`, `set_step`, `set_bound`, `evict`.
     """
 
@@ -345,65 +205,60 @@ class NativeKVTable(base.KVTable):
             return self._gen.tfra_de_find(self.resource_handle, keys,
                                           self._rows(default_rows, "default_rows"), dim=self.dim)
 
+    def _lookup_or_zeros(self, keys):
+        with tf.device(self.device):
+            return self._gen.tfra_de_find(self.resource_handle, self._keys(keys),
+                                          tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+
     def contains(self, keys):
         """A bool mask of the keys present: one probe of the index per key, no row read."""
         with tf.device(self.device):
             return self._gen.tfra_de_contains(self.resource_handle, self._keys(keys))
 
-    def fuses_init(self, make_rows):
-        """Whether `make_rows` is drawn inside this table's lookup kernels (a NativeInitializer,
-        or a maker of initializers.rows_maker carrying one): then it is never called."""
-        return _native_form(make_rows) is not None
+    def lookup_or_init(self, keys, init, return_exists=True):
+        """(rows, exists) without inserting; missing keys get initial rows of `init` (an
+        `InitSpec`, or a `make_rows(keys)` callable).
 
-    def lookup_or_init(self, keys, make_rows):
-        """(rows, exists) without inserting; missing keys get initial rows.
-
-        With a `NativeInitializer` (or a maker carrying one, see `fuses_init`) the rows are drawn
-        in C++ by one fused kernel; otherwise `make_rows(keys)` is called once with the distinct
-        missing keys (a repeated key gets one row).
+        Constant, uniform, normal and truncated normal rows are drawn in C++ by one fused kernel
+        (`TfraDeFindInit`); other rows as `KVTable.lookup_or_init` draws them, with TF ops.
         """
+        init = base.as_init_spec(init, self.dim, self.value_dtype)
+        fused = _fused_form(init)
+        if fused is None:
+            return super().lookup_or_init(keys, init, return_exists)
+        with tf.device(self.device):
+            rows, exists = self._find_init(self._keys(keys), fused, insert=False)
+            return rows, exists if return_exists else None
+
+    def find_or_insert(self, keys, init):
+        """(rows, exists); missing keys are inserted with initial rows of `init`.
+
+        Rows the fused kernel draws (see `lookup_or_init`) take one kernel; otherwise
+        `init.rows` makes the distinct missing keys' rows, which are inserted unless another
+        writer got there first (then its row is returned, so the result always matches the table).
+        """
+        init = base.as_init_spec(init, self.dim, self.value_dtype)
+        fused = _fused_form(init)
         with tf.device(self.device):
             keys = self._keys(keys)
-            init = _native_form(make_rows)
-            if init is not None:
-                return self._find_init(keys, init, insert=False)
-            rows, exists = self._gen.tfra_de_find(
-                self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
+            if fused is not None:
+                return self._find_init(keys, fused, insert=True)
+            rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self._rows(make_rows(unique_keys), "make_rows(keys)")
-            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
-            return rows, exists
-
-    def find_or_insert(self, keys, make_rows):
-        """(rows, exists); missing keys are inserted with fresh rows.
-
-        With a `NativeInitializer` this is one fused kernel; otherwise `make_rows(keys)` is
-        called with the distinct missing keys and those rows are inserted unless another writer
-        got there first (then its row is returned, so the result always matches the table).
-        """
-        with tf.device(self.device):
-            keys = self._keys(keys)
-            init = _native_form(make_rows)
-            if init is not None:
-                return self._find_init(keys, init, insert=True)
-            rows, exists = self._gen.tfra_de_find(
-                self.resource_handle, keys, tf.zeros([self.dim], self.value_dtype), dim=self.dim)
-            missing = tf.where(tf.logical_not(exists))
-            unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self._rows(make_rows(unique_keys), "make_rows(keys)")
+            new_rows = self._rows(init.rows(unique_keys), "initial rows")
             stored = self._gen.tfra_de_insert_missing(self.resource_handle, unique_keys, new_rows,
                                                       dim=self.dim)
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
             return rows, exists
 
     def _find_init(self, keys, init, insert):
-        if init.row is not None and init.row.shape != (self.dim,):
-            raise ValueError(f"the initializer's row has {init.row.size} values; the table's "
+        if init.row is not None and len(init.row) != self.dim:
+            raise ValueError(f"the initializer's row has {len(init.row)} values; the table's "
                              f"dim is {self.dim}")
         seed = init.seed & _MASK64
         return self._gen.tfra_de_find_init(
-            self.resource_handle, keys, [init.init_args()], dim=self.dim, insert=insert,
+            self.resource_handle, keys, [_init_args(init)], dim=self.dim, insert=insert,
             init=init.kind, seed=seed - (1 << 64) if seed >= 1 << 63 else seed,
             keyed=init.keyed, value_dtype=self.value_dtype)
 

@@ -76,16 +76,14 @@ class NativeSlotView(native.NativeKVTable):
         tensor_map[self.resource_handle] = handle
         return [self.resource_handle]
 
-    def fuses_init(self, make_rows):
-        del make_rows
-        return False   # rows come from the slot's fill, never from a drawn initializer
+    # A slot's rows start at its fill, a constant: one find with default rows, never the
+    # table's fused kernel (which draws group 0's rows).
+    def lookup_or_init(self, keys, init, return_exists=True):
+        return base.KVTable.lookup_or_init(self, keys, init, return_exists)
 
-    def lookup_or_init(self, keys, make_rows):
-        return base.KVTable.lookup_or_init(self, keys, make_rows)
-
-    def find_or_insert(self, keys, make_rows):
+    def find_or_insert(self, keys, init):
         with tf.device(self.device):
-            rows, exists = self.lookup_or_init(keys, make_rows)
+            rows, exists = self.lookup_or_init(keys, init)
             missing = tf.logical_not(exists)
             insert = self.insert(tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
             with tf.control_dependencies([insert]):
