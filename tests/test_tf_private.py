@@ -33,6 +33,10 @@ EXPECTED = {
     "dispatched_worker_index": "function",
     "copy_handle_data": "callable",
     "saving_without_devices": "function",
+    "resource_variable_handle": "function",
+    "recreate_resource": "function",
+    "trainable_weight_list": "function",
+    "flatten_layers": "function",
 }
 
 

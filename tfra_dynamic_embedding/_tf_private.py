@@ -103,6 +103,38 @@ def variable_unique_id(variable):
     return variable._unique_id  # pylint: disable=protected-access
 
 
+def resource_variable_handle(variable):
+    """`variable._handle` (checked: 2.21): a ResourceVariable's own handle tensor, whose handle
+    data (dtype, shape) a function placeholder copies; `variable.handle` may be a read of it
+    under a distribution strategy."""
+    return variable._handle  # pylint: disable=protected-access
+
+
+def recreate_resource(resource):
+    """A new handle for a copy of a TrackableResource, kept as its handle (checked: 2.21): what
+    `TrackableResource._export_to_saved_model_graph` does for a resource that exports a copy of
+    its own; `_create_resource` and `_resource_handle` are its hooks."""
+    resource._resource_handle = resource._create_resource()  # pylint: disable=protected-access
+    return resource.resource_handle
+
+
+# --- private attributes of Keras layers (Keras 3 and tf_keras) -------------------------------
+def trainable_weight_list(layer):
+    """The list a layer's `trainable_weights` is built from, which a layer appends to (checked:
+    Keras 3.x as `_trainable_variables`, tf_keras 2.21 as `_trainable_weights`)."""
+    if hasattr(layer, "_trainable_variables"):
+        return layer._trainable_variables  # pylint: disable=protected-access
+    return layer._trainable_weights  # pylint: disable=protected-access
+
+
+def flatten_layers(model):
+    """Every layer of `model`, nested ones included, itself first (checked: tf_keras 2.21 and
+    Keras 3.x `_flatten_layers`); [model] where the method is missing."""
+    if not hasattr(model, "_flatten_layers"):
+        return [model]
+    return list(model._flatten_layers())  # pylint: disable=protected-access
+
+
 # --- TF's frozen copy of the Keras 2 optimizers ---------------------------------------------
 # Checked: 2.21 (tensorflow.python.keras, still shipped). TFRA code imports optimizers from
 # there; they are never imported here, only recognized when the caller already loaded them.

@@ -82,7 +82,7 @@ class _WorkerLocalSpec(tf.TensorSpec):
 
     def __init__(self, variable):
         super().__init__([], tf.resource)
-        self._variable_handle = variable._handle  # pylint: disable=protected-access
+        self._variable_handle = _tf_private.resource_variable_handle(variable)
 
     def placeholder_value(self, placeholder_context):
         placeholder = super().placeholder_value(placeholder_context)
@@ -185,7 +185,7 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         if track:
             # A checkpoint dependency of `params` (saving only a placeholder): a restore then
             # also matches the wrappers that optimizers list among their variables and slots.
-            params._track_trackable(self, name=f"trainable_wrapper/{name}", overwrite=True)  # pylint: disable=protected-access
+            params.track_wrapper(self, name)
 
     @property
     def shape(self):
@@ -559,12 +559,11 @@ def wrapper_for(params, name, ids=None):
     reads them, not on the parameter server).
     """
     graph = tf.compat.v1.get_default_graph()
-    store = params._trainable_store  # pylint: disable=protected-access
     in_graph = not tf.executing_eagerly() and not graph.building_function
     if in_graph:
         with graph.name_scope(""):   # unique among full names, as the wrapper will be named
             name = graph.unique_name(name, mark_as_used=False)
-    wrapper = store.get(name)
+    wrapper = params.trainable_store.get(name)
     if wrapper is None:
         # The ids' device, or none (not the enclosing scope's, e.g. a replica_device_setter
         # sending variables to a parameter server).
@@ -572,5 +571,5 @@ def wrapper_for(params, name, ids=None):
                  else contextlib.nullcontext())
         with place:
             wrapper = TrainableWrapper(params, name=name, trainable=params.trainable)
-        store[name] = wrapper
+        params.store_trainable(name, wrapper)
     return wrapper

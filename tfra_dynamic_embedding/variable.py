@@ -287,6 +287,12 @@ class Variable(_tf_private.AutoTrackable):
         made) as the one of the lookup called `name`, found by `get_trainable_by_name`."""
         self._trainable_store[name] = wrapper
 
+    def track_wrapper(self, wrapper, name):
+        """Makes `wrapper` (a TrainableWrapper of this variable's lookup called `name`) a
+        checkpoint dependency, `trainable_wrapper/<name>`, that saves only a placeholder: a
+        restore then also matches the wrappers optimizers list among their variables."""
+        self._track_trackable(wrapper, name=f"trainable_wrapper/{name}", overwrite=True)
+
     def get_trainable_by_name(self, name):
         """The TrainableWrapper of the lookup called `name` (e.g. in eager mode or a
         tf.function, where a lookup site is known by its name), or None."""

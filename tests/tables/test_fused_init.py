@@ -441,7 +441,7 @@ def test_bad_parameters_are_rejected_naming_the_argument(kv_creator, init, match
 
 def test_the_kernel_rejects_bad_init_args_naming_them():
     table = native.NativeKVTable(tf.int64, tf.float32, 3, "bad_args")
-    ops = native._ops()  # pylint: disable=protected-access
+    ops = native.ops()
     keys = tf.constant([1, 2], tf.int64)
     cases = [("uniform", [2.0, 1.0], "maxval > minval"),
              ("normal", [0.0, -1.0], "stddev >= 0"),

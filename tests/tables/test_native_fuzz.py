@@ -26,7 +26,7 @@ PRELUDE = textwrap.dedent('''
     from hypothesis import HealthCheck, given, settings, strategies as st
     from tfra_dynamic_embedding.tables import native
 
-    gen = native._ops()
+    gen = native.ops()
     KEYS = [tf.int32, tf.int64, tf.string]
     VALUES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
     EXPECTED = (tf.errors.OpError, TypeError, ValueError)

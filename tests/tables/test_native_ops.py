@@ -328,7 +328,7 @@ def test_eager_table_is_destroyed_with_its_object():
     t = table()
     t.insert(tf.constant([1], tf.int64), tf.ones([1, 3]))
     handle = t.resource_handle
-    gen = native._ops()  # pylint: disable=protected-access
+    gen = native.ops()
     assert int(gen.tfra_de_size(handle)) == 1
     del t
     gc.collect()
@@ -823,7 +823,7 @@ def test_removed_rows_pages_go_back_to_the_os():
 
 def test_bad_input_is_an_error_not_a_crash():
     t = table(dim=3)
-    gen = native._ops()  # pylint: disable=protected-access
+    gen = native.ops()
     h = t.resource_handle
     with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be a 1-D"):
         gen.tfra_de_insert(h, tf.zeros([2, 2], tf.int64), tf.zeros([2, 3]))

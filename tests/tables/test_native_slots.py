@@ -146,14 +146,14 @@ def test_bad_groups_and_fills_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="column group 4 does not exist"):
         native_slots.find_groups(table, _keys([1]), [4])
     with pytest.raises(tf.errors.InvalidArgumentError, match="starts at 0, not 1"):
-        table._gen.tfra_de_group_view(table.resource_handle, tf.constant([1.0], tf.float64),  # pylint: disable=protected-access
+        table.gen_ops.tfra_de_group_view(table.resource_handle, tf.constant([1.0], tf.float64),
                                       group=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"group must be in \[1, 16\)"):
-        table._gen.tfra_de_group_view(table.resource_handle, tf.zeros([16], tf.float64),  # pylint: disable=protected-access
+        table.gen_ops.tfra_de_group_view(table.resource_handle, tf.zeros([16], tf.float64),
                                       group=16)
     view = native_slots.NativeSlotView(table, 0.0, "emb/v")
     with pytest.raises(tf.errors.InvalidArgumentError, match="not a column group view"):
-        table._gen.tfra_de_group_view(view.resource_handle, tf.zeros([1], tf.float64), group=1)  # pylint: disable=protected-access
+        table.gen_ops.tfra_de_group_view(view.resource_handle, tf.zeros([1], tf.float64), group=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="not available on column group"):
         view._find_init(_keys([1]), native.NativeInitializer("constant", 0.0), insert=True)  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \[1, 3\]"):

@@ -19,19 +19,19 @@ _names = itertools.count()
 
 
 def _table(key_dtype=tf.int64, dim=3, value_dtype=tf.float32):
-    return native._ops().tfra_cuckoo_hash_table_of_tensors(
+    return native.ops().tfra_cuckoo_hash_table_of_tensors(
         key_dtype=key_dtype, value_dtype=value_dtype, value_shape=[dim],
         shared_name=f"tfra_ops_test_{next(_names)}")
 
 
 def _content(table, value_dtype=tf.float32):
-    keys, values = native._ops().tfra_cuckoo_hash_table_export(table, Tkeys=tf.int64,
+    keys, values = native.ops().tfra_cuckoo_hash_table_export(table, Tkeys=tf.int64,
                                                               Tvalues=value_dtype)
     return {int(k): v.tolist() for k, v in zip(keys.numpy(), values.numpy())}
 
 
 def test_insert_find_remove_size_clear_with_keys_of_any_shape():
-    gen = native._ops()
+    gen = native.ops()
     t = _table()
     keys = tf.constant([[1, 2], [3, 4]], tf.int64)
     rows = tf.reshape(tf.range(12, dtype=tf.float32), [2, 2, 3])
@@ -56,7 +56,7 @@ def test_insert_find_remove_size_clear_with_keys_of_any_shape():
 
 
 def test_accum_adds_where_seen_inserts_where_unseen_and_skips_the_rest():
-    gen = native._ops()
+    gen = native.ops()
     t = _table(dim=2)
     gen.tfra_cuckoo_hash_table_insert(t, tf.constant([1, 2], tf.int64),
                                       tf.constant([[10.0, 10.0], [20.0, 20.0]]))
@@ -69,7 +69,7 @@ def test_accum_adds_where_seen_inserts_where_unseen_and_skips_the_rest():
 
 
 def test_import_replaces_the_content_and_export_returns_it():
-    gen = native._ops()
+    gen = native.ops()
     t = _table(dim=1)
     gen.tfra_cuckoo_hash_table_insert(t, tf.constant([5, 6], tf.int64), tf.constant([[5.0], [6.0]]))
     gen.tfra_cuckoo_hash_table_import(t, tf.constant([6, 7], tf.int64), tf.constant([[60.0], [70.0]]))
@@ -77,7 +77,7 @@ def test_import_replaces_the_content_and_export_returns_it():
 
 
 def test_string_keys_and_double_rows():
-    gen = native._ops()
+    gen = native.ops()
     t = _table(key_dtype=tf.string, dim=2, value_dtype=tf.float64)
     gen.tfra_cuckoo_hash_table_insert(t, tf.constant(["a", "a long key beyond the inline size"]),
                                       tf.constant([[1.0, 2.0], [3.0, 4.0]], tf.float64))
@@ -91,7 +91,7 @@ def test_string_keys_and_double_rows():
 
 
 def test_bad_arguments_name_what_is_wrong():
-    gen = native._ops()
+    gen = native.ops()
     t = _table(dim=3)
     with pytest.raises(tf.errors.InvalidArgumentError, match="value_shape must be"):
         gen.tfra_cuckoo_hash_table_of_tensors(key_dtype=tf.int64, value_dtype=tf.float32,
@@ -113,7 +113,7 @@ def test_bad_arguments_name_what_is_wrong():
     np.array([[True, False, True], [False, True, True]]),
 ])
 def test_dynamic_partition_and_stitch_equal_tfs(data):
-    gen = native._ops()
+    gen = native.ops()
     partitions = tf.constant([[2, 0, 2], [1, 2, 0]], tf.int32)
     parts = gen.tfra_dynamic_partition(data, partitions, num_partitions=3)
     want = tf.dynamic_partition(data, partitions, 3)
@@ -132,7 +132,7 @@ def test_dynamic_partition_and_stitch_equal_tfs(data):
 
 
 def test_dynamic_partition_and_stitch_reject_bad_indices():
-    gen = native._ops()
+    gen = native.ops()
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"partitions\[1\] = 3"):
         gen.tfra_dynamic_partition(tf.constant([1.0, 2.0]), tf.constant([0, 3]), num_partitions=3)
     with pytest.raises(tf.errors.InvalidArgumentError, match="negative"):
@@ -145,13 +145,13 @@ FILES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "tfra_c
 
 
 def _load(t, directory, name, entire_dir=False, env=""):
-    native._ops().tfra_cuckoo_hash_table_load_from_file_system(
+    native.ops().tfra_cuckoo_hash_table_load_from_file_system(
         t, directory, name, key_dtype=tf.int64, value_dtype=tf.float32, dirpath_env=env,
         load_entire_dir=entire_dir, buffer_size=1024)
 
 
 def _save(t, directory, name, append=False, env=""):
-    native._ops().tfra_cuckoo_hash_table_save_to_file_system(
+    native.ops().tfra_cuckoo_hash_table_save_to_file_system(
         t, directory, name, key_dtype=tf.int64, value_dtype=tf.float32, dirpath_env=env,
         append_to_file=append, buffer_size=1024)
 
@@ -176,7 +176,7 @@ def test_file_system_ops_read_and_write_tfras_files(tmp_path, monkeypatch):
     rows = np.fromfile(tmp_path / "out" / "user_mht_1of1_rank0_size1-values", np.float32)
     assert {int(k): r.tolist() for k, r in zip(keys, rows.reshape(-1, 4))} == got
     again = _table(dim=4)
-    native._ops().tfra_cuckoo_hash_table_insert(again, tf.constant([99], tf.int64),
+    native.ops().tfra_cuckoo_hash_table_insert(again, tf.constant([99], tf.int64),
                                                 tf.constant([[9.0, 9, 9, 9]]))
     monkeypatch.setenv("TFRA_TEST_DIR", str(tmp_path / "out"))   # dirpath_env wins, as TFRA's
     _load(again, "/nonexistent", "user_mht_1of1_rank0_size1", env="TFRA_TEST_DIR")
@@ -185,7 +185,7 @@ def test_file_system_ops_read_and_write_tfras_files(tmp_path, monkeypatch):
 
 def test_file_system_load_of_another_dim_or_missing_files_fails_and_changes_nothing(tmp_path):
     t = _table(dim=3)
-    native._ops().tfra_cuckoo_hash_table_insert(t, tf.constant([5], tf.int64),
+    native.ops().tfra_cuckoo_hash_table_insert(t, tf.constant([5], tf.int64),
                                                 tf.constant([[1.0, 2.0, 3.0]]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="-values"):
         _load(t, os.path.join(FILES, "files"), "user_mht_1of2_rank0_size1", entire_dir=True)
@@ -196,7 +196,7 @@ def test_file_system_load_of_another_dim_or_missing_files_fails_and_changes_noth
 
 @pytest.mark.parametrize("value_dtype", [tf.int32, tf.int64])
 def test_integer_rows_as_tfras_restrict_policies_keep(value_dtype):
-    gen = native._ops()
+    gen = native.ops()
     t = _table(dim=1, value_dtype=value_dtype)
     big = 2**40 if value_dtype == tf.int64 else 2**30   # exact, beyond a float's 24 bits
     gen.tfra_cuckoo_hash_table_insert(t, tf.constant([1, 2], tf.int64),

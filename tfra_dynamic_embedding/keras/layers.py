@@ -26,6 +26,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding import embedding_ops
 from tfra_dynamic_embedding import scopes
@@ -162,7 +163,7 @@ class Embedding:
                 self.params, trainable_lib.wrapper_name(self.name))
         wrapper.regularizer = None  # Keras reads it off every trainable weight
         if self.params.trainable:
-            _trainable_weight_list(self).append(wrapper)
+            _tf_private.trainable_weight_list(self).append(wrapper)
 
     @property
     def keras(self):
@@ -474,13 +475,6 @@ def _whole_number(name, value):
     if isinstance(value, numbers.Real) and whole != value:
         raise ValueError(f"{name} must be a whole number; got {value!r}")
     return whole
-
-
-def _trainable_weight_list(layer):
-    """The list Keras builds `trainable_weights` from (Keras 3 / tf_keras name it differently)."""
-    if hasattr(layer, "_trainable_variables"):
-        return layer._trainable_variables  # pylint: disable=protected-access
-    return layer._trainable_weights  # pylint: disable=protected-access
 
 
 def _pool(rows, pooling):

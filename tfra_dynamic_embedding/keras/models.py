@@ -15,6 +15,7 @@ import os
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
 
@@ -136,7 +137,7 @@ def refuse_legacy_hdf5(package):
         return
 
     def save_weights_to_hdf5_group(f, model):
-        layers = model._flatten_layers() if hasattr(model, "_flatten_layers") else [model]  # pylint: disable=protected-access
+        layers = _tf_private.flatten_layers(model)
         names = [layer.name for layer in layers
                  if isinstance(getattr(layer, "params", None), variable_lib.Variable)]
         if names:

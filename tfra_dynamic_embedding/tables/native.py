@@ -68,7 +68,9 @@ def load_error():
     return _load_error
 
 
-def _ops():
+def ops():
+    """The op library's generated op functions (`ops().tfra_de_find(...)`); RuntimeError naming
+    why when the library is not built or did not load."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the native table backend is not available: {_load_error}. Build it "
@@ -80,7 +82,7 @@ def commit_save(dirpath, record, generation, expected_files):
     """Op committing a multi-shard save (cc/ops/de_commit.cc; see tables/files.py for the layout):
     checks `<dirpath>/<generation>/<f>` exists for every f in `expected_files`, renames a new
     `<dirpath>/<record>` (naming `generation`) over the old one, removes stale generations."""
-    return _ops().tfra_de_commit_save(
+    return ops().tfra_de_commit_save(
         tf.convert_to_tensor(dirpath, tf.string), tf.convert_to_tensor(record, tf.string),
         tf.convert_to_tensor(generation, tf.string),
         tf.convert_to_tensor(list(expected_files), tf.string, name="expected_files")
@@ -153,7 +155,7 @@ class NativeKVTable(base.KVTable):
         if not 0 <= int(num_shards) <= 4096:
             raise ValueError(f"num_shards must be in [0, 4096]; got {num_shards}")
         super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
-        self._gen = _ops()
+        self.gen_ops = ops()
         self._init_size = int(init_size)
         self._num_shards = int(num_shards)
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
@@ -166,14 +168,14 @@ class NativeKVTable(base.KVTable):
             # is private to its creator kernel instead. (Tables made eagerly, also those lifted
             # out of a tf.function being traced, keep their unique names.)
             shared_name = ""
-        return self._gen.tfra_de_table(
+        return self.gen_ops.tfra_de_table(
             key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.dim,
             init_size=self._init_size, num_shards=self._num_shards, shared_name=shared_name,
             use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
 
     # -- conversions ----------------------------------------------------------------------
 
-    def _keys(self, keys):
+    def key_tensor(self, keys):
         keys = tf.convert_to_tensor(keys)
         if keys.dtype != self.key_dtype:
             if keys.dtype.is_integer and self.key_dtype.is_integer:
@@ -182,7 +184,7 @@ class NativeKVTable(base.KVTable):
                 raise TypeError(f"keys must be {self.key_dtype.name}; got {keys.dtype.name}")
         return keys
 
-    def _rows(self, rows, name="values"):
+    def row_tensor(self, rows, name="values"):
         rows = tf.convert_to_tensor(rows)
         if rows.dtype != self.value_dtype:
             if not (rows.dtype.is_floating or rows.dtype.is_integer):
@@ -201,19 +203,19 @@ class NativeKVTable(base.KVTable):
     def lookup_with_exists(self, keys, default_rows):
         """(rows, exists); `default_rows` is `[N, dim]` or one `[dim]` row for every key."""
         with tf.device(self.device):
-            keys = self._keys(keys)
-            return self._gen.tfra_de_find(self.resource_handle, keys,
-                                          self._rows(default_rows, "default_rows"), dim=self.dim)
+            keys = self.key_tensor(keys)
+            return self.gen_ops.tfra_de_find(self.resource_handle, keys,
+                                          self.row_tensor(default_rows, "default_rows"), dim=self.dim)
 
     def _lookup_or_zeros(self, keys):
         with tf.device(self.device):
-            return self._gen.tfra_de_find(self.resource_handle, self._keys(keys),
+            return self.gen_ops.tfra_de_find(self.resource_handle, self.key_tensor(keys),
                                           tf.zeros([self.dim], self.value_dtype), dim=self.dim)
 
     def contains(self, keys):
         """A bool mask of the keys present: one probe of the index per key, no row read."""
         with tf.device(self.device):
-            return self._gen.tfra_de_contains(self.resource_handle, self._keys(keys))
+            return self.gen_ops.tfra_de_contains(self.resource_handle, self.key_tensor(keys))
 
     def lookup_or_init(self, keys, init, return_exists=True):
         """(rows, exists) without inserting; missing keys get initial rows of `init` (an
@@ -227,7 +229,7 @@ class NativeKVTable(base.KVTable):
         if fused is None:
             return super().lookup_or_init(keys, init, return_exists)
         with tf.device(self.device):
-            rows, exists = self._find_init(self._keys(keys), fused, insert=False)
+            rows, exists = self._find_init(self.key_tensor(keys), fused, insert=False)
             return rows, exists if return_exists else None
 
     def find_or_insert(self, keys, init):
@@ -240,14 +242,14 @@ class NativeKVTable(base.KVTable):
         init = base.as_init_spec(init, self.dim, self.value_dtype)
         fused = _fused_form(init)
         with tf.device(self.device):
-            keys = self._keys(keys)
+            keys = self.key_tensor(keys)
             if fused is not None:
                 return self._find_init(keys, fused, insert=True)
             rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self._rows(init.rows(unique_keys), "initial rows")
-            stored = self._gen.tfra_de_insert_missing(self.resource_handle, unique_keys, new_rows,
+            new_rows = self.row_tensor(init.rows(unique_keys), "initial rows")
+            stored = self.gen_ops.tfra_de_insert_missing(self.resource_handle, unique_keys, new_rows,
                                                       dim=self.dim)
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
             return rows, exists
@@ -257,7 +259,7 @@ class NativeKVTable(base.KVTable):
             raise ValueError(f"the initializer's row has {len(init.row)} values; the table's "
                              f"dim is {self.dim}")
         seed = init.seed & _MASK64
-        return self._gen.tfra_de_find_init(
+        return self.gen_ops.tfra_de_find_init(
             self.resource_handle, keys, [_init_args(init)], dim=self.dim, insert=insert,
             init=init.kind, seed=seed - (1 << 64) if seed >= 1 << 63 else seed,
             keyed=init.keyed, value_dtype=self.value_dtype)
@@ -266,26 +268,26 @@ class NativeKVTable(base.KVTable):
 
     def insert(self, keys, values):
         with tf.device(self.device):
-            return self._gen.tfra_de_insert(self.resource_handle, self._keys(keys),
-                                            self._rows(values))
+            return self.gen_ops.tfra_de_insert(self.resource_handle, self.key_tensor(keys),
+                                            self.row_tensor(values))
 
     def accum(self, keys, deltas):
         with tf.device(self.device):
-            return self._gen.tfra_de_accum(self.resource_handle, self._keys(keys),
-                                           self._rows(deltas, "deltas"))
+            return self.gen_ops.tfra_de_accum(self.resource_handle, self.key_tensor(keys),
+                                           self.row_tensor(deltas, "deltas"))
 
     def remove(self, keys):
         """Deletes keys; returns the number removed (an int64 scalar)."""
         with tf.device(self.device):
-            return self._gen.tfra_de_remove(self.resource_handle, self._keys(keys))
+            return self.gen_ops.tfra_de_remove(self.resource_handle, self.key_tensor(keys))
 
     def clear(self):
         with tf.device(self.device):
-            return self._gen.tfra_de_clear(self.resource_handle)
+            return self.gen_ops.tfra_de_clear(self.resource_handle)
 
     def size(self):
         with tf.device(self.device):
-            return self._gen.tfra_de_size(self.resource_handle)
+            return self.gen_ops.tfra_de_size(self.resource_handle)
 
     def memory_bytes(self):
         """Bytes the table holds: its records (rows, optimizer slots kept with them, metadata)
@@ -294,7 +296,7 @@ class NativeKVTable(base.KVTable):
         Example: int(var.tables[0].kv_table.memory_bytes()) / int(var.size())  # bytes per key
         """
         with tf.device(self.device):
-            return self._gen.tfra_de_memory(self.resource_handle)
+            return self.gen_ops.tfra_de_memory(self.resource_handle)
 
     def memory_parts(self):
         """`memory_bytes()` by part, a dict of int64 scalars: "records" (bytes of the rows made:
@@ -304,7 +306,7 @@ class NativeKVTable(base.KVTable):
         Example: parts = t.memory_parts(); int(parts["records"]) // int(parts["rows"])  # record bytes
         """
         with tf.device(self.device):
-            parts = tf.unstack(self._gen.tfra_de_memory_parts(self.resource_handle))
+            parts = tf.unstack(self.gen_ops.tfra_de_memory_parts(self.resource_handle))
         return dict(zip(("records", "rows", "index", "other"), parts))
 
     # -- export / import ------------------------------------------------------------------
@@ -320,7 +322,7 @@ class NativeKVTable(base.KVTable):
         freqs: int64 number of writes (insert/accum/creation), saturating at 2^32 - 1.
         """
         with tf.device(self.device):
-            out = self._gen.tfra_de_export(self.resource_handle, tf.constant(0, tf.int64),
+            out = self.gen_ops.tfra_de_export(self.resource_handle, tf.constant(0, tf.int64),
                                            tf.constant(-1, tf.int64), dim=self.dim,
                                            **self._typed())
             return out.keys, out.values, out.stamps, out.freqs
@@ -335,7 +337,7 @@ class NativeKVTable(base.KVTable):
         `with_values=False`: values is [n, 0] (a scan of the metadata copies no rows).
         """
         with tf.device(self.device):
-            return tuple(self._gen.tfra_de_export(
+            return tuple(self.gen_ops.tfra_de_export(
                 self.resource_handle, tf.cast(cursor, tf.int64), tf.cast(limit, tf.int64),
                 dim=self.dim, with_values=bool(with_values), **self._typed()))
 
@@ -356,11 +358,11 @@ class NativeKVTable(base.KVTable):
     def import_with_meta(self, keys, values, stamps=None, freqs=None, clear=True):
         """Writes rows with optional metadata; `clear=True` replaces the content atomically."""
         with tf.device(self.device):
-            keys = self._keys(keys)
+            keys = self.key_tensor(keys)
             empty = tf.zeros([0], tf.int64)
             stamps = empty if stamps is None else tf.cast(stamps, tf.int64)
             freqs = empty if freqs is None else tf.cast(freqs, tf.int64)
-            return self._gen.tfra_de_import(self.resource_handle, keys, self._rows(values),
+            return self.gen_ops.tfra_de_import(self.resource_handle, keys, self.row_tensor(values),
                                             stamps, freqs, tf.constant(bool(clear)))
 
     # -- files and metadata ---------------------------------------------------------------
@@ -368,7 +370,7 @@ class NativeKVTable(base.KVTable):
     def save_to(self, path):
         """Streams the shard (rows and metadata) to `path` (any TF filesystem), atomically."""
         with tf.device(self.device):
-            return self._gen.tfra_de_save_to_file(self.resource_handle,
+            return self.gen_ops.tfra_de_save_to_file(self.resource_handle,
                                                   tf.convert_to_tensor(path, tf.string))
 
     def load_from(self, path):
@@ -378,13 +380,13 @@ class NativeKVTable(base.KVTable):
         InvalidArgumentError; either way the table is left unchanged.
         """
         with tf.device(self.device):
-            return self._gen.tfra_de_load_from_file(self.resource_handle,
+            return self.gen_ops.tfra_de_load_from_file(self.resource_handle,
                                                     tf.convert_to_tensor(path, tf.string))
 
     def set_step(self, step):
         """Records `step` as the stamp of rows written from now on (step < 0: Unix seconds)."""
         with tf.device(self.device):
-            return self._gen.tfra_de_set_step(self.resource_handle, tf.cast(step, tf.int64))
+            return self.gen_ops.tfra_de_set_step(self.resource_handle, tf.cast(step, tf.int64))
 
     def set_bound(self, max_rows, extra_rows=0, order="lru"):
         """Bounds the keys that training writes (`insert`, `accum`, `upsert_groups`) leave in
@@ -396,14 +398,14 @@ class NativeKVTable(base.KVTable):
         if order not in ("lru", "lfu"):
             raise ValueError(f"order must be 'lru' or 'lfu'; got {order!r}")
         with tf.device(self.device):
-            return self._gen.tfra_de_set_bound(self.resource_handle, tf.cast(max_rows, tf.int64),
+            return self.gen_ops.tfra_de_set_bound(self.resource_handle, tf.cast(max_rows, tf.int64),
                                                tf.cast(extra_rows, tf.int64),
                                                tf.constant(order == "lfu"))
 
     def evict(self, min_stamp=0, min_freq=0):
         """Removes keys with stamp < min_stamp or freq < min_freq; returns how many."""
         with tf.device(self.device):
-            return self._gen.tfra_de_evict(self.resource_handle, tf.cast(min_stamp, tf.int64),
+            return self.gen_ops.tfra_de_evict(self.resource_handle, tf.cast(min_stamp, tf.int64),
                                            tf.cast(min_freq, tf.int64))
 
 

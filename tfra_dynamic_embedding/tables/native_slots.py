@@ -26,6 +26,7 @@ import copy
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding.tables import base
 from tfra_dynamic_embedding.tables import native
 
@@ -52,11 +53,11 @@ class NativeSlotView(native.NativeKVTable):
         self._fills = tuple(fills)
         base.KVTable.__init__(self, table.key_dtype, table.value_dtype, table.dim, name,
                               table.device)
-        self._gen = native._ops()  # pylint: disable=protected-access
+        self.gen_ops = native.ops()
         self.resource_handle  # pylint: disable=pointless-statement  (create it now)
 
     def _create_resource(self):
-        return self._gen.tfra_de_group_view(
+        return self.gen_ops.tfra_de_group_view(
             self.table.resource_handle, tf.constant(self._fills, tf.float64), group=self.group,
             name=base.op_name(self.name))
 
@@ -70,8 +71,7 @@ class NativeSlotView(native.NativeKVTable):
         exported = copy.copy(self)
         exported.table = object_map.get(self.table, self.table)
         with tf.device(self._resource_device):
-            handle = exported._create_resource()  # pylint: disable=protected-access
-        exported._resource_handle = handle  # pylint: disable=protected-access
+            handle = _tf_private.recreate_resource(exported)
         object_map[self] = exported
         tensor_map[self.resource_handle] = handle
         return [self.resource_handle]
@@ -116,8 +116,8 @@ def find_groups(table, keys, groups):
     """([rows of group g for `keys`, `[n, dim]` each, for g in `groups`], exists), one probe
     per key; a missing key gets zeros (group 0) and each slot's fill."""
     with tf.device(table.device):
-        out = table._gen.tfra_de_find_groups(  # pylint: disable=protected-access
-            table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
+        out = table.gen_ops.tfra_de_find_groups(
+            table.resource_handle, table.key_tensor(keys),
             tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups),
             N=len(groups), value_dtype=table.value_dtype)
         return list(out.values), out.exists
@@ -127,7 +127,7 @@ def upsert_groups(table, keys, values, groups):
     """Writes `values[j]` (`[n, dim]`) into the columns of `groups[j]`, one probe per key; a
     write of group 0 stamps the row and counts one write."""
     with tf.device(table.device):
-        return table._gen.tfra_de_upsert_groups(  # pylint: disable=protected-access
-            table.resource_handle, table._keys(keys),  # pylint: disable=protected-access
-            [table._rows(v) for v in values],  # pylint: disable=protected-access
+        return table.gen_ops.tfra_de_upsert_groups(
+            table.resource_handle, table.key_tensor(keys),
+            [table.row_tensor(v) for v in values],
             tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups))
