@@ -5,12 +5,12 @@ still makes the importing module depend on the imported one. The core is the dat
 what trains it; compat/ (TFRA's shims) sits on top of it and only the alias package applies it.
 """
 
-import ast
 import os
 import subprocess
 import sys
 
 import tfra_dynamic_embedding
+from tests import import_graph
 
 PACKAGE = "tfra_dynamic_embedding"
 ROOT = os.path.dirname(tfra_dynamic_embedding.__file__)
@@ -21,80 +21,17 @@ CORE = ("_tf_private", "hooks", "tables", "initializers", "variable", "scopes", 
 BELOW_VARIABLE = ("_tf_private", "hooks", "tables", "initializers", "trainable", "checkpoint")
 
 
-def _modules():
-    """{dotted name: path} of every module of the package (a package is its __init__)."""
-    out = {}
-    for folder, _, files in os.walk(ROOT):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].split(os.sep)
-            if rel[-1] == "__init__":
-                rel = rel[:-1]
-            out[".".join([PACKAGE] + rel)] = os.path.join(folder, name)
-    return out
-
-
-def _imports(path, modules):
-    """The package's modules that the file at `path` imports, anywhere in it."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from pkg import sub` imports the submodule; `from pkg import name` the package.
-            targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
-                       else node.module for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            if target == PACKAGE or target.startswith(PACKAGE + "."):
-                while target not in modules:   # `import a.b.c` of an attribute: its module
-                    target = target.rsplit(".", 1)[0]
-                found.add(target)
-    return found
-
-
 def _graph():
-    modules = _modules()
-    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    return import_graph.import_graph(ROOT, PACKAGE)
+
+
+def _short(module):
+    return module[len(PACKAGE) + 1:] or "__init__"
 
 
 def _in(module, parts):
     """Whether `module` is one of `parts` (relative to the package) or inside one of them."""
     return any(module == f"{PACKAGE}.{p}" or module.startswith(f"{PACKAGE}.{p}.") for p in parts)
-
-
-def _cycle(graph):
-    """One import cycle as a list of modules, or None."""
-    state, stack = {}, []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        state[node] = "done"
-        stack.pop()
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
-def _short(module):
-    return module[len(PACKAGE) + 1:] or "__init__"
 
 
 def test_variable_imports_only_what_sits_below_it():
@@ -122,7 +59,7 @@ def test_core_modules_do_not_import_the_package_root():
 def test_no_import_cycles_among_the_core_modules():
     graph = _graph()
     core = {m: {d for d in deps if _in(d, CORE)} for m, deps in graph.items() if _in(m, CORE)}
-    cycle = _cycle(core)
+    cycle = import_graph.find_cycle(core)
     assert cycle is None, "import cycle: " + " -> ".join(_short(m) for m in cycle)
 
 

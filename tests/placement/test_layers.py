@@ -10,6 +10,7 @@ import os
 
 import tfra_dynamic_embedding
 
+from tests import import_graph
 from tests.placement.helpers import run_python
 
 PACKAGE = "tfra_dynamic_embedding.placement"
@@ -19,76 +20,12 @@ ROOT = os.path.join(os.path.dirname(tfra_dynamic_embedding.__file__), "placement
 EVALUATE_READERS = {PACKAGE, f"{PACKAGE}.train"}
 
 
-def _modules():
-    """{dotted name: path} of every module of the package (a package is its __init__)."""
-    out = {}
-    for folder, _, files in os.walk(ROOT):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].split(os.sep)
-            if rel[-1] == "__init__":
-                rel = rel[:-1]
-            out[".".join([PACKAGE] + rel)] = os.path.join(folder, name)
-    return out
-
-
-def _imports(path, modules):
-    """(module, line) pairs of the placement modules `path` imports, anywhere in the file."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from pkg import sub` imports the submodule; `from pkg import name` the package.
-            targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
-                       else node.module for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            if target == PACKAGE or target.startswith(PACKAGE + "."):
-                while target not in modules:   # `import a.b.c` of an attribute: its module
-                    target = target.rsplit(".", 1)[0]
-                found.append((target, node.lineno))
-    return found
-
-
 def _graph():
-    modules = _modules()
-    return {name: sorted({t for t, _ in _imports(path, modules) if t != name})
-            for name, path in modules.items()}
-
-
-def _cycle(graph):
-    """One import cycle as a list of modules, or None."""
-    state, stack = {}, []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for nxt in graph.get(node, ()):
-            if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        state[node] = "done"
-        stack.pop()
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
+    return import_graph.import_graph(ROOT, PACKAGE)
 
 
 def test_no_import_cycles():
-    cycle = _cycle(_graph())
+    cycle = import_graph.find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(m[len(PACKAGE) + 1:] or "__init__"
                                                          for m in cycle)
 
