@@ -216,8 +216,14 @@ class RowStatus(_tf_private.AutoTrackable):
     statuses into the rows (`settle`), so after it the rows alone hold them again.
 
     Example:
-        var = de.Variable(dim=4, restrict_policy=de.FrequencyRestrictPolicy)   # native rows
-        keys, counts = var.restrict_policy.status.export()                      # [n], [n, 1]
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> var = de.Variable(dim=4, restrict_policy=de.FrequencyRestrictPolicy)   # native rows
+        >>> _, wrapper = de.embedding_lookup(var, tf.constant([6, 6, 8], tf.int64),
+        ...                                  return_trainable=True)
+        >>> _ = wrapper.update_op()
+        >>> keys, counts = var.restrict_policy.status.export()
+        >>> keys.shape, counts.shape
+        (TensorShape([2]), TensorShape([2, 1]))
     """
 
     def __init__(self, policy):
