@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "tfra_dynamic_embedding"
 SCOPE = ("placement", "inference", "distributed", "demo", "cli.py", "scopes.py", "hooks.py",
          "initializers.py", "optimizer.py", "variable.py", "embedding_ops.py", "_tf_private.py",
-         "__init__.py", "trainable.py", "checkpoint.py", "online")
+         "__init__.py", "trainable.py", "checkpoint.py", "online",
+         "tables")
 OPTIONS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 # Modules that cannot be imported without an optional dependency: {module: (dependency, why)}.
