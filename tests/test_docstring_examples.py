@@ -20,7 +20,7 @@ PACKAGE = "tfra_dynamic_embedding"
 SCOPE = ("placement", "inference", "distributed", "demo", "cli.py", "scopes.py", "hooks.py",
          "initializers.py", "optimizer.py", "variable.py", "embedding_ops.py", "_tf_private.py",
          "__init__.py", "trainable.py", "checkpoint.py", "online",
-         "tables")
+         "tables", "compat")
 OPTIONS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 # Modules that cannot be imported without an optional dependency: {module: (dependency, why)}.
