@@ -1,4 +1,4 @@
-"""The docstring examples of placement/, inference/, distributed/, demo/ and cli.py are doctests,
+"""The docstring examples of the package (every module of tfra_dynamic_embedding) are doctests,
 and they run: every module is imported and its doctests pass (NORMALIZE_WHITESPACE, ELLIPSIS).
 
 An "Example:" section of a docstring there must hold `>>>` lines, so examples that never run
@@ -17,7 +17,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "tfra_dynamic_embedding"
-SCOPE = ("placement", "inference", "distributed", "demo", "cli.py")
+SCOPE = ("__init__.py", "_tf_private.py", "variable.py", "embedding_ops.py", "trainable.py",
+         "optimizer.py", "initializers.py", "scopes.py", "checkpoint.py", "hooks.py", "cli.py",
+         "tables", "online", "compat", "keras", "placement", "inference", "distributed", "demo")
 OPTIONS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 # Modules that cannot be imported without an optional dependency: {module: (dependency, why)}.

@@ -18,9 +18,16 @@ weights store: `save_to_keras_store` / `load_from_keras_store`.
 TF2 checkpoints that TFRA wrote (`tf.train.Checkpoint`, Keras `save_weights`) restore too: their
 per-shard tables and optimizer slots are read at the end of this module.
 
-Example:
-    tf.train.Checkpoint(emb=w).save("/tmp/ckpt")                 # TF2
-    saver = tf.compat.v1.train.Saver(); saver.save(sess, path)    # graph mode
+Example (TF2; a tf.compat.v1.train.Saver in graph mode: docs/guide.md):
+    >>> import os, tempfile
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, devices=["/CPU:0"] * 4)
+    >>> _ = w.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    >>> path = tf.train.Checkpoint(emb=w).save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    >>> w3 = de.Variable(dim=2, devices=["/CPU:0"] * 3)          # 4 shards restore into 3
+    >>> _ = tf.train.Checkpoint(emb=w3).restore(path)
+    >>> int(w3.size())
+    3
 """
 
 import os
@@ -136,9 +143,15 @@ class FileSystemSaver(DynamicEmbeddingSaver):
       buffer_size: accepted for TFRA compatibility (native files stream in ~1 MB blocks).
 
     Example:
-        w = de.get_variable("emb", dim=8,
-                            kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
-        tf.train.Checkpoint(emb=w).save("/ckpt/model")   # tables in /ckpt/TFRADynamicEmbedding/
+        >>> import os, tempfile
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> w = de.Variable(dim=8, name="fs_emb",
+        ...                 kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+        >>> _ = w.upsert(tf.constant([1], tf.int64), tf.ones([1, 8]))
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = tf.train.Checkpoint(emb=w).save(os.path.join(folder, "model"))
+        >>> sorted(os.listdir(folder))       # tables in TFRADynamicEmbedding/
+        ['TFRADynamicEmbedding', 'checkpoint', 'model-1.data-...', 'model-1.index']
     """
 
     def __init__(self, proc_size=None, proc_rank=None, save_path=None, buffer_size=4096):
@@ -309,7 +322,14 @@ class FileSystemGraphSaveable(_tf_private.SaveableObject):
 def save_to_keras_store(store, prefix, variable):
     """Writes all keys and rows of `variable` (a de.Variable) into `store` under `prefix`.
 
-    Example: save_to_keras_store(store, "", self.params)     # in save_own_variables
+    Example (a layer calls it in save_own_variables):
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> w = de.Variable(dim=2)
+        >>> _ = w.upsert(tf.constant([5], tf.int64), tf.ones([1, 2]))
+        >>> store = {}
+        >>> save_to_keras_store(store, "emb/", w)
+        >>> sorted(store), store["emb/keys"]
+        (['emb/keys', 'emb/values'], array([5]))
     """
     keys, values = variable.export()
     keys = keys.numpy()
@@ -357,7 +377,11 @@ def names_tfra_slot(child_name, variable_name, slot_name):
     variable `variable_name`: `<variable>/.../<slot>`, where a Keras layer's variable is
     `<layer>-parameter` in TFRA (here: named as the layer).
 
-    Example: names_tfra_slot("emb-parameter/DynamicEmbedding/emb-shadow/m", "emb", "m") is True.
+    Example:
+        >>> names_tfra_slot("emb-parameter/DynamicEmbedding/emb-shadow/m", "emb", "m")
+        True
+        >>> names_tfra_slot("emb-parameter/DynamicEmbedding/emb-shadow/v", "emb", "m")
+        False
     """
     head, _, last = child_name.rpartition("/")
     return last == slot_name and any(

@@ -5,9 +5,14 @@ those rows with ids re-mapped to row positions; the result is what `tf.nn` gives
 holding the same rows, and gradients w.r.t. the looked-up rows are IndexedSlices.
 
 Example:
-    w = de.get_variable("emb", dim=8)
-    dense = de.embedding_lookup(w, tf.constant([[3, 7]], tf.int64))            # [1, 2, 8]
-    pooled = de.embedding_lookup_sparse(w, sp_ids, None, combiner="mean")       # [batch, 8]
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=8, initializer=1.0)
+    >>> embedding_lookup(w, tf.constant([[3, 7]], tf.int64)).shape
+    TensorShape([1, 2, 8])
+    >>> sp_ids = tf.sparse.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([3, 7, 9], tf.int64),
+    ...                                 dense_shape=[2, 2])
+    >>> embedding_lookup_sparse(w, sp_ids, None, combiner="mean").shape
+    TensorShape([2, 8])
 """
 
 import numbers

@@ -9,17 +9,18 @@ under their names and calls `after_restore` when a restore of its rows ends. So 
 import the variable, never the other way round.
 
 Example (a hook that admits every key, attached as `admission=`):
-    class AdmitAll(hooks.VariableHook):
-        argument = "admission"
-
-        def attach(self, variable):
-            return AdmitAllState()
-
-    class AdmitAllState(hooks.AttachedHook):
-        def admit(self, ids, exists):   # what the optimizer asks of an admission state
-            return tf.ones_like(exists), tf.no_op()
-
-    w = de.Variable(dim=4, admission=AdmitAll())
+    >>> import tensorflow as tf
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> class AdmitAllState(AttachedHook):
+    ...     def admit(self, ids, exists):   # what the optimizer asks of an admission state
+    ...         return tf.ones_like(exists), tf.no_op()
+    >>> class AdmitAll(VariableHook):
+    ...     argument = "admission"
+    ...     def attach(self, variable):
+    ...         return AdmitAllState()
+    >>> w = de.Variable(dim=4, admission=AdmitAll())
+    >>> is_hook(AdmitAll(), "admission"), is_hook(AdmitAll(), "eviction")
+    (True, False)
 """
 
 # The Variable arguments that take hooks, in the order a Variable attaches them: a restrict
@@ -59,7 +60,10 @@ def is_hook(value, argument):
     """Whether `value` is a hook for the Variable argument `argument` (an instance of a
     `VariableHook` for it, or the class itself when the hook is `passed_as_class`).
 
-    Example: is_hook(de.Eviction(max_size=10), "eviction") -> True
+    Example:
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> is_hook(de.Eviction(max_size=10), "eviction"), is_hook(3, "eviction")
+        (True, False)
     """
     hook_type = value if isinstance(value, type) else type(value)
     return (issubclass(hook_type, VariableHook) and hook_type.argument == argument

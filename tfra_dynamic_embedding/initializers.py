@@ -28,9 +28,14 @@ equal), when of any keys. By initializer:
 A bad parameter (maxval <= minval, stddev < 0) raises ValueError naming it.
 
 Example:
-    spec = describe(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
-    spec.kind, spec.keyed                  # ("normal", True): the native kernels draw it
-    spec.rows(tf.constant([3, 5], tf.int64))   # [2, 8] by TF ops; key 3's row is always this one
+    >>> spec = describe(tf.random_normal_initializer(0.0, 0.01, seed=7), dim=8, dtype=tf.float32)
+    >>> spec.kind, spec.keyed              # the native kernels draw it
+    ('normal', True)
+    >>> rows = spec.rows(tf.constant([3, 5], tf.int64))   # by TF ops
+    >>> rows.shape
+    TensorShape([2, 8])
+    >>> bool(tf.reduce_all(spec.rows(tf.constant([3], tf.int64))[0] == rows[0]))  # key 3's row
+    True
 """
 
 import math
@@ -206,7 +211,13 @@ def _exact_row(value, row, dtype):
     `initializer` when they cannot hold it exactly (TF would cut 1.5 to 1 or wrap 300 to 44 in
     int8 rows, or refuse a number for string rows only at the first lookup).
 
-    Example: _exact_row(2.0, np.asarray(2.0), tf.int64)   # array(2)
+    Example:
+        >>> _exact_row(2.0, np.asarray(2.0), tf.int64)
+        array(2)
+        >>> _exact_row(1.5, np.asarray(1.5), tf.int64)
+        Traceback (most recent call last):
+        ...
+        ValueError: ...
     """
     if dtype == tf.string:
         if row.dtype.kind not in "SU":

@@ -20,11 +20,18 @@ Supported families: `tf.compat.v1.train` optimizers (graph and eager), Keras 3 o
 default `tf.keras`) and tf_keras optimizers, legacy and new.
 
 Example:
-    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3))
-    with tf.GradientTape() as tape:
-        emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
-        loss = tf.reduce_sum(emb ** 2)
-    opt.apply_gradients(zip(tape.gradient(loss, [wrapper]), [wrapper]))
+    >>> import tensorflow as tf
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, initializer=1.0)
+    >>> ids = tf.constant([1, 2], tf.int64)
+    >>> opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.25))
+    >>> with tf.GradientTape() as tape:
+    ...     emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
+    ...     loss = tf.reduce_sum(emb ** 2)
+    >>> _ = opt.apply_gradients(zip(tape.gradient(loss, [wrapper]), [wrapper]))
+    >>> de.embedding_lookup(w, ids).numpy()      # 1 - 0.25 * 2
+    array([[0.5, 0.5],
+           [0.5, 0.5]], dtype=float32)
 """
 
 import contextlib

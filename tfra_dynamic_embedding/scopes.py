@@ -7,8 +7,11 @@ placement plan (placement/apply.py) choose the devices of the variables made ins
 module never imports placement.
 
 Example:
-    with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
-        w = de.get_variable("user", dim=8)        # full name "ctr/user"
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
+    ...     w = de.get_variable("scopes_user", dim=8)
+    >>> w.name
+    'ctr/scopes_user'
 """
 
 import contextlib
@@ -86,8 +89,11 @@ def get_variable(name,
     chooses `devices` and, for row-sliced tables, the partitioner.
 
     Example:
-        with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
-            w = de.get_variable("user", dim=8)   # full name "ctr/user"
+        >>> with tf.compat.v1.variable_scope("ctr", reuse=tf.compat.v1.AUTO_REUSE):
+        ...     w = get_variable("get_variable_user", dim=8)
+        ...     again = get_variable("get_variable_user", dim=8)
+        >>> w.name, again is w
+        ('ctr/get_variable_user', True)
     """
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name and not short_file_name else name

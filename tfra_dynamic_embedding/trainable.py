@@ -10,8 +10,15 @@ A wrapper holds rows; it does not fetch them. A lookup (embedding_ops) asks it w
 (`ids_to_load`), reads their rows through the variable and its tables, and hands them to `hold`.
 
 Example:
-    emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
-    grads = tape.gradient(loss, [wrapper])          # IndexedSlices over wrapper rows
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, initializer=1.0)
+    >>> ids = tf.constant([4, 4, 9], tf.int64)
+    >>> with tf.GradientTape() as tape:
+    ...     emb, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
+    ...     loss = tf.reduce_sum(emb)
+    >>> grads = tape.gradient(loss, [wrapper])      # IndexedSlices over wrapper rows
+    >>> type(grads[0]).__name__, wrapper.batch_ids().numpy()
+    ('IndexedSlices', array([4, 9]))
 """
 
 import contextlib
@@ -204,7 +211,17 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         """The rows held, as a new ndarray that also remembers the content of `params` now:
         `assign` of that array (or of `np.asarray` of it) puts that content back.
 
-        Example: saved = wrapper.numpy(); ...train...; wrapper.assign(saved)   # table restored
+        Example:
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> w = de.Variable(dim=1, initializer=1.0)
+            >>> ids = tf.constant([1], tf.int64)
+            >>> _ = w.upsert(ids, [[1.0]])
+            >>> _, wrapper = de.embedding_lookup(w, ids, return_trainable=True)
+            >>> saved = wrapper.numpy()
+            >>> _ = w.upsert(ids, [[5.0]])              # training changes the table
+            >>> _ = wrapper.assign(saved)               # the table is restored
+            >>> w.lookup(ids).numpy()
+            array([[1.]], dtype=float32)
         """
         rows = np.array(self.held_rows())   # a new array owning its data (the registry key)
         keys, values = self.params.export()
@@ -241,9 +258,17 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         until the write-back (or a step whose gradient skipped this wrapper) ends it; a
         tf.compat.v1 graph gives each lookup its own wrapper.
 
-        Example:
-            ids, positions = wrapper.ids_to_load(unique_ids)
-            loaded = wrapper.hold(ids, params.lookup(ids))
+        Example (what a lookup does, outside a step):
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> params = de.Variable(dim=2, initializer=0.5)
+            >>> _, wrapper = de.embedding_lookup(params, tf.constant([1], tf.int64),
+            ...                                  return_trainable=True)
+            >>> ids, positions = wrapper.ids_to_load(tf.constant([3, 5], tf.int64))
+            >>> ids.numpy(), positions is None
+            (array([3, 5]), True)
+            >>> _ = wrapper.hold(ids, params.lookup(ids))
+            >>> wrapper.batch_ids().numpy()
+            array([3, 5])
         """
         step = _step_marker()
         open_step = self._open_step() if self._open_step is not None else None
@@ -300,7 +325,16 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         from the table, so the result shows writes made since the lookup; `do_prefetch=False`
         reads the rows held (`held_rows()`).
 
-        Example: var.upsert(ids, rows); wrapper.read_value()   # the new rows
+        Example:
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> var = de.Variable(dim=1, initializer=0.0)
+            >>> ids = tf.constant([7], tf.int64)
+            >>> _, wrapper = de.embedding_lookup(var, ids, return_trainable=True)
+            >>> _ = var.upsert(ids, [[2.0]])
+            >>> wrapper.read_value(do_prefetch=False).numpy()     # the rows held
+            array([[0.]], dtype=float32)
+            >>> wrapper.read_value().numpy()                      # the new rows (now held)
+            array([[2.]], dtype=float32)
         """
         if do_prefetch:
             rows = self.prefetch_values(update=True)
@@ -346,7 +380,16 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
         policy's status. A bp_v2 variable needs `v0`, the rows as looked up (the change since
         then is added). Optimizers wrapped by `de.DynamicEmbeddingOptimizer` do this themselves.
 
-        Example (tf.compat.v1): sess.run(wrapper.update_op())   # inserts the batch's rows
+        Example (eager; in tf.compat.v1 graphs, `sess.run(wrapper.update_op())`):
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> var = de.Variable(dim=1, initializer=3.0)
+            >>> _, wrapper = de.embedding_lookup(var, tf.constant([7], tf.int64),
+            ...                                  return_trainable=True)
+            >>> int(var.size())
+            0
+            >>> _ = wrapper.update_op()                 # inserts the batch's rows
+            >>> int(var.size())
+            1
         """
         if self.params.bp_v2 and v0 is None:
             raise ValueError(f"update_op of {self.params.name}, a bp_v2 variable, needs v0 (the "
@@ -467,7 +510,14 @@ def trainable_wrapper_filter(iterable_object_in, test_unaggregated_function=None
     order (TFRA's function: e.g. to aggregate dense gradients only across workers).
     `test_unaggregated_function(item)` decides instead of "is a TrainableWrapper".
 
-    Example: dense, wrappers = de.trainable_wrapper_filter(model.trainable_variables)
+    Example:
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> w = de.Variable(dim=2)
+        >>> _, wrapper = de.embedding_lookup(w, tf.constant([1], tf.int64), return_trainable=True)
+        >>> bias = tf.Variable([0.0])
+        >>> dense, wrappers = trainable_wrapper_filter([bias, wrapper])
+        >>> dense == (bias,), wrappers == (wrapper,)
+        (True, True)
     """
     test = test_unaggregated_function or (lambda item: isinstance(item, TrainableWrapper))
     dense, wrappers = [], []

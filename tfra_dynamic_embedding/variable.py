@@ -5,10 +5,14 @@ and the results are joined back with `tf.dynamic_stitch`. Rows of missing keys c
 initializer, one draw per key; `lookup` never inserts.
 
 Example:
-    w = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4,
-                    devices=["/CPU:0", "/CPU:1"], initializer=tf.random_normal_initializer())
-    w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
-    rows, exists = w.lookup(tf.constant([[1, 5]], tf.int64), return_exists=True)  # [1, 2, 4], [1, 2]
+    >>> w = Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4,
+    ...              devices=["/CPU:0", "/CPU:0"], initializer=tf.random_normal_initializer())
+    >>> _ = w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
+    >>> rows, exists = w.lookup(tf.constant([[1, 5]], tf.int64), return_exists=True)
+    >>> rows.shape, exists.numpy()
+    (TensorShape([1, 2, 4]), array([[ True, False]]))
+    >>> int(w.size())
+    2
 """
 
 import collections.abc
@@ -69,8 +73,13 @@ class Shards:
     shards: (keys per shard, their positions in `flat_keys`), by the variable's partitioner.
 
     Example:
-        parts, positions = var.shards.partition(tf.constant([1, 2, 3], tf.int64))
-        sizes = [table.size() for table in var.shards.tables]
+        >>> var = Variable(dim=2, devices=["/CPU:0", "/CPU:0"])
+        >>> _ = var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+        >>> parts, positions = var.shards.partition(tf.constant([1, 2, 3], tf.int64))
+        >>> [p.numpy().tolist() for p in parts]
+        [[2], [1, 3]]
+        >>> [int(table.size()) for table in var.shards.tables]
+        [1, 2]
     """
 
     tables: tuple
@@ -84,7 +93,9 @@ class Shards:
 def default_partition_fn(keys, shard_num):
     """Shard id of every key: `keys mod shard_num` (never negative) or a stable string hash.
 
-    Example: default_partition_fn(tf.constant([-1, 5], tf.int64), 4) -> [3, 1] (int32).
+    Example:
+        >>> default_partition_fn(tf.constant([-1, 5], tf.int64), 4)
+        <tf.Tensor: shape=(2,), dtype=int32, numpy=array([3, 1], dtype=int32)>
     """
     if keys.dtype == tf.string:
         return tf.cast(tf.strings.to_hash_bucket_fast(keys, shard_num), tf.int32)
@@ -597,7 +608,14 @@ class Variable(_tf_private.AutoTrackable):
         in tables/files.py). `$TFRA_SAVED_KV` overrides `dirpath`, which may be a string tensor.
         `buffer_size` is accepted for TFRA compatibility (native files stream in ~1 MB blocks).
 
-        Example: `w.save_to_file_system("/ckpt/kv", proc_size=2, proc_rank=1)`.
+        Example:
+            >>> import os, tempfile
+            >>> w = Variable(dim=2, devices=["/CPU:0", "/CPU:0"], name="files_w")
+            >>> _ = w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
+            >>> folder = tempfile.mkdtemp()
+            >>> _ = w.save_to_file_system(folder, proc_size=2, proc_rank=1)
+            >>> sorted(f for _, _, files in os.walk(folder) for f in files)
+            [...'files_w_mht_1of2_rank1_size2'..., ...'files_w_mht_2of2_rank1_size2'...]
         """
         del buffer_size
         if append_to_file:

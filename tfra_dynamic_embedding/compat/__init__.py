@@ -10,8 +10,9 @@ imports this package.
 does: `import tfra_dynamic_embedding` alone registers, patches and loads nothing.
 
 Example:
-    from tfra_dynamic_embedding import compat
-    compat.install()      # idempotent
+    >>> from tfra_dynamic_embedding import compat
+    >>> compat.install()      # idempotent
+    >>> compat.install()
 """
 
 import importlib

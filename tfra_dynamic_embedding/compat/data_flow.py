@@ -4,8 +4,13 @@ TFRA exposes these two ops under this name; here they are TensorFlow's own
 `tf.dynamic_partition` / `tf.dynamic_stitch` (gradients included), with TFRA's signatures.
 
 Example:
-    parts = de.data_flow.dynamic_partition(keys, tf.math.floormod(keys, 2), 2)
-    rows = de.data_flow.dynamic_stitch(positions, [rows_0, rows_1])
+    >>> keys = tf.constant([4, 7, 2], tf.int64)
+    >>> parts = dynamic_partition(keys, tf.cast(tf.math.floormod(keys, 2), tf.int32), 2)
+    >>> [p.numpy().tolist() for p in parts]
+    [[4, 2], [7]]
+    >>> positions = dynamic_partition(tf.range(3), tf.cast(tf.math.floormod(keys, 2), tf.int32), 2)
+    >>> dynamic_stitch(positions, parts).numpy()
+    array([4, 7, 2])
 """
 
 import tensorflow as tf

@@ -5,10 +5,10 @@ Horovod; TFRA's Horovod-named utilities (`de.keras.callbacks`, `de.train.DEHvdSa
 in a process that Horovod launched, acting on rank 0 only, and as their plain Keras / TF
 counterparts everywhere else.
 
-Example:
-    hvd = horovod.running()       # None unless `horovod.tensorflow` is imported and initialized
-    if hvd is None or hvd.rank() == 0:
-        save()
+Example (outside Horovod; under Horovod, docs/tfra_compatibility.md):
+    >>> hvd = running()       # None unless `horovod.tensorflow` is imported and initialized
+    >>> hvd is None, is_root()
+    (True, True)
 """
 
 import importlib

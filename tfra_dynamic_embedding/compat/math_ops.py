@@ -2,7 +2,11 @@
 TensorFlow's own ops, with TFRA's signatures).
 
 Example:
-    de.math.sparse_segment_sum(rows, indices, segment_ids, num_segments=batch)
+    >>> rows = tf.constant([[1.0], [2.0], [4.0]])
+    >>> sparse_segment_sum(rows, tf.constant([0, 1, 2]), tf.constant([0, 0, 1]), num_segments=2)
+    <tf.Tensor: shape=(2, 1), dtype=float32, numpy=
+    array([[3.],
+           [4.]], dtype=float32)>
 """
 
 import tensorflow as tf

@@ -10,17 +10,23 @@ exactly as it trains the wrappers of `de.embedding_lookup`. Works in eager mode,
 and in tf.compat.v1 graphs (TFRA's own allows eager mode only).
 
 Example:
-    class Model(tf.Module):
-        def __init__(self):
-            self.emb = de.get_variable("emb", dim=8)
-            self.shadow = de.shadow_ops.ShadowVariable(self.emb)
-
-        @tf.function
-        def __call__(self, ids):
-            return de.shadow_ops.embedding_lookup(self.shadow, ids)
-
-    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3))
-    opt.minimize(lambda: tf.reduce_sum(model(ids) ** 2), [model.shadow])
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> class Model(tf.Module):
+    ...     def __init__(self):
+    ...         self.emb = de.Variable(dim=2, initializer=1.0)
+    ...         self.shadow = de.shadow_ops.ShadowVariable(self.emb)
+    ...     @tf.function
+    ...     def __call__(self, ids):
+    ...         return de.shadow_ops.embedding_lookup(self.shadow, ids)
+    >>> model = Model()
+    >>> ids = tf.constant([1, 2], tf.int64)
+    >>> opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.25))
+    >>> with tf.GradientTape() as tape:
+    ...     loss = tf.reduce_sum(model(ids) ** 2)
+    >>> _ = opt.apply_gradients([(tape.gradient(loss, model.shadow), model.shadow)])
+    >>> model.emb.lookup(ids).numpy()        # 1 - 0.25 * 2
+    array([[0.5, 0.5],
+           [0.5, 0.5]], dtype=float32)
 """
 
 import tensorflow as tf
@@ -50,8 +56,12 @@ class ShadowVariable(trainable_lib.TrainableWrapper):
         each hold their own rows (the current one is used when created in its scope).
 
     Example:
-        shadow = de.shadow_ops.ShadowVariable(w, name="user_shadow")
-        emb = de.shadow_ops.embedding_lookup(shadow, ids)   # shadow.ids == unique(ids)
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> w = de.Variable(dim=2)
+        >>> shadow = ShadowVariable(w, name="user_shadow")
+        >>> emb = embedding_lookup(shadow, tf.constant([3, 1, 3], tf.int64))
+        >>> shadow.ids.numpy()                        # unique(ids)
+        array([3, 1])
     """
 
     # `de.embedding_lookup(shadow, ids)` reads the rows of `shadow.params` through it.
@@ -134,7 +144,10 @@ def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_i
     clips each row's l2-norm.
 
     Example:
-        emb = de.shadow_ops.embedding_lookup(shadow, tf.constant([[1, 2], [2, 3]], tf.int64))
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> shadow = ShadowVariable(de.Variable(dim=8))
+        >>> embedding_lookup(shadow, tf.constant([[1, 2], [2, 3]], tf.int64)).shape
+        TensorShape([2, 2, 8])
     """
     del partition_strategy, validate_indices
     if not isinstance(shadow, ShadowVariable):
@@ -167,8 +180,11 @@ def embedding_lookup_unique(shadow, ids, embedding_size, with_unique=True, name=
     compatibility: the lookup always loads each unique id once.
 
     Example:
-        ragged = tf.ragged.constant([[2, 3], [4, 5, 1]], tf.int64)
-        emb = de.shadow_ops.embedding_lookup_unique(shadow, ragged, 8)   # [2, None, 8]
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> shadow = ShadowVariable(de.Variable(dim=8))
+        >>> ragged = tf.ragged.constant([[2, 3], [4, 5, 1]], tf.int64)
+        >>> embedding_lookup_unique(shadow, ragged, 8).shape
+        TensorShape([2, None, 8])
     """
     del with_unique
     if not isinstance(shadow, ShadowVariable):

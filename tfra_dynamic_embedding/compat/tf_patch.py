@@ -7,8 +7,9 @@ applies the same patch, so that code runs unchanged; `import tfra_dynamic_embedd
 leaves TensorFlow as it is. Shapes of known rank list as before.
 
 Example:
-    de.patch_on_tf()                                  # idempotent
-    assert tf.TensorShape(None).as_list() == []
+    >>> patch_on_tf()                                  # idempotent
+    >>> tf.TensorShape(None).as_list()
+    []
 """
 
 import tensorflow as tf

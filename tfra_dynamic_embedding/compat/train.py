@@ -8,9 +8,18 @@ the restoring variable's shards, or to files with `de.FileSystemSaver`: see chec
 checkpointed objects is emptied (its rows are a cache of the tables, reloaded by the next lookup).
 
 Example:
-    ckpt = de.train.DECheckpoint(model, optimizer=opt)
-    path = ckpt.save("/ckpt/model")
-    de.train.DECheckpoint(new_model).read(path)     # the tables, over new_model's shard count
+    >>> import os, tempfile
+    >>> import tensorflow as tf
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> model = tf.Module()
+    >>> model.emb = de.Variable(dim=2, devices=["/CPU:0"] * 2)
+    >>> _ = model.emb.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    >>> path = DECheckpoint(model).save(os.path.join(tempfile.mkdtemp(), "model"))
+    >>> new_model = tf.Module()
+    >>> new_model.emb = de.Variable(dim=2, devices=["/CPU:0"] * 3)
+    >>> _ = DECheckpoint(new_model).read(path).expect_partial()  # over new_model's shards
+    >>> int(new_model.emb.size())
+    3
 """
 
 import tensorflow as tf
@@ -28,8 +37,15 @@ class DECheckpoint(tf.train.Checkpoint):
     saves each variable, and `de.FileSystemSaver(proc_size, proc_rank)` splits file saves.
 
     Example:
-        module.shadow = de.shadow_ops.ShadowVariable(module.params)
-        de.train.DECheckpoint(module).save("/ckpt/model")   # module.shadow now holds [0, dim]
+        >>> import os, tempfile
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> module = tf.Module()
+        >>> module.params = de.Variable(dim=2)
+        >>> module.shadow = de.shadow_ops.ShadowVariable(module.params)
+        >>> _ = de.shadow_ops.embedding_lookup(module.shadow, tf.constant([1, 2], tf.int64))
+        >>> _ = DECheckpoint(module).save(os.path.join(tempfile.mkdtemp(), "model"))
+        >>> module.shadow.shape                 # emptied: it holds [0, dim]
+        TensorShape([0, 2])
     """
 
     def save(self, file_prefix, options=None):
@@ -59,9 +75,8 @@ class DEHvdSaver(tf.compat.v1.train.Saver):
     Horovod rank 0 and returns None on the other ranks, which hold the same model. Outside
     Horovod it is the plain Saver.
 
-    Example:
-        saver = de.train.DEHvdSaver()
-        saver.save(sess, "/ckpt/model", global_step=step)
+    Usage under Horovod (`saver.save(sess, path, global_step=step)` on every rank):
+    docs/tfra_compatibility.md.
     """
 
     def save(self, sess, save_path, *args, **kwargs):  # pylint: disable=arguments-differ

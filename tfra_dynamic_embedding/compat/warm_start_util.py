@@ -15,11 +15,19 @@ Where a variable is found in the checkpoint:
 - TFRA's per-shard tables (`<X>_mht_<i>of<n>-keys`, i = 1..n, as `Saver(w.tables)` writes them)
   are read together as the entry `<X>`, whatever n is.
 
-Example:
-    w = de.get_variable("user_emb", dim=8)
-    restore = de.warm_start("/path/to/old_model", vars_to_warm_start=[w])
-    with tf.compat.v1.Session() as sess:
-        sess.run(restore)
+Example (eager: the rows are restored at once; in graph mode run the op returned):
+    >>> import os, tempfile
+    >>> import tensorflow as tf
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> old = de.Variable(dim=2, name="ws_user_emb")
+    >>> _ = old.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = tf.train.Checkpoint(user_emb=old).save(os.path.join(folder, "ckpt"))
+    >>> w = de.Variable(dim=2, name="ws_user_emb_v2")
+    >>> de.warm_start(folder, vars_to_warm_start=[w],
+    ...               var_name_to_prev_var_name={w.name: "user_emb"})
+    >>> int(w.size())
+    2
 """
 
 import collections.abc
@@ -71,8 +79,17 @@ def warm_start(ckpt_to_initialize_from, vars_to_warm_start=".*", var_name_to_pre
       ValueError: a bad argument, or a variable whose checkpoint entry is missing
         (`NotInCheckpointError`) or has another dtype or `dim`.
 
-    Example:
-        restore = de.warm_start("/models/v1", [".*user.*"], {"user_v2": "user_v1"})
+    Example (a checkpoint of variables named by regular expressions: docs/guide.md):
+        >>> import os, tempfile
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> user_v1 = de.Variable(dim=2, name="user_v1")
+        >>> _ = user_v1.upsert(tf.constant([7], tf.int64), tf.ones([1, 2]))
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = tf.train.Checkpoint(user_v1=user_v1).save(os.path.join(folder, "ckpt"))
+        >>> user_v2 = de.Variable(dim=2, name="user_v2")
+        >>> warm_start(folder, [user_v2], {"user_v2": "user_v1"})
+        >>> user_v2.lookup(tf.constant([7], tf.int64)).numpy()
+        array([[1., 1.]], dtype=float32)
     """
     prefix = _checkpoint_prefix(ckpt_to_initialize_from)
     renames = _checked_renames(var_name_to_prev_var_name)
@@ -116,12 +133,7 @@ class WarmStartHook(tf.compat.v1.train.SessionRunHook):
     creates a session, also after restoring the job's own checkpoint, which it then overwrites:
     give it to the first run of a job only.
 
-    Example:
-        hook = de.WarmStartHook("/models/v1", [w])
-        hooks = [hook] if tf.train.latest_checkpoint(model_dir) is None else []
-        with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=model_dir,
-                                                         hooks=hooks) as sess:
-            ...
+    Usage with a `tf.compat.v1.train.MonitoredTrainingSession`: docs/guide.md ("Warm start from another model").
     """
 
     def __init__(self, ckpt_to_initialize_from, vars_to_warm_start,

@@ -8,8 +8,11 @@ tf_keras initializer), else the Keras `tf.keras` is (tf_keras when `TF_USE_LEGAC
 set before TensorFlow's Keras loaded, else Keras 3).
 
 Example:
-    import tf_keras
-    layer = de.keras.layers.Embedding(8, keras="tf_keras")   # for a tf_keras.Model
+    >>> import tf_keras
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> layer = de.keras.layers.Embedding(8, keras="tf_keras")   # for a tf_keras.Model
+    >>> isinstance(layer, tf_keras.layers.Layer)
+    True
 """
 
 from tfra_dynamic_embedding.keras import callbacks

@@ -12,9 +12,13 @@ constructing one makes an instance of its subclass for one Keras (`bound_class`)
 4. otherwise the Keras that `tf.keras` is.
 
 Example:
-    layer = de.keras.layers.Embedding(8, initializer=tf_keras.initializers.Constant(0.1))
-    isinstance(layer, tf_keras.layers.Layer)                   # True (rule 3)
-    de.keras.layers.Embedding(8, keras="tf_keras").keras       # "tf_keras" (rule 2)
+    >>> import tf_keras
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> layer = de.keras.layers.Embedding(8, initializer=tf_keras.initializers.Constant(0.1))
+    >>> isinstance(layer, tf_keras.layers.Layer)                   # rule 3
+    True
+    >>> de.keras.layers.Embedding(8, keras="tf_keras").keras       # rule 2
+    'tf_keras'
 """
 
 import importlib
@@ -125,7 +129,11 @@ def class_for(cls, args, kwargs, base="Layer", namespace="layers"):
     itself when it is already bound to a Keras, else its `bound_class` for the Keras `resolve`
     chooses (what a logic class's `__new__` needs).
 
-    Example: klass, package = class_for(Embedding, args, kwargs)
+    Example:
+        >>> from tfra_dynamic_embedding.keras.layers import Embedding
+        >>> klass, package = class_for(Embedding, (8,), {"keras": "tf_keras"})
+        >>> package, issubclass(klass, Embedding)
+        ('tf_keras', True)
     """
     package = resolve(cls, args, kwargs)
     return (cls if package_of(cls) else bound_class(cls, package, base, namespace)), package

@@ -7,9 +7,11 @@ for processes Horovod launched: only rank 0 writes (every rank holds the same mo
 callback of one Keras, chosen as for the layers (`binding`): `keras=` ("keras" / "tf_keras"),
 else the Keras `tf.keras` is.
 
-Example:
-    ckpt = de.keras.callbacks.ModelCheckpoint("ckpt/model.weights.h5", save_weights_only=True)
-    model.fit(data, epochs=3, callbacks=[ckpt])
+Example (its use in training: docs/tfra_compatibility.md):
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> ckpt = de.keras.callbacks.ModelCheckpoint("ckpt/model.weights.h5", save_weights_only=True)
+    >>> isinstance(ckpt, tf.keras.callbacks.ModelCheckpoint)
+    True
 """
 
 import tensorflow as tf
@@ -29,9 +31,11 @@ class DEHvdModelCheckpoint:
     """Keras' `ModelCheckpoint` (same arguments, plus `keras=`); under Horovod only rank 0
     saves. The saved model or weights hold the dynamic-embedding tables with their rows.
 
-    Example:
-        cb = de.keras.callbacks.DEHvdModelCheckpoint("ckpt/{epoch}.keras")
-        model.fit(x, y, epochs=2, callbacks=[cb])     # ckpt/1.keras, ckpt/2.keras
+    Example (in training and under Horovod: docs/tfra_compatibility.md):
+        >>> import tf_keras
+        >>> cb = DEHvdModelCheckpoint("ckpt/{epoch}", keras="tf_keras")
+        >>> isinstance(cb, tf_keras.callbacks.ModelCheckpoint)
+        True
     """
 
     def __new__(cls, *args, **kwargs):
@@ -55,8 +59,11 @@ class DEHvdBroadcastGlobalVariablesCallback:
     dynamic-embedding rows (`de.TrainableWrapper`, `de.DEResourceVariable`: a lookup's
     per-batch cache, not weights) and `local_variables`. Needs Horovod (a ValueError without it).
 
-    Example:
-        model.fit(x, y, callbacks=[de.keras.callbacks.DEHvdBroadcastGlobalVariablesCallback(0)])
+    Usage under Horovod: docs/tfra_compatibility.md. Without it:
+        >>> DEHvdBroadcastGlobalVariablesCallback(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: ...Horovod...
     """
 
     def __new__(cls, *args, **kwargs):

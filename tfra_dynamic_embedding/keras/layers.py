@@ -12,10 +12,16 @@ chosen by `binding.resolve` (`keras=`, else the Keras of Keras objects among the
 the Keras `tf.keras` is), an instance of both the class and that Keras' `layers.Layer`.
 
 Example:
-    ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
-    pooled = de.keras.layers.Embedding(8, pooling="mean", name="user")(ids)   # [batch, 8]
-    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(pooled))
-    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam()), loss="mse")
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
+    >>> pooled = de.keras.layers.Embedding(8, pooling="mean", name="user")(ids)
+    >>> pooled.shape
+    (None, 8)
+    >>> model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(pooled))
+    >>> model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam()),
+    ...               loss="mse")
+    >>> model(tf.constant([[1, 2, 3]], tf.int64)).shape
+    TensorShape([1, 1])
 """
 
 import contextlib
@@ -51,8 +57,11 @@ def intercept_calls(interceptor):
     no table: how a sharded export traces a model's dense part apart from its tables.
 
     Example:
-        with intercept_calls(lambda layer, ids: pooled[layer.name]):
-            prediction = model(request, training=False)
+        >>> layer = Embedding(4, name="intercepted")
+        >>> with intercept_calls(lambda layer, ids: tf.zeros([2, 4])):
+        ...     rows = layer(tf.constant([1, 2], tf.int64))
+        >>> float(tf.reduce_sum(rows)), int(layer.params.size())
+        (0.0, 0)
     """
     token = _CALL_INTERCEPTOR.set(interceptor)
     try:
@@ -98,9 +107,10 @@ class Embedding:
         pooled, by default with "mean".
 
     Example:
-        import tf_keras
-        layer = de.keras.layers.Embedding(4, initializer=tf_keras.initializers.Constant(0.1))
-        isinstance(layer, tf_keras.layers.Layer), layer.keras     # (True, "tf_keras")
+        >>> import tf_keras
+        >>> layer = Embedding(4, initializer=tf_keras.initializers.Constant(0.1))
+        >>> isinstance(layer, tf_keras.layers.Layer), layer.keras
+        (True, 'tf_keras')
     """
 
     def __new__(cls, *args, **kwargs):
@@ -286,7 +296,9 @@ def reduce_pooling(x, combiner="sum"):
     `tf.math.reduce_<combiner>` (TFRA's `reduce_pooling`).
 
     Example:
-        reduce_pooling(tf.ones([3, 2, 8]), "mean")   # [3, 8] of ones
+        >>> pooled = reduce_pooling(tf.ones([3, 2, 8]), "mean")
+        >>> pooled.shape, float(tf.reduce_min(pooled)), float(tf.reduce_max(pooled))
+        (TensorShape([3, 8]), 1.0, 1.0)
     """
     reduce = _reduce_method(combiner)
     if x.shape.rank is None or x.shape.rank < 2:
@@ -314,8 +326,9 @@ class SquashedEmbedding(Embedding):
     `[embedding_size]`. Arguments as `Embedding`'s.
 
     Example:
-        layer = de.keras.layers.SquashedEmbedding(8)          # combiner "sum"
-        layer(tf.constant([[15, 2], [4, 92], [22, 4]], tf.int64))   # [3, 8]
+        >>> layer = SquashedEmbedding(8)          # combiner "sum"
+        >>> layer(tf.constant([[15, 2], [4, 92], [22, 4]], tf.int64)).shape
+        TensorShape([3, 8])
     """
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
@@ -344,8 +357,9 @@ class FieldWiseEmbedding(Embedding):
     ("sum", "mean" or "sqrtn"), giving `[batch, nslots, embedding_size]` (empty fields: zeros).
 
     Example:
-        layer = de.keras.layers.FieldWiseEmbedding(4, 3, slot_map_fn=lambda x: x % 3)
-        layer(tf.constant([[23, 12, 0], [9, 13, 10]], tf.int64))    # [2, 3, 4]
+        >>> layer = FieldWiseEmbedding(4, 3, slot_map_fn=lambda x: x % 3)
+        >>> layer(tf.constant([[23, 12, 0], [9, 13, 10]], tf.int64)).shape
+        TensorShape([2, 3, 4])
     """
 
     # "sqrt_n" is TFRA's name (tf.sparse.segment_sqrt_n), "sqrtn" tf.nn's.
@@ -399,8 +413,7 @@ class HvdAllToAllEmbedding:
     TensorFlow's runtime. Constructing one raises a ValueError without Horovod (as TFRA's does)
     and a NotImplementedError with it, naming what to use instead.
 
-    Example:
-        de.keras.layers.Embedding(8, devices=["/job:ps/task:0", "/job:ps/task:1"])  # instead
+    Instead: `de.keras.layers.Embedding(8, devices=[ps devices])`, shown in docs/distributed.md.
     """
 
     def __new__(cls, *args, **kwargs):
@@ -418,8 +431,9 @@ class LayerNormalization:
     values of each row (TFRA's `de.keras.layers.LayerNormalization`). Arguments as Keras'.
 
     Example:
-        inputs = tf.keras.Input(shape=(None, 10))
-        outputs = de.keras.layers.LayerNormalization()(inputs)    # any sequence length
+        >>> inputs = tf.keras.Input(shape=(None, 10))
+        >>> LayerNormalization()(inputs).shape      # any sequence length
+        (None, None, 10)
     """
 
     def __new__(cls, *args, **kwargs):

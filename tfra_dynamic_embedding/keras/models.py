@@ -5,9 +5,15 @@ only `.keras` files itself, so the model goes through `tf.saved_model.save`). Ei
 embedding tables are saved with their rows, and the SavedModel loads with
 `tf.saved_model.load` (and, for tf_keras, `tf_keras.models.load_model`).
 
-Example:
-    de.keras.models.save_model(model, "export/1", include_optimizer=False)
-    serve = tf.saved_model.load("export/1").signatures["serving_default"]
+Example (serving the export: docs/serving.md):
+    >>> import os, tempfile
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
+    >>> model = tf.keras.Model(ids, de.keras.layers.Embedding(2, pooling="sum", name="m_emb")(ids))
+    >>> export = os.path.join(tempfile.mkdtemp(), "1")
+    >>> de.keras.models.save_model(model, export, include_optimizer=False)
+    >>> sorted(os.listdir(export))
+    [...'saved_model.pb', 'variables']
 """
 
 import importlib
@@ -37,8 +43,7 @@ def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signa
     `tf.saved_model.SaveOptions`; "TFRA" is added to its namespace whitelist. `save_format`:
     TFRA passes it on to Keras; a SavedModel ("tf", or None) is the one format written here.
 
-    Example:
-        de.keras.models.save_model(model, "/tmp/export", include_optimizer=False)
+    The module docstring shows it at work.
     """
     if save_format not in (None, "tf"):
         raise ValueError(f"save_format must be None or 'tf' (a SavedModel); got "

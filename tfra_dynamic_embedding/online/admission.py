@@ -11,8 +11,19 @@ Until admitted, a key is not written: lookups give it its initializer row (as an
 `de.DynamicEmbeddingOptimizer` drops its row update and slots. Keys the table holds are always
 trained. The filter's state is checkpointed with the variable.
 
-Example:
-    w = de.get_variable("user", dim=8, admission=de.CountAdmission(3))
+Example (a key gets a row once it was seen 2 times):
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, admission=de.CountAdmission(2))
+    >>> opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1))
+    >>> def step(ids):
+    ...     with tf.GradientTape() as tape:
+    ...         emb, wrapper = de.embedding_lookup(w, tf.constant(ids, tf.int64),
+    ...                                            return_trainable=True)
+    ...         loss = tf.reduce_sum(emb)
+    ...     opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    ...     return int(w.size())
+    >>> step([1, 2]), step([1, 3])
+    (0, 1)
 """
 
 import abc

@@ -21,10 +21,19 @@ A serving SavedModel built on built-in tables takes a delta in place, without a 
 `apply_delta(loaded, export_dir)`.
 
 Example:
-    exporter = DeltaExporter([user, item], "/data/deltas")
-    exporter.export()     # 000000: everything
-    ...                   # training
-    info = exporter.export()   # 000001: changes only; info.upserts, info.removals, info.bytes
+    >>> import tempfile
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> user = de.Variable(dim=2, name="delta_user")
+    >>> _ = user.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    >>> exporter = DeltaExporter([user], tempfile.mkdtemp())
+    >>> info = exporter.export()      # 000000: everything
+    >>> info.sequence, info.full, info.upserts
+    (0, True, 3)
+    >>> _ = user.upsert(tf.constant([1], tf.int64), tf.zeros([1, 2]))   # training
+    >>> _ = user.remove(tf.constant([3], tf.int64))
+    >>> info = exporter.export()      # 000001: changes only
+    >>> info.sequence, info.full, info.upserts, info.removals
+    (1, False, 1, 1)
 """
 
 import dataclasses
@@ -269,8 +278,18 @@ def replay(directory, variables, upto=None, var_name_to_prev_var_name=None, keep
         (removals always apply).
 
     Example:
-        replay("/data/deltas", [new_user], var_name_to_prev_var_name={"new_user": "user"},
-               keep_keys=lambda keys: keys % 10 == 0)
+        >>> import tempfile
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> user = de.Variable(dim=2, name="replay_user")
+        >>> _ = user.upsert(tf.constant([10, 11, 20], tf.int64), tf.ones([3, 2]))
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = DeltaExporter([user], folder).export()
+        >>> new_user = de.Variable(dim=2, name="replay_new_user", devices=["/CPU:0"] * 2)
+        >>> renames = {"replay_new_user": "replay_user"}
+        >>> _ = replay(folder, [new_user], var_name_to_prev_var_name=renames,
+        ...            keep_keys=lambda keys: keys % 10 == 0)
+        >>> sorted(new_user.export()[0].numpy().tolist())
+        [10, 20]
     """
     renames = dict(var_name_to_prev_var_name or {})
     by_table = {renames.get(v.name, v.name): v for v in variables}

@@ -21,9 +21,19 @@ built-in backend from a status table of [last update, updates] per key; checkpoi
 clock and the recency and counts of either.
 
 Example:
-    w = de.get_variable("user", dim=8, eviction=de.Eviction(max_size=1_000_000, order="lfu"))
-    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
-    ...   # training: w.size() <= 1_000_000 after every step
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, eviction=de.Eviction(max_size=2, order="lfu", slack=0.0))
+    >>> opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
+    >>> for ids in ([1, 2], [1, 3], [4, 5]):
+    ...     with tf.GradientTape() as tape:
+    ...         emb, wrapper = de.embedding_lookup(w, tf.constant(ids, tf.int64),
+    ...                                            return_trainable=True)
+    ...         loss = tf.reduce_sum(emb)
+    ...     _ = opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    ...     print(int(w.size()))      # at most max_size after every step
+    2
+    2
+    2
 """
 
 import tensorflow as tf
@@ -361,7 +371,13 @@ def row_metadata(table, key_dtype, fix=None):
     """(keys, stamps, counts) of a native table's rows, read in chunks that do not keep the
     rows' values.
 
-    Example: keys, stamps, counts = row_metadata(var.tables[0].kv_table, tf.int64)
+    Example:
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> var = de.Variable(dim=2, eviction=de.Eviction(max_size=10))
+        >>> _ = var.upsert(tf.constant([3, 4], tf.int64), tf.ones([2, 2]))
+        >>> keys, stamps, counts = row_metadata(var.tables[0].kv_table, tf.int64)
+        >>> sorted(keys.numpy().tolist()), stamps.shape, counts.shape
+        ([3, 4], TensorShape([2]), TensorShape([2]))
     """
     def append(arrays, *chunk):
         return tuple(a.write(a.size(), c) for a, c in zip(arrays, chunk))

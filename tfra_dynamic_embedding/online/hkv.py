@@ -11,8 +11,11 @@ training step keeps each shard within `max_capacity` (docs/online.md). GPU memor
 `get_config` but place nothing on a GPU.
 
 Example:
-    config = de.HkvHashTableConfig(max_capacity=1 << 20, evict_strategy=de.HkvEvictStrategy.LFU)
-    w = de.get_variable("w", dim=16, kv_creator=de.HkvHashTableCreator(config=config))
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> config = de.HkvHashTableConfig(max_capacity=1 << 20, evict_strategy=de.HkvEvictStrategy.LFU)
+    >>> w = de.Variable(dim=16, kv_creator=de.HkvHashTableCreator(config=config))
+    >>> w.lookup(tf.constant([1], tf.int64)).shape
+    TensorShape([1, 16])
 """
 
 import enum
@@ -54,7 +57,13 @@ def _count(name, value, low):
 class HkvHashTableConfig:
     """The settings of TFRA's HKV table (see the module docstring for what each means here).
 
-    Example: de.HkvHashTableConfig(max_capacity=100_000, evict_strategy=de.HkvEvictStrategy.LRU)
+    Example:
+        >>> config = HkvHashTableConfig(init_capacity=100_000, max_capacity=100_000,
+        ...                             evict_strategy=HkvEvictStrategy.LRU)
+        >>> config.init_capacity, config.max_capacity
+        (100000, 100000)
+        >>> HkvHashTableConfig(max_capacity=100_000).max_capacity   # below init_capacity: raised
+        1048576
     """
 
     def __init__(self, init_capacity=KHkvHashTableInitCapacity,
@@ -101,8 +110,12 @@ class HkvHashTableCreator(CuckooHashTableCreator):
     `max_capacity` keys by LRU / LFU eviction in training (`eviction`).
 
     Example:
-        creator = de.HkvHashTableCreator(config=de.HkvHashTableConfig(max_capacity=4096))
-        w = de.Variable(dim=8, devices=["/CPU:0", "/CPU:1"], kv_creator=creator)  # <= 8192 keys
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> config = HkvHashTableConfig(init_capacity=4096, max_capacity=4096)
+        >>> creator = HkvHashTableCreator(config=config)
+        >>> creator.default_eviction(shard_num=2).max_size     # 2 shards: at most 8192 keys
+        8192
+        >>> w = de.Variable(dim=8, devices=["/CPU:0", "/CPU:0"], kv_creator=creator)
     """
 
     config_class = HkvHashTableConfig

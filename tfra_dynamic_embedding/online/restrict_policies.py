@@ -6,10 +6,19 @@ and remembers the optimizer's slot tables; `var.restrict(num_reserved, trigger=.
 removes, when the variable holds more than `trigger` keys, all but `num_reserved // shard_num`
 keys per shard -- those with the lowest status -- from the variable, the status and the slots.
 
-    w = de.get_variable("user", dim=8, restrict_policy=de.TimestampRestrictPolicy)
-    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
-    ...                                   # training steps
-    w.restrict(1_000_000, trigger=1_200_000)   # back to 1M keys once over 1.2M
+Example (back to 1 key once over 2; at scale `w.restrict(1_000_000, trigger=1_200_000)`):
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=2, restrict_policy=de.FrequencyRestrictPolicy)
+    >>> opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
+    >>> for ids in ([1, 2, 3], [1]):                 # training steps
+    ...     with tf.GradientTape() as tape:
+    ...         emb, wrapper = de.embedding_lookup(w, tf.constant(ids, tf.int64),
+    ...                                            return_trainable=True)
+    ...         loss = tf.reduce_sum(emb)
+    ...     _ = opt.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    >>> _ = w.restrict(1, trigger=2)
+    >>> w.export()[0].numpy()                          # key 1, the most trained, stays
+    array([1])
 
 `TimestampRestrictPolicy`: status = Unix seconds of the key's last update (oldest out first).
 `FrequencyRestrictPolicy`: status = number of updates of the key (rarest out first).
@@ -216,8 +225,14 @@ class RowStatus(_tf_private.AutoTrackable):
     statuses into the rows (`settle`), so after it the rows alone hold them again.
 
     Example:
-        var = de.Variable(dim=4, restrict_policy=de.FrequencyRestrictPolicy)   # native rows
-        keys, counts = var.restrict_policy.status.export()                      # [n], [n, 1]
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> var = de.Variable(dim=4, restrict_policy=de.FrequencyRestrictPolicy)   # native rows
+        >>> _, wrapper = de.embedding_lookup(var, tf.constant([6, 6, 8], tf.int64),
+        ...                                  return_trainable=True)
+        >>> _ = wrapper.update_op()
+        >>> keys, counts = var.restrict_policy.status.export()
+        >>> keys.shape, counts.shape
+        (TensorShape([2]), TensorShape([2, 1]))
     """
 
     def __init__(self, policy):

@@ -28,7 +28,7 @@ Example (tables from a file: `placement.load_tables("tables.json")`):
     True
     >>> report = placement.evaluate_plan(choice.plan, choice.judge)
     >>> with choice.plan.scope():
-    ...     w = de.get_variable("user", dim=16)
+    ...     w = de.get_variable("planned/user", dim=16)   # "user" names it, as "ctr/user" would
     >>> w.devices == choice.plan.devices_for("user")
     True
 

@@ -11,10 +11,16 @@ to draw it -- the native one in its fused lookup kernel, the built-in one with T
 nothing calls back up into the Variable.
 
 Example (any backend):
-    table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=4, name="t", device="/CPU:0")
-    table.insert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
-    rows, exists = table.lookup_with_exists(tf.constant([1, 7], tf.int64), tf.zeros([2, 4]))
-    rows, exists = table.lookup_or_init(keys, InitSpec("normal", dim=4, a=0.0, b=0.01, seed=3))
+    >>> from tfra_dynamic_embedding.tables import BuiltinKVCreator
+    >>> table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=4, name="t", device="/CPU:0")
+    >>> _ = table.insert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
+    >>> keys = tf.constant([1, 7], tf.int64)
+    >>> rows, exists = table.lookup_with_exists(keys, tf.zeros([2, 4]))
+    >>> rows.numpy()[:, 0], exists.numpy()
+    (array([1., 0.], dtype=float32), array([ True, False]))
+    >>> rows, exists = table.lookup_or_init(keys, InitSpec("normal", dim=4, a=0.0, b=0.01, seed=3))
+    >>> rows.shape, exists.numpy()
+    (TensorShape([2, 4]), array([ True, False]))
 """
 
 import abc
@@ -61,9 +67,13 @@ class InitSpec:
     dim, dtype: the rows' width and dtype.
 
     Example:
-        spec = InitSpec("normal", dim=8, a=0.0, b=0.01, seed=7, keyed=True)
-        rows, exists = table.lookup_or_init(keys, spec)   # native: one fused kernel
-        spec.rows(tf.constant([3], tf.int64))             # the same row of key 3, by TF ops
+        >>> from tfra_dynamic_embedding.tables.native import NativeKVCreator
+        >>> table = NativeKVCreator().create(tf.int64, tf.float32, dim=8, name="t")
+        >>> spec = InitSpec("normal", dim=8, a=0.0, b=0.01, seed=7, keyed=True)
+        >>> rows, exists = table.lookup_or_init(tf.constant([3], tf.int64), spec)  # fused kernel
+        >>> by_tf = spec.rows(tf.constant([3], tf.int64))     # the same row of key 3, by TF ops
+        >>> bool(tf.reduce_all(tf.abs(rows - by_tf) < 1e-6))
+        True
     """
     kind: str
     dim: Optional[int] = None
@@ -320,7 +330,14 @@ def exists_like_keys(exists, keys, owner):
     """`exists` as a bool tensor, checked to have the shape of `keys` (statically where both
     shapes are known, else when the op runs), so a mask is never silently broadcast.
 
-    Example: `exists = exists_like_keys([True, False], keys, "table t")`.
+    Example:
+        >>> keys = tf.constant([4, 5], tf.int64)
+        >>> exists_like_keys([True, False], keys, "table t").numpy()
+        array([ True, False])
+        >>> exists_like_keys([True], keys, "table t")
+        Traceback (most recent call last):
+        ...
+        ValueError: exists must have the shape of keys (2,); got (1,)
     """
     exists = tf.convert_to_tensor(exists, tf.bool, name="exists")
     if not exists.shape.is_compatible_with(keys.shape):

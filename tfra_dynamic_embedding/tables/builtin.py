@@ -5,9 +5,11 @@ TensorFlow without this package. It is the fallback when the native op library i
 Initial rows are drawn with TF ops, from the `InitSpec` (`KVTable.lookup_or_init`).
 
 Example:
-    table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=2, name="t")
-    table.insert(tf.constant([3], tf.int64), [[1.0, 2.0]])
-    table.lookup(tf.constant([3, 4], tf.int64), tf.zeros([2, 2]))  # [[1, 2], [0, 0]]
+    >>> table = BuiltinKVCreator().create(tf.int64, tf.float32, dim=2, name="t")
+    >>> _ = table.insert(tf.constant([3], tf.int64), [[1.0, 2.0]])
+    >>> table.lookup(tf.constant([3, 4], tf.int64), tf.zeros([2, 2])).numpy()
+    array([[1., 2.],
+           [0., 0.]], dtype=float32)
 """
 
 import tensorflow as tf

@@ -3,7 +3,10 @@
 eviction) is in online/hkv.py.
 
 Example:
-    w = de.get_variable("w", dim=16, kv_creator=de.CuckooHashTableCreator())
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> w = de.Variable(dim=16, kv_creator=de.CuckooHashTableCreator())
+    >>> w.lookup(tf.constant([1], tf.int64)).shape
+    TensorShape([1, 16])
 """
 
 import tensorflow as tf
@@ -32,8 +35,13 @@ class CuckooHashTableCreator(KVCreator):
     is built, else the built-in one (`default_kv_creator`).
 
     Example:
-        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(de.CuckooHashTableConfig()))
-        w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(de.CuckooHashTableConfig()))
+        >>> w = de.Variable(dim=8, kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+        >>> CuckooHashTableCreator(config=3)
+        Traceback (most recent call last):
+        ...
+        TypeError: config must be a de.CuckooHashTableConfig; got 3
     """
 
     config_class = CuckooHashTableConfig   # what `config` must be; its default when None

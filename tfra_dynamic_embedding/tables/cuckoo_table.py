@@ -62,7 +62,12 @@ class CuckooHashTable(_tf_private.AutoTrackable):
         handed to a checkpoint or a `tf.compat.v1.train.Saver(var_list=...)` itself.
 
         Example:
-            var.tables[0].lookup(keys)   # missing keys get the variable's default row
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> var = de.Variable(dim=2, initializer=-1.0)
+            >>> _ = var.upsert(tf.constant([1], tf.int64), tf.ones([1, 2]))
+            >>> var.tables[0].lookup(tf.constant([1, 2], tf.int64)).numpy()  # 2: the default row
+            array([[ 1.,  1.],
+                   [-1., -1.]], dtype=float32)
         """
         view = cls.__new__(cls)
         view._set_up(kv_table.key_dtype, kv_table.value_dtype, default_value, name, True,

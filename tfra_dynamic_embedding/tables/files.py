@@ -29,9 +29,18 @@ Renames are atomic on local and POSIX filesystems; on object stores (S3, GCS) a 
 One writer per (variable, rank, size) and directory at a time.
 
 Example:
-    w.save_to_file_system("/ckpt/kv")           # every shard of de.Variable `w`, committed at once
-    w.load_from_file_system("/ckpt/kv")         # the same shard count
-    w.load_from_file_system("/ckpt/kv", load_entire_dir=True)  # any shard count: re-partitioned
+    >>> import tempfile
+    >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+    >>> folder = tempfile.mkdtemp()
+    >>> w = de.Variable(dim=2, devices=["/CPU:0"] * 2, name="files_kv")
+    >>> _ = w.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    >>> _ = w.save_to_file_system(folder)    # every shard of `w`, committed at once
+    >>> same = de.Variable(dim=2, devices=["/CPU:0"] * 2, name="files_kv")
+    >>> _ = same.load_from_file_system(folder)    # the same shard count
+    >>> other = de.Variable(dim=2, devices=["/CPU:0"] * 3, name="files_kv")
+    >>> _ = other.load_from_file_system(folder, load_entire_dir=True)  # re-partitioned
+    >>> int(same.size()), int(other.size())
+    (3, 3)
 """
 
 import os

@@ -19,8 +19,14 @@ Everything is int64/float64 element-wise ops (wrapping int64 products carry the 
 it runs in eager mode, tf.function and v1 graphs on any device.
 
 Example:
-    u = keyed_uniforms(tf.constant([3, 9], tf.int64), seed=7, dim=4)   # [2, 4] float64 in (0, 1)
-    rows = keyed_rows(keys, "normal", 0.0, 0.1, seed=7, dim=4, dtype=tf.float32)
+    >>> keys = tf.constant([3, 9], tf.int64)
+    >>> u = keyed_uniforms(keys, seed=7, dim=4)
+    >>> u.shape, u.dtype, bool(tf.reduce_all((u > 0) & (u < 1)))
+    (TensorShape([2, 4]), tf.float64, True)
+    >>> rows = keyed_rows(keys, "normal", 0.0, 0.1, seed=7, dim=4, dtype=tf.float32)
+    >>> again = keyed_rows(keys[:1], "normal", 0.0, 0.1, seed=7, dim=4, dtype=tf.float32)
+    >>> bool(tf.reduce_all(rows[0] == again[0]))     # a key's row depends on the key only
+    True
 """
 
 import math

@@ -11,10 +11,16 @@ variable `TFRA_DE_OPS_LIBRARY`. It is loaded on first use; when it is missing or
 `is_available()` is False and creating a table raises `RuntimeError`.
 
 Example:
-    table = NativeKVCreator().create(tf.int64, tf.float32, dim=4, name="t")
-    init = NativeInitializer("normal", 0.0, 0.01, seed=1)   # or initializers.describe(...)
-    rows, exists = table.find_or_insert(tf.constant([1, 2], tf.int64), init)
-    table.save_to("/tmp/t.shard0")
+    >>> import os, tempfile
+    >>> table = NativeKVCreator().create(tf.int64, tf.float32, dim=4, name="t")
+    >>> init = NativeInitializer("normal", 0.0, 0.01, seed=1)   # or initializers.describe(...)
+    >>> rows, exists = table.find_or_insert(tf.constant([1, 2], tf.int64), init)
+    >>> rows.shape, exists.numpy(), int(table.size())
+    (TensorShape([2, 4]), array([False, False]), 2)
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.shard0")
+    >>> _ = table.save_to(path)
+    >>> os.path.exists(path)
+    True
 """
 
 import os
@@ -104,8 +110,13 @@ class NativeInitializer(base.InitSpec):
     uniform rows of integer keys either way).
 
     Example:
-        init = NativeInitializer("normal", 0.0, 0.01, seed=1)
-        rows, exists = table.find_or_insert(keys, init)   # one fused kernel
+        >>> table = NativeKVCreator().create(tf.int64, tf.float32, dim=2, name="t")
+        >>> keys = tf.constant([5, 6], tf.int64)
+        >>> init = NativeInitializer("normal", 0.0, 0.01, seed=1)
+        >>> rows, exists = table.find_or_insert(keys, init)   # one fused kernel
+        >>> again, exists = table.find_or_insert(keys, init)
+        >>> exists.numpy(), bool(tf.reduce_all(rows == again))
+        (array([ True,  True]), True)
     """
 
     def __init__(self, kind, a=0.0, b=0.0, seed=None, dim=None, dtype=tf.float32, keyed=False,
@@ -293,7 +304,13 @@ class NativeKVTable(base.KVTable):
         """Bytes the table holds: its records (rows, optimizer slots kept with them, metadata)
         as far as rows were handed out, its hash index, free lists and long string keys.
 
-        Example: int(var.tables[0].kv_table.memory_bytes()) / int(var.size())  # bytes per key
+        Example:
+            >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+            >>> var = de.Variable(dim=4)
+            >>> _ = var.upsert(tf.range(100, dtype=tf.int64), tf.ones([100, 4]))
+            >>> per_key = int(var.tables[0].kv_table.memory_bytes()) / int(var.size())
+            >>> per_key >= 4 * 4      # bytes per key: at least its row
+            True
         """
         with tf.device(self.device):
             return self.gen_ops.tfra_de_memory(self.resource_handle)
@@ -303,7 +320,14 @@ class NativeKVTable(base.KVTable):
         held, freed for reuse and prefaulted), "rows" (how many rows that is), "index" (the hash
         index's bytes) and "other" (free lists, long string keys).
 
-        Example: parts = t.memory_parts(); int(parts["records"]) // int(parts["rows"])  # record bytes
+        Example:
+            >>> t = NativeKVCreator().create(tf.int64, tf.float32, dim=4, name="t")
+            >>> _ = t.insert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 4]))
+            >>> parts = t.memory_parts()
+            >>> sorted(parts), int(parts["rows"]) >= 3
+            (['index', 'other', 'records', 'rows'], True)
+            >>> int(parts["records"]) // int(parts["rows"]) >= 4 * 4     # bytes of one record
+            True
         """
         with tf.device(self.device):
             parts = tf.unstack(self.gen_ops.tfra_de_memory_parts(self.resource_handle))

@@ -16,10 +16,13 @@ restoring a slot sets its columns (keys it lacks get the fill), so a checkpoint 
 same in either order.
 
 Example:
-    table = native.NativeKVCreator().create(tf.int64, tf.float32, 4, "emb")
-    m = NativeSlotView(table, fill=0.0, name="emb/Adam/m")   # group 1 of `table`
-    (m_rows,), exists = find_groups(table, keys, [m.group])  # m's rows of keys, [n, 4]
-    upsert_groups(table, keys, [new_rows, new_m], [0, m.group])
+    >>> table = native.NativeKVCreator().create(tf.int64, tf.float32, 4, "emb")
+    >>> m = NativeSlotView(table, fill=0.0, name="emb/Adam/m")   # group 1 of `table`
+    >>> keys = tf.constant([1, 2], tf.int64)
+    >>> _ = upsert_groups(table, keys, [tf.ones([2, 4]), tf.fill([2, 4], 0.5)], [0, m.group])
+    >>> (m_rows,), exists = find_groups(table, keys, [m.group])  # m's rows of keys
+    >>> m_rows.numpy()[:, 0], exists.numpy()
+    (array([0.5, 0.5], dtype=float32), array([ True,  True]))
 """
 
 import copy
