@@ -43,12 +43,13 @@ import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
+from tfra_dynamic_embedding import table_updates
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
 
 # pylint: disable-next=invalid-name  (TFRA's public name)
-def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
+def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False, apply_in_tables=True):
     """Returns `self`, re-classed so that it also trains `de.Variable`s (see module docstring).
 
     bp_v2: None (each variable's own `bp_v2`), or True / False for every variable it trains:
@@ -56,17 +57,25 @@ def DynamicEmbeddingOptimizer(self, bp_v2=None, synchronous=False):
     synchronous: TFRA's synchronous Horovod training: every step sums the dense (non-embedding)
       gradients over the Horovod ranks (`hvd.allreduce`) before applying them; embedding rows
       are each rank's own. With one rank nothing is summed; without Horovod the step raises.
+    apply_in_tables: apply the update where the tables live, sending only ids and gradients
+      (table_updates.py), for the optimizers and variables that path serves; False keeps every
+      update on the trainer (read rows and slots, update, write back).
     """
     if bp_v2 is not None and not isinstance(bp_v2, bool):
         raise ValueError(f"bp_v2 must be None or a bool; got {bp_v2!r}")
     if not isinstance(synchronous, bool):
         raise ValueError(f"synchronous must be a bool; got {synchronous!r}")
+    if not isinstance(apply_in_tables, bool):
+        raise ValueError(f"apply_in_tables must be a bool; got {apply_in_tables!r}")
     if not isinstance(self, _DynamicEmbeddingMixin):
         self.__class__ = _wrapped_class(_mixin_for(self), type(self))
         object.__setattr__(self, "_de_slot_tables", {})   # (embedding, slot) -> slot de.Variable
         object.__setattr__(self, "_de_buffers", {})       # wrapper -> [slot TrainableWrapper]
     object.__setattr__(self, "_de_bp_v2", bp_v2)
     object.__setattr__(self, "_de_synchronous", synchronous)
+    object.__setattr__(self, "_de_in_tables", apply_in_tables)
+    object.__setattr__(self, "_de_fused", frozenset())   # refs of wrappers updated in tables
+    object.__setattr__(self, "_de_pending", [])          # their table_updates.Pending
     return self
 
 
@@ -223,6 +232,11 @@ class _DynamicEmbeddingMixin:
         if not wrappers:
             return apply(grads_and_vars)
         create_slots([v for g, v in grads_and_vars if g is not None])
+        rule = self._de_rule() if getattr(self, "_de_in_tables", True) else None
+        fused = frozenset(w.ref() for w in wrappers
+                          if table_updates.takes_path(w.params, rule, self._de_slot_tables))
+        in_tables = [w for w in wrappers if w.ref() in fused]
+        wrappers = [w for w in wrappers if w.ref() not in fused]
         # Slots kept in their variable's records (native backend) are read with one probe
         # per key for all of them, and written back with the rows in one more.
         groups = {w.ref(): w.params.slot_groups(
@@ -247,15 +261,25 @@ class _DynamicEmbeddingMixin:
         grads_and_vars = [
             (_summed_rows(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
             for g, v in grads_and_vars]
-        with tf.control_dependencies(prefetch + list(looked_up.values())):
-            result = apply(grads_and_vars)
+        object.__setattr__(self, "_de_fused", fused)
+        object.__setattr__(self, "_de_hypers", {})
+        try:
+            with tf.control_dependencies(prefetch + list(looked_up.values())):
+                result = apply(grads_and_vars)
+            pending, self._de_pending[:] = list(self._de_pending), []
+        finally:
+            object.__setattr__(self, "_de_fused", frozenset())
+            object.__setattr__(self, "_de_hypers", {})
+        # The updates in tables: one op per device (all its tables), ids and gradients sent.
+        writes = table_updates.apply_pending(pending, self._de_slot_tables)
+        for w in in_tables:
+            w.end_step()
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
             online = {w.ref(): self._de_online(w) for w in wrappers}
             keep = {ref: mask for ref, (mask, _, _) in online.items()}
             room = [op for _, ops, _ in online.values() for op in ops if op is not None]
         with tf.control_dependencies(after + room):
-            writes = []
             for w in wrappers:
                 buffers = self._de_buffers.get(w.ref(), [])
                 if buffers and groups[w.ref()] is not None and w.ref() not in looked_up:
@@ -278,6 +302,32 @@ class _DynamicEmbeddingMixin:
         # A tf.compat.v1 graph: the returned op must also run the write-back.
         with tf.control_dependencies([op for op in writes if op is not None]):
             return tf.identity(result) if isinstance(result, tf.Tensor) else tf.group(*after)
+
+    def _de_rule(self):
+        """This optimizer's `table_updates.Rule`, or None (its updates stay on the trainer)."""
+        return table_updates.rule_of(self, type(self).__bases__[-1], self._de_family)
+
+    def _de_in_table(self, var):
+        """The wrapper `var` when this step applies its update in its tables, else None."""
+        if (isinstance(var, trainable_lib.TrainableWrapper)
+                and var.ref() in getattr(self, "_de_fused", ())):
+            return var
+        return None
+
+    def _de_hyper_cache(self, key, make):
+        """This step's hyper-parameter vector for `key` (e.g. the dtype), made once by `make`, so
+        that the tables sharing it go into one op."""
+        cache = self._de_hypers
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _de_defer(self, wrapper, grad, hyper):
+        """Queues `wrapper`'s update for `_de_apply` (which groups them per device); returns an
+        op that reads this step's hyper-parameters (before the optimizer moves its counters)."""
+        rule = self._de_rule()
+        self._de_pending.append(table_updates.Pending(wrapper, grad, rule, hyper))
+        return tf.group(hyper)
 
     def _de_online(self, wrapper):
         """(keep mask over the batch ids or None, ops to run before the write-back, None or
@@ -323,6 +373,17 @@ class _DynamicEmbeddingMixin:
 
 class _V1Mixin(_DynamicEmbeddingMixin):
     """tf.compat.v1.train optimizers: slots come from `_zeros_slot` / `_get_or_make_slot*`."""
+
+    _de_family = "v1"
+
+    def _resource_apply_dense(self, grad, handle):
+        wrapper = self._de_in_table(handle)
+        if wrapper is None:
+            return super()._resource_apply_dense(grad, handle)
+        dtype = wrapper.dtype.base_dtype
+        hyper = self._de_hyper_cache(
+            (dtype,), lambda: table_updates.v1_hyper(self, self._de_rule(), dtype))
+        return self._de_defer(wrapper, grad, hyper)
 
     def _zeros_slot(self, var, slot_name, op_name):
         if _wrapper_of(var) is not None:
@@ -392,8 +453,38 @@ class _KerasConfigMixin:
                                          bp_v2=bp_v2, synchronous=synchronous)
 
 
-class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
+class _KerasUpdateMixin:
+    """Keras 3 and tf_keras (non-legacy): a wrapper updated in its tables takes its weight
+    decay there too (the factor goes with the step's numbers)."""
+
+    def _use_weight_decay(self, variable):
+        if self._de_in_table(variable) is not None:
+            return False
+        return super()._use_weight_decay(variable)
+
+    def _de_keras_update(self, wrapper, gradient, learning_rate):
+        dtype = wrapper.dtype.base_dtype
+        decays = (self.weight_decay is not None
+                  and super(_KerasUpdateMixin, self)._use_weight_decay(wrapper))
+
+        def make():
+            decay = (tf.cast(learning_rate, dtype) * tf.cast(self.weight_decay, dtype)
+                     if decays else 0.0)
+            return table_updates.keras_hyper(self, self._de_rule(), dtype, learning_rate, decay)
+
+        return self._de_defer(wrapper, gradient, self._de_hyper_cache((dtype, decays), make))
+
+
+class _Keras3Mixin(_KerasConfigMixin, _KerasUpdateMixin, _DynamicEmbeddingMixin):
     """Keras 3 optimizers: slots come from `add_variable_from_reference`."""
+
+    _de_family = "keras3"
+
+    def update_step(self, gradient, variable, learning_rate):
+        wrapper = self._de_in_table(variable)
+        if wrapper is None:
+            return super().update_step(gradient, variable, learning_rate)
+        return self._de_keras_update(wrapper, gradient, learning_rate)
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if isinstance(reference_variable, trainable_lib.TrainableWrapper):
@@ -449,6 +540,21 @@ class _Keras3Mixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
 class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
     """tf_keras legacy (OptimizerV2) optimizers: slots come from `add_slot`."""
 
+    _de_family = "legacy"
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        wrapper = self._de_in_table(var)
+        if wrapper is None:
+            return super()._resource_apply_dense(grad, var, apply_state)
+        device, dtype = var.device, var.dtype.base_dtype
+
+        def make():
+            coefficients = ((apply_state or {}).get((device, dtype))
+                            or self._fallback_apply_state(device, dtype))
+            return table_updates.legacy_hyper(self, self._de_rule(), dtype, coefficients)
+
+        return self._de_defer(wrapper, grad, self._de_hyper_cache((device, dtype), make))
+
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
         if isinstance(var, trainable_lib.TrainableWrapper):
             slots = self._slots.setdefault(_legacy_keras_var_key(var), {})
@@ -476,8 +582,16 @@ class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
                 for g, v in pairs]
 
 
-class _NewTfKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
+class _NewTfKerasMixin(_KerasConfigMixin, _KerasUpdateMixin, _DynamicEmbeddingMixin):
     """tf_keras (non-legacy) optimizers: slots come from `add_variable_from_reference`."""
+
+    _de_family = "tf_keras"
+
+    def update_step(self, gradient, variable):
+        wrapper = self._de_in_table(variable)
+        if wrapper is None:
+            return super().update_step(gradient, variable)
+        return self._de_keras_update(wrapper, gradient, self.learning_rate)
 
     def add_variable_from_reference(self, model_variable, variable_name, shape=None,
                                     initial_value=None):

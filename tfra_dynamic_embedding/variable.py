@@ -281,6 +281,12 @@ class Variable(_tf_private.AutoTrackable):
         return self._trainable
 
     @property
+    def init_spec(self):
+        """The `InitSpec` new keys' rows are drawn from (`initializers.describe` of
+        `initializer`)."""
+        return self._init
+
+    @property
     def checkpoint(self):
         return self._checkpoint
 

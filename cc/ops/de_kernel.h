@@ -6,11 +6,13 @@
 #define TFRA_DE_CC_OPS_DE_KERNEL_H_
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "de_table.h"
@@ -60,6 +62,63 @@ inline Status CheckScalar(const char* name, const Tensor& t) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, " must be a scalar, got shape ", t.shape().DebugString()));
   }
+  return absl::OkStatus();
+}
+
+// The initial rows of a fused op's missing keys (TfraDeFindInit, TfraDeApplyGradients):
+// init_args[0] is [a, b] of a random kind, [1] or [dim] of a constant.
+inline Status ReadInitArgs(const Tensor& args, int64_t dim, InitSpec* init) {
+  const int64_t len = args.dims() == 1 ? args.dim_size(0) : -1;
+  const double* v = args.dims() == 1 ? args.flat<double>().data() : nullptr;
+  if (init->kind == InitSpec::kConstant) {
+    if (len != 1 && len != dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_args of a constant initializer must have shape [1] or [dim] = [", dim,
+          "], got ", args.shape().DebugString()));
+    }
+    if (len == 1) {
+      init->a = v[0];
+    } else {
+      init->row = v;
+    }
+    return absl::OkStatus();
+  }
+  if (len != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_args of a random initializer must have shape [2] (a, b), got ",
+        args.shape().DebugString()));
+  }
+  init->a = v[0];
+  init->b = v[1];
+  return absl::OkStatus();
+}
+
+inline Status CheckInitSpec(const InitSpec& init) {
+  if (init.kind == InitSpec::kConstant) return absl::OkStatus();
+  if (!std::isfinite(init.a) || !std::isfinite(init.b)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initializer parameters must be finite, got a = ", init.a, ", b = ", init.b));
+  }
+  if (init.kind == InitSpec::kUniform && !(init.b > init.a)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a uniform initializer needs maxval > minval, got minval = ", init.a,
+        ", maxval = ", init.b));
+  }
+  if (init.kind != InitSpec::kUniform && init.b < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a normal initializer needs stddev >= 0, got stddev = ", init.b));
+  }
+  return absl::OkStatus();
+}
+
+// fills: a 1-D double tensor of slot group start values.
+inline Status ReadFills(const Tensor& t, std::vector<double>* fills) {
+  if (t.dims() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fills must be a 1-D tensor, got shape ",
+                                                   t.shape().DebugString()));
+  }
+  const auto v = t.flat<double>();
+  fills->assign(v.data(), v.data() + v.size());
   return absl::OkStatus();
 }
 

@@ -417,8 +417,8 @@ class FindInitOp : public TableOp {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     InitSpec init = init_;
-    if (num_args_ == 1) OP_REQUIRES_OK(ctx, ReadArgs(ctx->input(2), t->dim(), &init));
-    OP_REQUIRES_OK(ctx, CheckInit(init));
+    if (num_args_ == 1) OP_REQUIRES_OK(ctx, ReadInitArgs(ctx->input(2), t->dim(), &init));
+    OP_REQUIRES_OK(ctx, CheckInitSpec(init));
     const int64_t n = keys.dim_size(0);
     Tensor *values, *exists;
     OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim(), &values));
@@ -427,51 +427,6 @@ class FindInitOp : public TableOp {
   }
 
  private:
-  // init_args[0]: [a, b] of a random kind; [1] or [dim] of a constant.
-  static Status ReadArgs(const Tensor& args, int64_t dim, InitSpec* init) {
-    const int64_t len = args.dims() == 1 ? args.dim_size(0) : -1;
-    const double* v = args.dims() == 1 ? args.flat<double>().data() : nullptr;
-    if (init->kind == InitSpec::kConstant) {
-      if (len != 1 && len != dim) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "init_args of a constant initializer must have shape [1] or [dim] = [", dim,
-            "], got ", args.shape().DebugString()));
-      }
-      if (len == 1) {
-        init->a = v[0];
-      } else {
-        init->row = v;
-      }
-      return absl::OkStatus();
-    }
-    if (len != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_args of a random initializer must have shape [2] (a, b), got ",
-          args.shape().DebugString()));
-    }
-    init->a = v[0];
-    init->b = v[1];
-    return absl::OkStatus();
-  }
-
-  static Status CheckInit(const InitSpec& init) {
-    if (init.kind == InitSpec::kConstant) return absl::OkStatus();
-    if (!std::isfinite(init.a) || !std::isfinite(init.b)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "initializer parameters must be finite, got a = ", init.a, ", b = ", init.b));
-    }
-    if (init.kind == InitSpec::kUniform && !(init.b > init.a)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a uniform initializer needs maxval > minval, got minval = ", init.a,
-          ", maxval = ", init.b));
-    }
-    if (init.kind != InitSpec::kUniform && init.b < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a normal initializer needs stddev >= 0, got stddev = ", init.b));
-    }
-    return absl::OkStatus();
-  }
-
   bool insert_ = false;
   int64_t num_args_ = 0;
   InitSpec init_;
@@ -696,17 +651,6 @@ class LoadFromFileOp : public TableOp {
     OP_REQUIRES_OK(ctx, SetScalarOutput(ctx, 0, loaded));
   }
 };
-
-// fills: a 1-D double tensor of slot group start values.
-Status ReadFills(const Tensor& t, std::vector<double>* fills) {
-  if (t.dims() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("fills must be a 1-D tensor, got shape ",
-                                                   t.shape().DebugString()));
-  }
-  const auto v = t.flat<double>();
-  fills->assign(v.data(), v.data() + v.size());
-  return absl::OkStatus();
-}
 
 class GroupViewOp : public OpKernel {
  public:

@@ -50,6 +50,22 @@ struct InitSpec {
   const double* row = nullptr;  // kConstant: a [dim] row (else every column is a)
 };
 
+// An optimizer update applied in the table (de_apply.h): the rule, its
+// hyper-parameters (hyper[0]: decoupled weight decay, w -= w * hyper[0]
+// first; then the kind's own, see ApplyRow), the column group of each of the
+// kind's slots (-1: not kept), and how a missing key's row starts: `init`,
+// or row i of `init_rows` when given.
+struct ApplySpec {
+  enum Kind { kSgd, kMomentum, kKerasMomentum, kAdagrad, kAdam, kFtrl, kRmsProp };
+  static constexpr int kMaxHyper = 10;
+  static constexpr int kMaxSlots = 3;
+  Kind kind = kSgd;
+  double hyper[kMaxHyper] = {};
+  std::vector<int> slot_groups;
+  InitSpec init;
+  const Tensor* init_rows = nullptr;
+};
+
 // Destination of a chunked export; implemented by the export kernel.
 class ExportSink {
  public:
@@ -160,6 +176,10 @@ class TableBase : public tensorflow::ResourceBase {
   virtual Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys,
                               const std::vector<int>& groups,
                               const std::vector<const Tensor*>& values) = 0;
+  // Applies `spec`'s optimizer update with grads[i] ([N, dim]) to the row and
+  // slot groups of keys[i] (unique), creating missing keys.
+  virtual Status ApplyGradients(OpKernelContext* ctx, const Tensor& keys, const Tensor& grads,
+                                const ApplySpec& spec) = 0;
 
   // Metadata clock: a step >= 0 is recorded as the stamp of written rows;
   // a negative step restores the default, wall-clock seconds.
@@ -263,6 +283,10 @@ class GroupView : public TableBase {
   Status UpsertGroups(OpKernelContext*, const Tensor&, const std::vector<int>&,
                       const std::vector<const Tensor*>&) override {
     return Unsupported("upsert_groups");
+  }
+  Status ApplyGradients(OpKernelContext*, const Tensor&, const Tensor&,
+                        const ApplySpec&) override {
+    return Unsupported("apply_gradients");
   }
   void SetStep(int64_t step) override { table_->SetStep(step); }
   void SetBound(int64_t max_rows, int64_t extra_rows, bool lfu) override {

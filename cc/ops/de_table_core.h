@@ -185,6 +185,10 @@ class Table : public TableBase {
   Status UpsertGroups(OpKernelContext* ctx, const Tensor& keys, const std::vector<int>& groups,
                       const std::vector<const Tensor*>& values) override;
 
+  // Optimizer updates in place: de_apply.h.
+  Status ApplyGradients(OpKernelContext* ctx, const Tensor& keys, const Tensor& grads,
+                        const ApplySpec& spec) override;
+
   // Capacity bound and eviction (LRU / LFU, TTL sweeps): de_eviction.h.
   void SetBound(int64_t max_rows, int64_t extra_rows, bool lfu) override;
   Status Evict(int64_t min_stamp, int64_t min_freq, int64_t* removed) override;

@@ -12,6 +12,7 @@
 //   de_eviction.h     the capacity bound (LRU / LFU) and TTL sweeps
 //   de_table_io.h     export / import and per-shard files
 //   de_init.h         the initial rows of missing keys
+//   de_apply.h        optimizer updates applied in the table
 //
 // The key types' .cc files (de_table_<key>.cc) instantiate it through
 // NewTableFor, so they compile in parallel.
@@ -21,6 +22,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "de_apply.h"
 #include "de_batch.h"
 #include "de_eviction.h"
 #include "de_groups.h"

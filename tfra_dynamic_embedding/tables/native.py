@@ -129,13 +129,19 @@ class NativeInitializer(base.InitSpec):
                          seed=random.getrandbits(63) if seed is None else seed, keyed=keyed)
 
 
-def _fused_form(init):
+def fused_form(init):
     """`init` if the fused kernel draws it (every kind but custom), else None: this backend
     then draws with TF ops (`init.rows`)."""
     return init if init.kind in _FUSED_KINDS else None
 
 
-def _init_args(init):
+def signed_seed(seed):
+    """`seed` as the kernels' int64 attr (its low 64 bits, two's complement)."""
+    seed &= _MASK64
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def init_args(init):
     """The kernel's `init_args` tensor: [a, b], or the constant's [1] / [dim] row (float64)."""
     if init.kind == base.CONSTANT:
         return tf.constant(init.row if init.row is not None else [init.a], tf.float64)
@@ -236,7 +242,7 @@ class NativeKVTable(base.KVTable):
         (`TfraDeFindInit`); other rows as `KVTable.lookup_or_init` draws them, with TF ops.
         """
         init = base.as_init_spec(init, self.dim, self.value_dtype)
-        fused = _fused_form(init)
+        fused = fused_form(init)
         if fused is None:
             return super().lookup_or_init(keys, init, return_exists)
         with tf.device(self.device):
@@ -251,7 +257,7 @@ class NativeKVTable(base.KVTable):
         writer got there first (then its row is returned, so the result always matches the table).
         """
         init = base.as_init_spec(init, self.dim, self.value_dtype)
-        fused = _fused_form(init)
+        fused = fused_form(init)
         with tf.device(self.device):
             keys = self.key_tensor(keys)
             if fused is not None:
@@ -269,10 +275,9 @@ class NativeKVTable(base.KVTable):
         if init.row is not None and len(init.row) != self.dim:
             raise ValueError(f"the initializer's row has {len(init.row)} values; the table's "
                              f"dim is {self.dim}")
-        seed = init.seed & _MASK64
         return self.gen_ops.tfra_de_find_init(
-            self.resource_handle, keys, [_init_args(init)], dim=self.dim, insert=insert,
-            init=init.kind, seed=seed - (1 << 64) if seed >= 1 << 63 else seed,
+            self.resource_handle, keys, [init_args(init)], dim=self.dim, insert=insert,
+            init=init.kind, seed=signed_seed(init.seed),
             keyed=init.keyed, value_dtype=self.value_dtype)
 
     # -- updates --------------------------------------------------------------------------

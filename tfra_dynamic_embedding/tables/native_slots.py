@@ -26,6 +26,7 @@ Example:
 """
 
 import copy
+import dataclasses
 
 import tensorflow as tf
 
@@ -134,3 +135,51 @@ def upsert_groups(table, keys, values, groups):
             table.resource_handle, table.key_tensor(keys),
             [table.row_tensor(v) for v in values],
             tf.constant(slot_fills(table), tf.float64), dim=table.dim, groups=list(groups))
+
+
+def drawn_in_table(init):
+    """Whether a native table draws `init`'s rows itself (so an update op can make a missing
+    key's row again, equal to the one its lookup returned); else the caller sends the rows."""
+    return native.fused_form(init) is not None
+
+
+@dataclasses.dataclass
+class TableUpdate:
+    """One shard table's part of an optimizer step (see `apply_gradients`): unique `keys`, their
+    summed `grads`, the `init` spec of missing keys' rows or, when not None, those `rows`
+    themselves (row i for keys[i]), and the column group of each slot of the rule (-1: none)."""
+    table: native.NativeKVTable
+    keys: tf.Tensor
+    grads: tf.Tensor
+    init: object
+    rows: object
+    groups: list
+
+
+def apply_gradients(device, updates, kind, hyper):
+    """One op on `device` applying optimizer rule `kind` with `hyper` (float64 numbers, see
+    table_updates.py) to every `TableUpdate` in `updates` (tables of one key and value dtype)."""
+    first = updates[0].table
+    inits, seeds, keyed, args, rows = [], [], [], [], []
+    for u in updates:
+        init = native.fused_form(u.init) if u.rows is None else None
+        if init is None:
+            inits.append("constant")
+            seeds.append(0)
+            keyed.append(False)
+            args.append(tf.zeros([1], tf.float64))
+            rows.append(u.table.row_tensor(u.rows, "initial rows"))
+        else:
+            inits.append(init.kind)
+            seeds.append(native.signed_seed(init.seed))
+            keyed.append(init.keyed)
+            args.append(native.init_args(init))
+            rows.append(tf.zeros([0, u.table.dim], u.table.value_dtype))
+    with tf.device(device):
+        return first.gen_ops.tfra_de_apply_gradients(
+            [u.table.resource_handle for u in updates],
+            [u.table.key_tensor(u.keys) for u in updates],
+            [u.table.row_tensor(u.grads, "grads") for u in updates], rows, args,
+            [tf.constant(slot_fills(u.table), tf.float64) for u in updates], hyper,
+            optimizer=kind, slot_groups=[g for u in updates for g in u.groups],
+            inits=inits, seeds=seeds, keyed=keyed)

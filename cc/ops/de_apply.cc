@@ -1,0 +1,206 @@
+// TfraDeApplyGradients: optimizer updates of several tables applied where
+// they live, in one op (one call per parameter server and step). The update
+// rules are in de_apply.h.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "de_kernel.h"
+#include "de_table.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tfra_de {
+namespace {
+
+REGISTER_OP("TfraDeApplyGradients")
+    .Input("tables: N * resource")
+    .Input("keys: N * key_dtype")
+    .Input("grads: N * value_dtype")
+    .Input("init_rows: N * value_dtype")
+    .Input("init_args: N * double")
+    .Input("fills: N * double")
+    .Input("hyper: double")
+    .Attr("N: int >= 1")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Attr("value_dtype: {half, bfloat16, float, double}")
+    .Attr("optimizer: {'sgd', 'momentum', 'keras_momentum', 'adagrad', 'adam', 'ftrl', "
+          "'rmsprop'}")
+    .Attr("slot_groups: list(int) = []")
+    .Attr("inits: list(string)")
+    .Attr("seeds: list(int)")
+    .Attr("keyed: list(bool)")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Applies one optimizer step to the rows and slot column groups of N tables: table i "
+         "gets grads[i] ([n_i, dim_i], summed per key) for its unique keys[i]. A missing key "
+         "is created: its row is init_rows[i]'s row when init_rows[i] has n_i rows, else drawn "
+         "like TfraDeFindInit's (inits[i], init_args[i], seeds[i], keyed[i]); its slots start "
+         "at fills[i] (the start values of the table's groups 1, 2, ...). hyper: the rule's "
+         "numbers, evaluated by the caller this step: [decay, then per optimizer] sgd: lr; "
+         "momentum (TF: a = a*mu + g) and keras_momentum (a = a*mu - lr*g): lr, mu, "
+         "nesterov; adagrad: lr, eps inside the root, eps outside; adam: lr * sqrt(1 - "
+         "beta2^t) / (1 - beta1^t), 1 - beta1, 1 - beta2, eps; ftrl: lr, l1, l2 + beta / (2 "
+         "lr), l2 shrinkage, lr power; rmsprop: lr, rho, 1 - rho, momentum, eps inside, eps "
+         "outside, centered, form (0: a + (x - a)(1 - rho) as TF's kernels, 1: rho a + (1 - "
+         "rho) x as Keras'). "
+         "decay: w -= w * decay first (decoupled weight decay). slot_groups: per table, the "
+         "column group of each slot of the rule (momentum: 1; adagrad: 1; adam: m, v; ftrl: "
+         "accumulator, linear; rmsprop: ms, mom, mg, the last two -1 when not kept).");
+
+// The slots each rule keeps, and which of them may be absent (-1).
+struct RuleSlots {
+  int count;
+  int required;
+};
+
+RuleSlots SlotsOf(ApplySpec::Kind kind) {
+  switch (kind) {
+    case ApplySpec::kSgd: return {0, 0};
+    case ApplySpec::kMomentum:
+    case ApplySpec::kKerasMomentum:
+    case ApplySpec::kAdagrad: return {1, 1};
+    case ApplySpec::kAdam:
+    case ApplySpec::kFtrl: return {2, 2};
+    case ApplySpec::kRmsProp: return {3, 1};
+  }
+  return {0, 0};
+}
+
+ApplySpec::Kind KindOf(const std::string& name) {
+  if (name == "momentum") return ApplySpec::kMomentum;
+  if (name == "keras_momentum") return ApplySpec::kKerasMomentum;
+  if (name == "adagrad") return ApplySpec::kAdagrad;
+  if (name == "adam") return ApplySpec::kAdam;
+  if (name == "ftrl") return ApplySpec::kFtrl;
+  if (name == "rmsprop") return ApplySpec::kRmsProp;
+  return ApplySpec::kSgd;
+}
+
+InitSpec::Kind InitKindOf(const std::string& name) {
+  if (name == "uniform") return InitSpec::kUniform;
+  if (name == "normal") return InitSpec::kNormal;
+  if (name == "truncated_normal") return InitSpec::kTruncatedNormal;
+  return InitSpec::kConstant;
+}
+
+class ApplyGradientsOp : public OpKernel {
+ public:
+  explicit ApplyGradientsOp(OpKernelConstruction* c) : OpKernel(c) {
+    std::string optimizer;
+    std::vector<std::string> inits;
+    std::vector<int64_t> seeds;
+    std::vector<bool> keyed;
+    std::vector<int32_t> groups;
+    OP_REQUIRES_OK(c, c->GetAttr("N", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("key_dtype", &key_dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &value_dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr("optimizer", &optimizer));
+    OP_REQUIRES_OK(c, c->GetAttr("slot_groups", &groups));
+    OP_REQUIRES_OK(c, c->GetAttr("inits", &inits));
+    OP_REQUIRES_OK(c, c->GetAttr("seeds", &seeds));
+    OP_REQUIRES_OK(c, c->GetAttr("keyed", &keyed));
+    kind_ = KindOf(optimizer);
+    const RuleSlots slots = SlotsOf(kind_);
+    OP_REQUIRES(c, static_cast<int64_t>(groups.size()) == int64_t{n_} * slots.count,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "slot_groups must hold ", slots.count, " groups per table for ", optimizer,
+                    " (", n_, " tables), got ", groups.size())));
+    OP_REQUIRES(c, static_cast<int>(inits.size()) == n_ && static_cast<int>(seeds.size()) == n_ &&
+                       static_cast<int>(keyed.size()) == n_,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "inits, seeds and keyed must hold one entry per table (", n_, "), got ",
+                    inits.size(), ", ", seeds.size(), ", ", keyed.size())));
+    for (int i = 0; i < n_; ++i) {
+      std::vector<int> table_groups;
+      for (int k = 0; k < slots.count; ++k) {
+        const int g = groups[i * slots.count + k];
+        const bool optional = k >= slots.required;
+        OP_REQUIRES(c, (g >= 1 || (optional && g == -1)) && g < kMaxGroups,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "slot_groups[", i * slots.count + k, "] of ", optimizer, " must be in [1, ",
+                        kMaxGroups, ")", optional ? " or -1" : "", ", got ", g)));
+        table_groups.push_back(g);
+      }
+      groups_.push_back(table_groups);
+      InitSpec init;
+      init.kind = InitKindOf(inits[i]);
+      init.seed = static_cast<uint64_t>(seeds[i]);
+      init.keyed = keyed[i];
+      inits_.push_back(init);
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Guarded(ctx, [&] {
+      const Tensor& hyper = ctx->input(6 * n_);
+      OP_REQUIRES(ctx, hyper.dims() == 1 && hyper.NumElements() <= ApplySpec::kMaxHyper,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "hyper must be a 1-D tensor of at most ", ApplySpec::kMaxHyper,
+                      " numbers, got shape ", hyper.shape().DebugString())));
+      for (int i = 0; i < n_; ++i) OP_REQUIRES_OK(ctx, ApplyOne(ctx, i, hyper));
+    });
+  }
+
+ private:
+  Status ApplyOne(OpKernelContext* ctx, int i, const Tensor& hyper) {
+    const Tensor& h = ctx->input(i);
+    if (h.dtype() != tensorflow::DT_RESOURCE || h.NumElements() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("tables[", i, "] must be a scalar resource handle"));
+    }
+    tensorflow::core::RefCountPtr<TableBase> table;
+    TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), &table));
+    const TableConfig& cfg = table->config();
+    if (cfg.key_dtype != key_dtype_ || cfg.value_dtype != value_dtype_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", i, "] is ", tensorflow::DataTypeString(cfg.key_dtype), " -> ",
+          tensorflow::DataTypeString(cfg.value_dtype), ", the op was built for ",
+          tensorflow::DataTypeString(key_dtype_), " -> ", tensorflow::DataTypeString(value_dtype_)));
+    }
+    const Tensor& keys = ctx->input(n_ + i);
+    const Tensor& grads = ctx->input(2 * n_ + i);
+    const Tensor& init_rows = ctx->input(3 * n_ + i);
+    TF_RETURN_IF_ERROR(CheckKeys(keys));
+    const int64_t n = keys.dim_size(0);
+    TF_RETURN_IF_ERROR(CheckRows("grads", grads, n, cfg.dim));
+    ApplySpec spec;
+    spec.kind = kind_;
+    const auto hv = hyper.flat<double>();
+    for (int64_t k = 0; k < hv.size(); ++k) spec.hyper[k] = hv(k);
+    spec.slot_groups = groups_[i];
+    spec.init = inits_[i];
+    if (init_rows.dims() == 2 && init_rows.dim_size(0) == 0) {
+      TF_RETURN_IF_ERROR(ReadInitArgs(ctx->input(4 * n_ + i), cfg.dim, &spec.init));
+      TF_RETURN_IF_ERROR(CheckInitSpec(spec.init));
+    } else {
+      TF_RETURN_IF_ERROR(CheckRows("init_rows", init_rows, n, cfg.dim));
+      spec.init_rows = &init_rows;
+    }
+    std::vector<double> fills;
+    TF_RETURN_IF_ERROR(ReadFills(ctx->input(5 * n_ + i), &fills));
+    for (int g : spec.slot_groups) {
+      if (g > static_cast<int>(fills.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fills[", i, "] must hold the start values of groups 1..", g, ", got ", fills.size()));
+      }
+    }
+    if (!fills.empty()) TF_RETURN_IF_ERROR(table->EnsureGroups(fills));
+    return table->ApplyGradients(ctx, keys, grads, spec);
+  }
+
+  int n_ = 0;
+  DataType key_dtype_ = tensorflow::DT_INVALID;
+  DataType value_dtype_ = tensorflow::DT_INVALID;
+  ApplySpec::Kind kind_ = ApplySpec::kSgd;
+  std::vector<std::vector<int>> groups_;
+  std::vector<InitSpec> inits_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfraDeApplyGradients").Device(tensorflow::DEVICE_CPU),
+                        ApplyGradientsOp);
+
+}  // namespace
+}  // namespace tfra_de
