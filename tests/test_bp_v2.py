@@ -10,12 +10,15 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 from tfra_dynamic_embedding.tables import native
 
 
-def _two_workers_step(var, use_function, bp_v2=None):
+def _two_workers_step(var, use_function, bp_v2=None, in_tables=False):
     """Two lookup sites read the same rows before either writes back (like two asynchronous
     workers); worker b's loss is twice worker a's, SGD(1.0): a moves rows by -1, b by -2.
-    `bp_v2`: the optimizers' setting (None: the variable's)."""
-    opt_a = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0), bp_v2=bp_v2)
-    opt_b = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0), bp_v2=bp_v2)
+    `bp_v2`: the optimizers' setting (None: the variable's); `in_tables`: the update applied
+    in the tables (else on the trainer, written back)."""
+    opt_a = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0), bp_v2=bp_v2,
+                                         apply_in_tables=in_tables)
+    opt_b = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0), bp_v2=bp_v2,
+                                         apply_in_tables=in_tables)
 
     def step(ids):
         with tf.GradientTape(persistent=True) as tape:
@@ -44,6 +47,15 @@ def test_concurrent_updates_add_up_with_bp_v2_and_overwrite_without(use_function
         var = de.Variable(dim=2, bp_v2=var_bp_v2, name=f"bp_opt_{opt_bp_v2}_{use_function}")
         var.upsert(tf.constant([1, 2], tf.int64), start)
         np.testing.assert_allclose(_two_workers_step(var, use_function, opt_bp_v2), expected)
+
+
+@pytest.mark.parametrize("use_function", [False, True])
+@pytest.mark.parametrize("bp_v2", [False, True])
+def test_updates_applied_in_tables_add_up_with_or_without_bp_v2(use_function, bp_v2):
+    start = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
+    var = de.Variable(dim=2, bp_v2=bp_v2, name=f"in_tables_{bp_v2}_{use_function}")
+    var.upsert(tf.constant([1, 2], tf.int64), start)
+    np.testing.assert_allclose(_two_workers_step(var, use_function, in_tables=True), start - 3.0)
 
 
 def test_new_ids_get_the_trained_rows_with_bp_v2():

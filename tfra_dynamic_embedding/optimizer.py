@@ -270,16 +270,16 @@ class _DynamicEmbeddingMixin:
         finally:
             object.__setattr__(self, "_de_fused", frozenset())
             object.__setattr__(self, "_de_hypers", {})
-        # The updates in tables: one op per device (all its tables), ids and gradients sent.
-        writes = table_updates.apply_pending(pending, self._de_slot_tables)
-        for w in in_tables:
-            w.end_step()
         after = [result] if isinstance(result, (tf.Operation, tf.Tensor)) else []
         with tf.control_dependencies(after):
-            online = {w.ref(): self._de_online(w) for w in wrappers}
+            online = {w.ref(): self._de_online(w) for w in wrappers + in_tables}
             keep = {ref: mask for ref, (mask, _, _) in online.items()}
             room = [op for _, ops, _ in online.values() for op in ops if op is not None]
         with tf.control_dependencies(after + room):
+            # The updates in tables: one op per device (all its tables), ids and gradients sent.
+            writes = table_updates.apply_pending(pending, self._de_slot_tables, keep)
+            for w in in_tables:
+                w.end_step()
             for w in wrappers:
                 buffers = self._de_buffers.get(w.ref(), [])
                 if buffers and groups[w.ref()] is not None and w.ref() not in looked_up:
@@ -294,7 +294,7 @@ class _DynamicEmbeddingMixin:
                     shared = groups[w.ref()] is not None and row_write is not None
                     with tf.control_dependencies([row_write] if shared else []):
                         writes += [b.write_back(keep=keep[w.ref()]) for b in buffers]
-            writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers]
+            writes += [self._de_restrict_update(w, keep[w.ref()]) for w in wrappers + in_tables]
         with tf.control_dependencies([op for op in writes if op is not None]):
             writes += [trim() for _, _, trim in online.values() if trim is not None]
         if tf.compat.v1.executing_eagerly_outside_functions():

@@ -21,7 +21,8 @@ trainer-side path of optimizer.py):
 | rmsprop         | RMSProp                 | RMSprop                     | RMSprop                    |
 
 A variable takes this path when all its shards are native tables whose records hold the
-optimizer's slots and it has no admission, eviction or restrict policy.
+optimizer's slots. Its admission filter (which ids are written), eviction (room made before the
+update) and restrict policy apply as on the trainer-side path.
 
 Example:
     >>> import tensorflow_recommenders_addons.dynamic_embedding as de
@@ -243,9 +244,6 @@ def takes_path(params, rule, slot_tables):
     """Whether `params`'s update can be applied in its tables under `rule`."""
     if rule is None or not params.value_dtype.is_floating:
         return False
-    if (params.admission_filter is not None or params.eviction_state is not None
-            or params.restrict_policy is not None):
-        return False
     if not native_slots.fusable(params.shards.tables):
         return False
     slots = slot_variables(params, rule, slot_tables)
@@ -254,23 +252,27 @@ def takes_path(params, rule, slot_tables):
 
 # ------------------------------------------------------------------------ the op calls --
 
-def apply_pending(pending, slot_tables):
+def apply_pending(pending, slot_tables, keep=None):
     """The ops applying this step's `Pending` updates: one per device, rule and hyper vector
-    (the tables of one device and optimizer go together)."""
+    (the tables of one device and optimizer go together). `keep`: {wrapper ref: None or a
+    bool mask over its ids} (an admission filter's: only those ids are written)."""
     calls = {}
     for p in pending:
         params = p.wrapper.params
         shards = params.shards
-        ids = p.wrapper.batch_ids()
+        ids, grad = p.wrapper.batch_ids(), p.grad
         init = params.init_spec
-        drawn = native_slots.drawn_in_table(init)
-        rows = None if drawn else p.wrapper.held_rows()
+        rows = None if native_slots.drawn_in_table(init) else p.wrapper.held_rows()
+        mask = (keep or {}).get(p.wrapper.ref())
+        if mask is not None:
+            ids, grad = tf.boolean_mask(ids, mask), tf.boolean_mask(grad, mask)
+            rows = None if rows is None else tf.boolean_mask(rows, mask)
         slots = slot_variables(params, p.rule, slot_tables)
         if len(shards) == 1:
-            parts, grads, inits = [ids], [p.grad], [rows]
+            parts, grads, inits = [ids], [grad], [rows]
         else:
             parts, positions = shards.partition(ids)
-            grads = [tf.gather(p.grad, pos) for pos in positions]
+            grads = [tf.gather(grad, pos) for pos in positions]
             inits = [None if rows is None else tf.gather(rows, pos) for pos in positions]
         for i, table in enumerate(shards.tables):
             groups = [-1 if s is None else s.shards.tables[i].group for s in slots]
