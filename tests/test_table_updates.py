@@ -189,7 +189,7 @@ def test_concurrent_updates_of_one_id_add_up():
 def test_other_optimizers_and_variables_keep_the_trainer_path(monkeypatch):
     calls = []
     monkeypatch.setattr(table_updates, "apply_pending",
-                        lambda pending, slots: calls.append(len(pending)) or [])
+                        lambda pending, slots, keep: calls.append(len(pending)) or [])
     ids = tf.constant([1, 2], tf.int64)
     cases = [
         (de.Variable(dim=2, initializer=0.5), tf.keras.optimizers.Nadam(0.1)),

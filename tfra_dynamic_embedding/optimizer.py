@@ -234,7 +234,7 @@ class _DynamicEmbeddingMixin:
         create_slots([v for g, v in grads_and_vars if g is not None])
         rule = self._de_rule() if getattr(self, "_de_in_tables", True) else None
         fused = frozenset(w.ref() for w in wrappers
-                          if table_updates.takes_path(w.params, rule, self._de_slot_tables))
+                          if table_updates.takes_path(w, rule, self._de_slot_tables))
         in_tables = [w for w in wrappers if w.ref() in fused]
         wrappers = [w for w in wrappers if w.ref() not in fused]
         # Slots kept in their variable's records (native backend) are read with one probe

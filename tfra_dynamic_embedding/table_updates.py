@@ -240,9 +240,11 @@ def slot_variables(params, rule, slot_tables):
     return found
 
 
-def takes_path(params, rule, slot_tables):
-    """Whether `params`'s update can be applied in its tables under `rule`."""
-    if rule is None or not params.value_dtype.is_floating:
+def takes_path(wrapper, rule, slot_tables):
+    """Whether the update of `wrapper`'s rows can be applied in its variable's tables under
+    `rule`."""
+    params = wrapper.params
+    if rule is None or wrapper.HOLDS_TRAINED_ROWS or not params.value_dtype.is_floating:
         return False
     if not native_slots.fusable(params.shards.tables):
         return False

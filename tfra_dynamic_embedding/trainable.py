@@ -154,6 +154,10 @@ class TrainableWrapper(_WorkerLocal, _tf_private.ResourceVariable):
     # Whether lookups take this wrapper in place of `params` and read the rows through it (a
     # wrapper the user makes once: de.shadow_ops.ShadowVariable).
     STANDS_FOR_PARAMS = False
+    # Whether it must hold the trained rows after an optimizer step (TFRA's ShadowVariable, whose
+    # users read them): its update then runs on the trainer, not in the tables (table_updates.py;
+    # there a wrapper keeps the rows as looked up).
+    HOLDS_TRAINED_ROWS = False
 
     def __init__(self, params, name, trainable=True, track=True, ps_strategy=None):
         self.params = params

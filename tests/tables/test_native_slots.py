@@ -208,10 +208,12 @@ def test_a_graph_step_reads_slots_with_one_probe_and_writes_once():
                               kv_creator=native.NativeKVCreator())
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         rows = de.embedding_lookup(emb, ids, name="probe_lookup")
-        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1)).minimize(
+        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1),
+                                             apply_in_tables=False).minimize(
             tf.reduce_sum(rows ** 2))
         types = [op.type for op in graph.get_operations()]
-        # One lookup of the rows (the forward pass), one of both slots, one write of all three.
+        # The trainer-side path: one lookup of the rows (the forward pass), one of both slots,
+        # one write of all three (the default path sends only gradients: test_table_updates).
         assert types.count("TfraDeFindInit") == 1
         assert types.count("TfraDeFindGroups") == 1
         assert types.count("TfraDeUpsertGroups") == 1

@@ -66,6 +66,8 @@ class ShadowVariable(trainable_lib.TrainableWrapper):
 
     # `de.embedding_lookup(shadow, ids)` reads the rows of `shadow.params` through it.
     STANDS_FOR_PARAMS = True
+    # TFRA's users read the trained rows from it after a step.
+    HOLDS_TRAINED_ROWS = True
 
     def __init__(self, params, name="ShadowVariable", max_norm=None, trainable=True,
                  distribute_strategy=None, **kwargs):

@@ -8,12 +8,13 @@ It builds the demo's DLRM and its `de.DynamicEmbeddingOptimizer` under `strategy
 devices given: every table gets one shard per PS task, its optimizer slots follow it; the dense
 weights are spread over the PS tasks too) and trains it with a custom loop:
 
-- each worker reads the training rows itself (`ClusterCoordinator.create_per_worker_dataset`;
-  the file is on the shared local disk), each in its own shuffled order, repeated;
-- the coordinator schedules `ceil(train rows / batch)` steps per epoch with
-  `coordinator.schedule`; whichever worker is free runs the next one, asynchronously against
-  the PS tasks: the optimizer's write-back adds each step's change to the rows (`bp_v2=True`),
-  so concurrent updates of an id all count; the epoch ends with `coordinator.join()`;
+- the coordinator reads the training rows as the one-process demo does (the same shuffled
+  order, one pass per epoch) and schedules one step per batch with `coordinator.schedule`,
+  the batch as its argument, so the workers together see every row once per epoch (a
+  per-worker dataset cannot be split between workers: ParameterServerStrategy gives every
+  worker the same input context); whichever worker is free runs the next step, asynchronously
+  against the PS tasks, where the optimizer's update is applied (docs/distributed.md), so
+  concurrent updates of an id all count; the epoch ends with `coordinator.join()`;
 - a per-worker variable counts each worker's steps (metrics.json `worker_steps`).
 
 Then, in the coordinator: held-out AUC and log loss, a `tf.train.Checkpoint` after every epoch,
@@ -76,34 +77,23 @@ def train(args, data):
           f"task(s); every table has one shard per PS task", flush=True)
     with strategy.scope():
         model = dlrm.DLRM(embedding_dim=args.embedding_dim, interaction=args.interaction)
-        # bp_v2: a row's write-back adds this step's change, so concurrent workers' updates of
-        # the same id all count (without it the later write-back would overwrite the other).
-        optimizer = de.DynamicEmbeddingOptimizer(
-            demo_run.keras_optimizer(tf, args), bp_v2=True)
+        # The update is applied on the PS tasks: concurrent workers' updates of an id add up.
+        optimizer = de.DynamicEmbeddingOptimizer(demo_run.keras_optimizer(tf, args))
         dlrm.build(model)
         worker_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                    per_worker_variable=True)
     print(f"model: {demo_run.describe(model)}; {type(optimizer).__name__}(learning_rate="
-          f"{args.learning_rate:g}) wrapped by de.DynamicEmbeddingOptimizer(bp_v2=True)")
+          f"{args.learning_rate:g}) wrapped by de.DynamicEmbeddingOptimizer")
     _, manager, epoch = demo_run.make_checkpoint(model, optimizer, args.out, args.resume)
 
-    # Each worker reads the training rows itself, repeated. The global seed is cleared while the
-    # dataset function is traced: its shuffle then draws its seed when each worker creates its
-    # dataset, so the workers read the rows in different orders (with the seed, both would run
-    # the same batches at the same time).
-    def dataset_fn():
-        return criteo.read_tsv(data.path, args.batch_size, take=data.num_train,
-                               shuffle_buffer=min(data.num_train, 100_000)).repeat()
-
-    tf.random.set_seed(None)
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    tf.random.set_seed(args.seed)
+    # The rows in the one-process demo's order; each batch goes to the worker running its step.
+    train_ds = criteo.read_tsv(data.path, args.batch_size, take=data.num_train,
+                               shuffle_buffer=min(data.num_train, 100_000), seed=args.seed)
     loss_fn = tf.keras.losses.BinaryCrossentropy()
 
-    @tf.function
-    def train_step(iterator):
-        def replica_fn(batch):
-            features, label = batch
+    @tf.function(reduce_retracing=True)
+    def train_step(features, label):
+        def replica_fn(features, label):
             with tf.GradientTape() as tape:
                 probability = model(features, training=True)
                 loss = loss_fn(tf.reshape(label, [-1, 1]), probability)
@@ -111,7 +101,7 @@ def train(args, data):
             optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
             worker_steps.assign_add(1)
             return loss
-        return strategy.run(replica_fn, args=(next(iterator),))
+        return strategy.run(replica_fn, args=(features, label))
 
     steps_per_epoch = math.ceil(data.num_train / args.batch_size)
     points = sorted({max(1, round(steps_per_epoch * (i + 1) / PROGRESS_POINTS))
@@ -121,8 +111,7 @@ def train(args, data):
     for index in range(int(epoch), args.epochs):
         epoch_began = time.perf_counter()
         # Every step of the epoch is queued at once; the workers take them as they get free.
-        losses = [coordinator.schedule(train_step, args=(iterator,))
-                  for _ in range(steps_per_epoch)]
+        losses = [coordinator.schedule(train_step, args=batch) for batch in train_ds]
         scheduled += steps_per_epoch
         last = 0
         for point in points:  # waits for that step only: the others run on meanwhile
