@@ -7,6 +7,7 @@
     tfra-de workloads generate --tables 856 --out pool/ --split --tasks 10
     tfra-de workloads import --criteo day_0.tsv --out criteo_tables.json
     tfra-de server --cluster cluster.json --job ps --task 0   # a PS with the kernels loaded
+    tfra-de capacity --rows 1e10 --dim 64 --optimizer adam --ps 8,16,32   # PS sizing
 
 Adding a subcommand: write `add_parser(subparsers)` in any module -- it creates its parser with
 `subparsers.add_parser(name, help=...)`, sets `parser.set_defaults(run=fn)` where
@@ -30,6 +31,7 @@ SUBCOMMANDS = {
     "train-planner": "tfra_dynamic_embedding.placement.train:add_parser",
     "server": "tfra_dynamic_embedding.distributed.server:add_parser",
     "serve": "tfra_dynamic_embedding.inference.serve:add_parser",
+    "capacity": "tfra_dynamic_embedding.distributed.capacity:add_parser",
 }
 
 

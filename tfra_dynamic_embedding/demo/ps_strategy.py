@@ -91,7 +91,7 @@ def train(args, data):
                                shuffle_buffer=min(data.num_train, 100_000), seed=args.seed)
     loss_fn = tf.keras.losses.BinaryCrossentropy()
 
-    @tf.function(reduce_retracing=True)
+    @tf.function   # traced for the full batch and for an epoch's last, smaller one
     def train_step(features, label):
         def replica_fn(features, label):
             with tf.GradientTape() as tape:
