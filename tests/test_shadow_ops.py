@@ -13,7 +13,7 @@ DIM = 3
 INIT_IDS = np.arange(6, dtype=np.int64)
 INIT_ROWS = np.linspace(-1.0, 1.0, 6 * DIM, dtype=np.float32).reshape(6, DIM)
 COEF = np.array([[0.5], [-1.0], [2.0]], np.float32)
-# 2-D batches with repeated ids, held ids (0..5) and new ones (6..11): all get trained.
+# 2-D batches with repeated ids, held ids (0..5) and new ones (6..11): all but 4 get trained.
 BATCHES = [np.array([[0, 7], [7, 3]]), np.array([[11, 2], [2, 2]]), np.array([[5, 6], [8, 9]]),
            np.array([[7, 7], [10, 1]])]
 OPTIMIZERS = {"sgd": lambda: tf.keras.optimizers.SGD(0.1),
@@ -114,9 +114,11 @@ def test_tf1_graph_training_equals_trainable_wrapper(optimizer):
     got = _train_graph("shadow", optimizer)
     want = _train_graph("wrapper", optimizer)
     assert len(got) == len(want) == (1 if optimizer == "sgd" else 3)
-    for (got_keys, got_values), (want_keys, want_values) in zip(got, want):
+    trained = np.setdiff1d(np.arange(12), [4])
+    for i, ((got_keys, got_values), (want_keys, want_values)) in enumerate(zip(got, want)):
         order, want_order = np.argsort(got_keys), np.argsort(want_keys)
-        np.testing.assert_array_equal(got_keys[order], np.arange(12))
+        # The variable holds every key; its slots the trained ones (as TFRA's slot tables).
+        np.testing.assert_array_equal(got_keys[order], np.arange(12) if i == 0 else trained)
         np.testing.assert_array_equal(got_keys[order], want_keys[want_order])
         np.testing.assert_array_equal(got_values[order], want_values[want_order])
 

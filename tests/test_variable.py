@@ -210,14 +210,68 @@ def test_wrong_key_dtype_is_rejected(kv_creator):
         w.upsert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.int32))
 
 
-def test_rows_of_another_float_width_are_cast(kv_creator):
-    # TFRA casts float64 rows into a float32 table (numpy arrays are float64 by default).
+def test_numpy_lists_and_numbers_are_converted_to_the_value_dtype(kv_creator):
+    # As TFRA's convert_to_tensor(values, value_dtype): numpy arrays (float64 by default) and
+    # Python lists and numbers are converted.
     w = de.Variable(key_dtype=tf.int64, dim=2, kv_creator=kv_creator)
-    w.upsert(tf.constant([1], tf.int64), tf.constant([[0.5, 1.0 / 3]], tf.float64))
+    w.upsert(tf.constant([1], tf.int64), np.array([[0.5, 1.0 / 3]]))
     np.testing.assert_array_equal(w.lookup(tf.constant([1], tf.int64)).numpy(),
                                   np.float32([[0.5, 1.0 / 3]]))
-    w.accum(tf.constant([1], tf.int64), tf.constant([[1.0, 1.0]], tf.float64))
-    assert w.lookup(tf.constant([1], tf.int64)).dtype == tf.float32
+    w.accum(tf.constant([1], tf.int64), np.ones([1, 2], np.float64))
+    w.upsert(np.array([2, 3], np.int32), [[1, 2], [3.5, 4.0]])   # numpy int32 keys fit int64
+    w.accum([3], np.array([[1, 1]], np.int64))
+    w.import_(np.array([4]), np.float64([[9.0, 9.0]]))
+    keys, values = w.export()
+    assert keys.numpy().tolist() == [4] and values.dtype == tf.float32
+    w.upsert(tf.constant([[5]], tf.int64), np.float64([[[2.5, 0.5]]]))
+    got = w.lookup(tf.constant([4, 5], tf.int64))
+    assert got.dtype == tf.float32
+    np.testing.assert_array_equal(got.numpy(), [[9.0, 9.0], [2.5, 0.5]])
+
+
+@pytest.mark.parametrize("var_dtype,tensor_dtype", [(tf.float32, tf.float64),
+                                                    (tf.float64, tf.float32),
+                                                    (tf.float32, tf.float16)])
+def test_a_tensor_of_another_float_dtype_raises_naming_the_argument(kv_creator, var_dtype,
+                                                                    tensor_dtype):
+    # TFRA raises TF's "Tensor conversion requested dtype float32 for Tensor with dtype
+    # float64"; a silent cast would turn a float64 1e300 into inf.
+    w = de.Variable(key_dtype=tf.int64, value_dtype=var_dtype, dim=1, devices=CPUS[:2],
+                    kv_creator=kv_creator)
+    w.upsert(tf.constant([1], tf.int64), tf.constant([[1.0]], var_dtype))
+    keys = tf.constant([1], tf.int64)
+    rows = tf.constant([[1e300 if tensor_dtype == tf.float64 else 2.0]], tensor_dtype)
+    words = (f"must have dtype {var_dtype.name}; got {tensor_dtype.name} .*Tensor conversion "
+             f"requested dtype {var_dtype.name} for Tensor with dtype {tensor_dtype.name}")
+    for arg, write in [("values", lambda: w.upsert(keys, rows)),
+                       ("values", lambda: w.upsert(keys, tf.Variable(rows))),
+                       ("deltas", lambda: w.accum(keys, rows)),
+                       ("values", lambda: w.import_(keys, rows)),
+                       ("old_values", lambda: w.accum(keys, rows, rows, [True])),
+                       ("new_values", lambda: w.accum(keys, tf.constant([[1.0]], var_dtype),
+                                                      rows, [True]))]:
+        with pytest.raises(ValueError, match=f"^{arg} {words}"):
+            write()
+    # TFRA's table surface of a shard raises TF's own error.
+    with pytest.raises(ValueError, match="Tensor conversion requested dtype"):
+        w.tables[1].insert(keys, rows)
+    np.testing.assert_array_equal(w.lookup(keys).numpy(), [[1.0]])   # unchanged
+    assert int(w.size()) == 1
+
+
+def test_keys_of_another_dtype_raise_for_tensors_and_convert_from_numpy_where_they_fit(
+        kv_creator):
+    w = de.Variable(key_dtype=tf.int32, dim=1, kv_creator=kv_creator)
+    with pytest.raises(ValueError, match="keys must have dtype int32; got int64"):
+        w.upsert(tf.constant([1], tf.int64), [[1.0]])
+    w.upsert(np.array([1, 2], np.int64), [[1.0], [2.0]])
+    assert sorted(w.export()[0].numpy().tolist()) == [1, 2]
+    with pytest.raises(ValueError, match=r"keys must have dtype int32; got a numpy int64 array "
+                                         r"with values outside its range"):
+        w.upsert(np.array([2 ** 40], np.int64), [[1.0]])
+    with pytest.raises(ValueError, match="keys must have dtype int32; got a numpy float64"):
+        w.upsert(np.array([1.5]), [[1.0]])
+    assert int(w.size()) == 2
 
 
 def test_tfra_accum_leaves_keys_changed_by_another_writer(kv_creator):

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
@@ -777,14 +778,6 @@ class Variable(_tf_private.AutoTrackable):
         return typed_tensor(keys, self._key_dtype, "keys")
 
     def _values_tensor(self, values, keys, arg):
-        got = getattr(values, "dtype", None)
-        if got is not None and not isinstance(values, (list, tuple)):
-            got = tf.as_dtype(got)
-            # Rows of another float (or int, for int tables) width are cast, as TFRA does.
-            if got != self._value_dtype and (
-                    (got.is_floating and self._value_dtype.is_floating)
-                    or (got.is_integer and self._value_dtype.is_integer)):
-                values = tf.cast(values, self._value_dtype)
         values = typed_tensor(values, self._value_dtype, arg)
         expected = keys.shape.concatenate([self._dim])
         if not values.shape.is_compatible_with(expected):
@@ -877,17 +870,51 @@ def _checked_dtype(dtype, allowed, arg):
 
 
 def typed_tensor(value, dtype, arg):
-    """`value` as a tensor of `dtype`; a tensor of another dtype is an error naming `arg`."""
+    """`value` as a tensor of `dtype`, as TFRA's `convert_to_tensor(value, dtype)` makes it: a
+    tensor (or variable) of another dtype is an error naming `arg` and both dtypes, never cast
+    (a float64 tensor into float32 rows would turn 1e300 into inf unseen); numpy values, lists
+    and numbers are converted (numpy floats to another float width, numpy integers where every
+    value fits `dtype`).
+
+    Example:
+        >>> typed_tensor(np.array([0.5]), tf.float32, "values").dtype
+        tf.float32
+        >>> typed_tensor(tf.constant([0.5], tf.float64), tf.float32, "rows")
+        Traceback (most recent call last):
+        ...
+        tfra_dynamic_embedding.variable.DTypeError: rows must have dtype float32; got float64 (...)
+    """
     if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
         raise DTypeError(f"{arg} must be a dense tensor; got {type(value).__name__}")
-    if hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
+    if isinstance(value, (np.ndarray, np.generic)):
+        _check_numpy(value, dtype, arg)
+    elif hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
         got = tf.as_dtype(value.dtype)
         if got != dtype:
-            raise DTypeError(f"{arg} must have dtype {dtype.name}; got {got.name}")
+            raise DTypeError(f"{arg} must have dtype {dtype.name}; got {got.name} (Tensor "
+                             f"conversion requested dtype {dtype.name} for Tensor with dtype "
+                             f"{got.name}; tf.cast it first)")
     try:
         return tf.convert_to_tensor(value, dtype=dtype)
     except (TypeError, ValueError) as error:
         raise DTypeError(f"{arg} must be convertible to a {dtype.name} tensor: {error}") from error
+
+
+def _check_numpy(value, dtype, arg):
+    """Whether a numpy `value` converts to `dtype` without changing kind or wrapping around:
+    numbers to floats, integers to integers that hold every value; else a DTypeError."""
+    try:
+        got = tf.as_dtype(value.dtype)
+    except TypeError:
+        return   # (e.g. an object array) as TF converts it, or says why not
+    if got == dtype or (dtype.is_floating and (got.is_floating or got.is_integer)):
+        return
+    if dtype.is_integer and got.is_integer:
+        if value.size == 0 or (value.min() >= dtype.min and value.max() <= dtype.max):
+            return
+        raise DTypeError(f"{arg} must have dtype {dtype.name}; got a numpy {got.name} array "
+                         f"with values outside its range [{dtype.min}, {dtype.max}]")
+    raise DTypeError(f"{arg} must have dtype {dtype.name}; got a numpy {got.name} array")
 
 
 def _device_list(devices):

@@ -1,6 +1,7 @@
 // Column groups of a Table<K, V>: an optimizer's slots kept in their
 // variable's records (group 0: the row; group g >= 1: slot g, starting at its
-// fill). EnsureGroups widens every record; FindGroups / UpsertGroups move
+// fill; its keys are those it was written for, the record's written mask,
+// de_slab.h). EnsureGroups widens every record; FindGroups / UpsertGroups move
 // several groups of a key with one probe. Groups are only ever added, and
 // only with every shard locked, so a reader holding one shard's lock sees a
 // fixed record layout.
@@ -35,15 +36,19 @@ inline Status Table<K, V>::CheckGroup(int group) const {
                                                  n, " (0: rows, 1..: slot groups)"));
 }
 
-// Sets group `group` (>= 1) of every live row of `s` to its fill.
+// Sets group `group` (>= 1) of every live row of `s` to its fill, written for none.
 template <class K, class V>
-inline void Table<K, V>::FillGroup(const Shard& s, int group) const {
+inline void Table<K, V>::FillGroup(Shard& s, int group) {
   const V c = FromDouble<V>(fills_[group]);
+  const uint16_t keep = static_cast<uint16_t>(~(1u << group));
   for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
-    if (Freq(Rec(s, row)) == 0) continue;
+    char* rec = Rec(s, row);
+    if (Freq(rec) == 0) continue;
     V* cols = GVals(s, row, group);
     std::fill(cols, cols + cfg_.dim, c);
+    layout_.SetWritten(rec, layout_.Written(rec) & keep);
   }
+  s.written[group].store(0, std::memory_order_relaxed);
 }
 
 template <class K, class V>
@@ -61,8 +66,10 @@ inline Status Table<K, V>::EnsureGroups(const std::vector<double>& fills) {
   TF_RETURN_IF_ERROR(CheckFills(fills));
   if (want <= have) return absl::OkStatus();
   // Every record is rewritten wider; the slabs are allocated first, so that a
-  // failure leaves the table as it was. Row ids (so the index) stay.
-  const size_t old_rec = layout_.rec_bytes, new_rec = layout_.RecBytes(want);
+  // failure leaves the table as it was. Row ids (so the index) stay, and so do
+  // the written masks (none before the first slot group).
+  const RecordLayout wide = layout_.Widened(want);
+  const size_t old_rec = layout_.rec_bytes, new_rec = wide.rec_bytes;
   std::vector<char*> slabs(num_shards_, nullptr);
   for (int si = 0; si < num_shards_; ++si) {
     if (shards_[si].rows.rows() == 0) continue;
@@ -81,7 +88,9 @@ inline Status Table<K, V>::EnsureGroups(const std::vector<double>& fills) {
     if (slabs[si] == nullptr) continue;
     for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
       char* dst = slabs[si] + size_t{row} * new_rec;
-      std::memcpy(dst, s.rows.Rec(row, old_rec), used);
+      const char* src = s.rows.Rec(row, old_rec);
+      std::memcpy(dst, src, used);
+      wide.SetWritten(dst, layout_.Written(src));
       for (int g = have; g < want; ++g) {
         V* cols = reinterpret_cast<V*>(dst + GroupOff(g));
         std::fill(cols, cols + cfg_.dim, FromDouble<V>(fills_[g]));
@@ -89,7 +98,7 @@ inline Status Table<K, V>::EnsureGroups(const std::vector<double>& fills) {
     }
     s.rows.AdoptWider(slabs[si], old_rec);
   }
-  layout_.SetGroups(want);
+  layout_ = wide;
   groups_.store(want);
   return absl::OkStatus();
 }
@@ -160,6 +169,8 @@ inline Status Table<K, V>::UpsertGroups(OpKernelContext* ctx, const Tensor& keys
   bool distinct_prefix = true;
   for (size_t j = 0; j < n; ++j) distinct_prefix = distinct_prefix && sorted[j] == static_cast<int>(j);
   const bool has_row = sorted.front() == 0;
+  uint32_t bits = 0;  // the slot groups written
+  for (int g : groups) bits |= 1u << g;
   const uint32_t stamp = CurrentStamp();
   return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
     PrepareNewRows(s, static_cast<size_t>(hi - lo));
@@ -181,6 +192,7 @@ inline Status Table<K, V>::UpsertGroups(OpKernelContext* ctx, const Tensor& keys
       for (size_t j = 0; j < n; ++j) {
         std::memcpy(GVals(s, row, groups[j]), in[j] + i * dim, layout_.row_bytes);
       }
+      MarkWritten(s, row, bits);
       if (fresh) {
         SetMeta(s, row, stamp, 1);
       } else if (has_row) {

@@ -298,8 +298,9 @@ REGISTER_OP("TfraDeGroupView")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("Column group `group` of a table as a table of its own (an optimizer slot kept in "
-         "its variable's records): every table op works on it; keys, size and removals are "
-         "the table's. Adds the groups 1..group to the table first where missing, group g "
+         "its variable's records): every table op works on it; its keys are the table's keys "
+         "the group was written for (its size, exports, files, lookups), removals are the "
+         "table's. Adds the groups 1..group to the table first where missing, group g "
          "starting at fills[g - 1] (fills: [group]).");
 
 REGISTER_OP("TfraDeFindGroups")
@@ -385,7 +386,7 @@ class ContainsOp : public TableOp {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     Tensor* exists;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.dim_size(0)}), &exists));
-    OP_REQUIRES_OK(ctx, t->Contains(ctx, keys, exists));
+    OP_REQUIRES_OK(ctx, t->Contains(ctx, keys, exists, 0));
   }
 };
 

@@ -2,7 +2,9 @@
 // ids over one page-backed array of records (RowSlab).
 //
 // A record is [key | u32 stamp | u32 freq | dim values per column group]
-// (group 0: the row; groups 1..: optimizer slots, de_groups.h). freq == 0
+// (group 0: the row; groups 1..: optimizer slots, de_groups.h), plus, once it
+// has slot groups, a u16 mask of the slot groups written for its key
+// (RecordLayout::mask_off). freq == 0
 // marks a free row: every insert writes freq >= 1 right after placing its key
 // and erasing writes 0, so the live rows are found by one sequential pass
 // over the slab (rebuilds, exports, eviction) with no index lookups.
@@ -33,9 +35,17 @@ namespace tfra_de {
 inline size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Byte offsets inside a record; a table's records all share one layout, which
-// widens when column groups are added (SetGroups).
+// widens when column groups are added (Widened).
+//
+// The written mask: bit g set when slot group g of the key was written (a
+// slot's keys are those its optimizer trained, as TFRA's separate slot
+// tables hold; bit 0 is unused). Records without slot groups have none. It
+// takes padding after freq where the key and value alignments leave 2 bytes
+// (int32 keys, 8-byte values), else the end of the record.
 struct RecordLayout {
   size_t stamp_off = 0, freq_off = 0, val_off = 0;
+  size_t mask_off = 0;        // 0: no mask (a record without slot groups)
+  size_t head_mask_off = 0;   // padding after freq that holds the mask, or 0
   size_t row_bytes = 0;       // one column group: dim values
   size_t rec_bytes = 0;       // a whole record, padded to `align`
   size_t prefetch_bytes = 0;  // leading record bytes worth prefetching
@@ -47,6 +57,7 @@ struct RecordLayout {
     l.stamp_off = AlignUp(sizeof(KS), 4);
     l.freq_off = l.stamp_off + 4;
     l.val_off = AlignUp(l.freq_off + 4, alignof(V));
+    if (l.val_off >= l.freq_off + 4 + 2) l.head_mask_off = l.freq_off + 4;
     l.row_bytes = static_cast<size_t>(dim) * sizeof(V);
     l.align = std::max<size_t>({alignof(KS), alignof(V), 4});
     l.SetGroups(1);
@@ -54,9 +65,20 @@ struct RecordLayout {
   }
 
   size_t GroupOff(int group) const { return val_off + static_cast<size_t>(group) * row_bytes; }
-  size_t RecBytes(int groups) const { return AlignUp(GroupOff(groups), align); }
+  // This layout with `groups` column groups.
+  RecordLayout Widened(int groups) const {
+    RecordLayout l = *this;
+    l.SetGroups(groups);
+    return l;
+  }
   void SetGroups(int groups) {
-    rec_bytes = RecBytes(groups);
+    size_t end = GroupOff(groups);
+    mask_off = 0;
+    if (groups > 1) {
+      mask_off = head_mask_off != 0 ? head_mask_off : end;
+      end = std::max(end, mask_off + 2);
+    }
+    rec_bytes = AlignUp(end, align);
     prefetch_bytes = std::min<size_t>(rec_bytes, 512);
   }
 
@@ -73,6 +95,14 @@ struct RecordLayout {
   void SetMeta(char* rec, uint32_t stamp, uint32_t freq) const {
     std::memcpy(rec + stamp_off, &stamp, 4);
     std::memcpy(rec + freq_off, &freq, 4);
+  }
+  uint16_t Written(const char* rec) const {
+    uint16_t v = 0;
+    if (mask_off != 0) std::memcpy(&v, rec + mask_off, 2);
+    return v;
+  }
+  void SetWritten(char* rec, uint16_t bits) const {
+    if (mask_off != 0) std::memcpy(rec + mask_off, &bits, 2);
   }
 };
 

@@ -82,7 +82,15 @@ class ExportSink {
 // GroupView (below) shows one group as a table of its own, so every op works on
 // slot columns too; FindGroups / UpsertGroups move several groups of a key with
 // one probe. Group g >= 1 of a new key starts at the group's fill value.
+//
+// A record also notes which of its slot groups were written (any write of
+// group g: UpsertGroups, or an insert, accum or import of the group; a write of
+// the row alone sets none). The keys of group g are those with it written, as
+// in TFRA, whose slots are tables of their own holding the keys the optimizer
+// trained: a group's size, exports and files count only them, and its lookups
+// and contains say that the others are missing.
 constexpr int kMaxGroups = 16;
+static_assert(kMaxGroups <= 16, "a record's written mask has 16 bits (de_slab.h)");
 
 // An ExportSink into tensors of its own (host memory), `groups` blocks of dim
 // columns per row.
@@ -117,11 +125,13 @@ class TableBase : public tensorflow::ResourceBase {
   int64_t dim() const { return cfg_.dim; }
 
   // `group` selects the record's columns the op reads or writes (0: the row).
-  // rows[i] = row of keys[i], or defaults (a [dim] row or row i of [N, dim]).
+  // rows[i] = row of keys[i], or defaults (a [dim] row or row i of [N, dim]);
+  // a key is present in group g >= 1 once the group was written for it.
   virtual Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults,
                       Tensor* values, Tensor* exists, int group) = 0;
-  // exists[i] = whether keys[i] is present (no row is read).
-  virtual Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) = 0;
+  // exists[i] = whether keys[i] is present (in group `group`; no row is read).
+  virtual Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists,
+                          int group) = 0;
   // Missing keys get rows drawn by `init`; inserted when `insert` is true.
   virtual Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init,
                           bool insert, Tensor* values, Tensor* exists) = 0;
@@ -137,6 +147,8 @@ class TableBase : public tensorflow::ResourceBase {
   // Group 0: removes every key. Group g >= 1: resets the group to its fill.
   virtual void Clear(int group) = 0;
   virtual int64_t Size() const = 0;
+  // Keys with group `group` written (Size() for group 0).
+  virtual int64_t GroupSize(int group) const = 0;
   // Where the table's bytes go: record slabs as far as rows were handed out or
   // prefaulted (`rows` of them), hash indexes, and the rest (free lists, long
   // string keys).
@@ -154,8 +166,9 @@ class TableBase : public tensorflow::ResourceBase {
   virtual Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
                         int group) = 0;
   // Writes rows; clear_first replaces the content: for group 0 the set of keys
-  // (other groups of the keys that stay are kept), for a group g >= 1 its
-  // columns (keys not imported get the fill; no key is removed).
+  // (other groups of the keys that stay are kept, written or not), for a group
+  // g >= 1 its columns (keys not imported get the fill and are no longer
+  // written; no key is removed).
   // stamps/freqs may be empty.
   virtual Status Import(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
                         const Tensor& stamps, const Tensor& freqs, bool clear_first,
@@ -205,8 +218,9 @@ class TableBase : public tensorflow::ResourceBase {
 };
 
 // One column group of a table, seen as a table of its own (an optimizer slot
-// kept in its variable's records): keys, size, removals and metadata are the
-// table's; rows are the group's columns. Holds a reference to the table.
+// kept in its variable's records): its keys are the table's keys with the
+// group written (its size, exports, files, lookups), removals and metadata are
+// the table's; rows are the group's columns. Holds a reference to the table.
 class GroupView : public TableBase {
  public:
   GroupView(TableBase* table, int group) : TableBase(table->config()), table_(table), group_(group) {
@@ -226,8 +240,9 @@ class GroupView : public TableBase {
   }
   // A group's columns live in its table's records: counted there, not here.
   MemoryUse Memory() const override { return {}; }
-  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override {
-    return table_->Contains(ctx, keys, exists);
+  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists, int group) override {
+    TF_RETURN_IF_ERROR(Top(group));
+    return table_->Contains(ctx, keys, exists, group_);
   }
   Status FindInit(OpKernelContext*, const Tensor&, const InitSpec&, bool, Tensor*,
                   Tensor*) override {
@@ -252,7 +267,8 @@ class GroupView : public TableBase {
   void Clear(int group) override {
     if (group == 0) table_->Clear(group_);
   }
-  int64_t Size() const override { return table_->Size(); }
+  int64_t Size() const override { return table_->GroupSize(group_); }
+  int64_t GroupSize(int group) const override { return group == 0 ? Size() : 0; }
   Status Export(int64_t cursor, int64_t limit, ExportSink* sink, int64_t* next,
                 int group) override {
     TF_RETURN_IF_ERROR(Top(group));

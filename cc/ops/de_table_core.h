@@ -10,7 +10,7 @@
 //    8-slot groups;
 //  - a slab (RowSlab, de_slab.h): one contiguous array of fixed-size records
 //      [key | u32 stamp | u32 freq | dim values | dim values per slot group]
-//    with a free list; freq == 0 marks a free row. After removals a shard may
+//    (and a written mask once there are slot groups, de_slab.h) with a free list; freq == 0 marks a free row. After removals a shard may
 //    compact (MaybeCompact; de_compaction.h).
 // Growth is per shard, so at most one shard's index exists twice at a time.
 //
@@ -64,6 +64,9 @@ class Table : public TableBase {
     uint32_t barren_stamp = 0;   // a bound found no row to evict here at this stamp (+1);
                                  // cleared by a write at another stamp (NoteWriteStamp)
     uint32_t compactions = 0;    // times rows moved (CompactRows): chunked export cursors carry it
+    // Live rows with slot group g written (index g >= 1; MarkWritten, EraseSlot), so that a
+    // group's size is a sum of counters as the table's is. Changed under the exclusive lock.
+    std::array<std::atomic<uint32_t>, kMaxGroups> written{};
   };
 
   // A batch of keys bucketed by shard (Partition, de_batch.h).
@@ -130,6 +133,15 @@ class Table : public TableBase {
     return Bounded() ? live_.load(std::memory_order_relaxed) : ShardSum();
   }
 
+  int64_t GroupSize(int group) const override {
+    if (group <= 0 || group >= kMaxGroups) return group == 0 ? Size() : 0;
+    int64_t n = 0;
+    for (int i = 0; i < num_shards_; ++i) {
+      n += shards_[i].written[group].load(std::memory_order_relaxed);
+    }
+    return n;
+  }
+
   MemoryUse Memory() const override {
     MemoryUse use;
     for (int i = 0; i < num_shards_; ++i) {
@@ -153,7 +165,7 @@ class Table : public TableBase {
   // Row ops: de_table_ops.h.
   Status Find(OpKernelContext* ctx, const Tensor& keys, const Tensor& defaults, Tensor* values,
               Tensor* exists, int group) override;
-  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) override;
+  Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists, int group) override;
   Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
                   Tensor* values, Tensor* exists) override;
   Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
@@ -221,6 +233,20 @@ class Table : public TableBase {
   void WriteRow(const Shard& s, int64_t row, const V* src, uint32_t stamp, uint32_t freq) const {
     std::memcpy(Vals(s, row), src, layout_.row_bytes);
     SetMeta(s, row, stamp, freq);
+  }
+  // Whether slot group `group` (>= 1) was written for the key of a live row.
+  bool IsWritten(const char* rec, int group) const { return (layout_.Written(rec) >> group) & 1; }
+  // Notes slot groups `bits` (bit g: group g >= 1; bit 0 is ignored) written for `row`'s key.
+  void MarkWritten(Shard& s, int64_t row, uint32_t bits) const {
+    char* rec = Rec(s, row);
+    const uint16_t old = layout_.Written(rec);
+    uint32_t add = bits & ~uint32_t{old} & ~1u;
+    if (add == 0) return;
+    layout_.SetWritten(rec, static_cast<uint16_t>(old | add));
+    for (; add != 0; add &= add - 1) {
+      std::atomic<uint32_t>& n = s.written[__builtin_ctz(add)];
+      n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    }
   }
   uint32_t BumpFreq(const Shard& s, int64_t row) const {
     const uint32_t f = Freq(Rec(s, row));
@@ -296,6 +322,7 @@ class Table : public TableBase {
       s.rows.Release(row);
       return absl::InvalidArgumentError(absl::StrCat("cannot store a key: ", e.what()));
     }
+    layout_.SetWritten(Rec(s, row), 0);  // a new key has no slot group written
     InitGroups(s, row, written);
     s.index.Fill(slot, h, row);
     s.size.fetch_add(1, std::memory_order_relaxed);
@@ -310,6 +337,10 @@ class Table : public TableBase {
   void EraseSlot(Shard& s, int64_t slot) {
     const uint32_t row = s.index.RowAt(slot);
     char* rec = Rec(s, row);
+    for (uint32_t bits = layout_.Written(rec) & ~1u; bits != 0; bits &= bits - 1) {
+      std::atomic<uint32_t>& n = s.written[__builtin_ctz(bits)];
+      n.store(n.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    }
     KO::Destroy(rec);
     SetMeta(s, row, 0, 0);  // freq 0 marks the row free
     s.rows.Release(row);
@@ -392,6 +423,7 @@ class Table : public TableBase {
       live_.fetch_sub(n, std::memory_order_relaxed);
     }
     s->size.store(0, std::memory_order_relaxed);
+    for (auto& n : s->written) n.store(0, std::memory_order_relaxed);
   }
 
   // Empties a shard. With rows > 0, sizes its index for that many keys and
@@ -409,6 +441,11 @@ class Table : public TableBase {
     const int64_t sa = a->size.load(), sb = b->size.load();
     a->size.store(sb);
     b->size.store(sa);
+    for (int g = 0; g < kMaxGroups; ++g) {
+      const uint32_t wa = a->written[g].load(), wb = b->written[g].load();
+      a->written[g].store(wb);
+      b->written[g].store(wa);
+    }
     a->rows.Swap(b->rows);
   }
 
@@ -459,7 +496,7 @@ class Table : public TableBase {
   Status PutOne(const KIn& key, const V* vals, uint32_t stamp, uint32_t freq);
   // de_groups.h
   Status CheckGroup(int group) const;
-  void FillGroup(const Shard& s, int group) const;
+  void FillGroup(Shard& s, int group);
   // de_eviction.h
   Status InsertNewBounded(Shard& s, const Batch& b, const KIn& key, uint64_t h, uint32_t now,
                           uint32_t* row_out, bool* fresh, int written);

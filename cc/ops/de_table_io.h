@@ -5,6 +5,8 @@
 // de_file.h (SaveToFile / LoadFromFile). Everything that moves a table's rows
 // in or out as a whole is here, so the cursor format and the consistency rules
 // (a shard read under its lock, a replacement under every lock) are in one place.
+// A slot group's exports and files hold the keys it was written for
+// (de_table.h), and importing a group marks it written for the imported keys.
 #ifndef TFRA_DE_CC_OPS_DE_TABLE_IO_H_
 #define TFRA_DE_CC_OPS_DE_TABLE_IO_H_
 
@@ -101,7 +103,7 @@ inline Status Table<K, V>::ExportChunk(int64_t cursor, int64_t limit, bool regis
       }
       const char* rec = Rec(s, row);
       const uint32_t f = Freq(rec);
-      if (f == 0) continue;
+      if (f == 0 || (group > 0 && !IsWritten(rec, group))) continue;
       keys.push_back(KO::ToOwned(*reinterpret_cast<const KS*>(rec)));
       if (with_values) {
         const V* v = reinterpret_cast<const V*>(rec + GroupOff(group));
@@ -130,7 +132,7 @@ inline Status Table<K, V>::ExportAll(ExportSink* sink, int64_t* next, int group)
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   locks.reserve(num_shards_);
   for (int i = 0; i < num_shards_; ++i) locks.emplace_back(shards_[i].mu);
-  const int64_t n = ShardSum();  // the rows the loop below reads
+  const int64_t n = group == 0 ? ShardSum() : GroupSize(group);  // the rows the loop below reads
   Tensor *tk, *tv, *ts, *tf;
   TF_RETURN_IF_ERROR(sink->Allocate(n, &tk, &tv, &ts, &tf));
   auto ok = tk->flat<KIn>();
@@ -143,7 +145,7 @@ inline Status Table<K, V>::ExportAll(ExportSink* sink, int64_t* next, int group)
     for (uint32_t row = 0; row < s.rows.high_water() && i < n; ++row) {
       const char* rec = Rec(s, row);
       const uint32_t f = Freq(rec);
-      if (f == 0) continue;
+      if (f == 0 || (group > 0 && !IsWritten(rec, group))) continue;
       KO::Export(*reinterpret_cast<const KS*>(rec), &ok(i));
       if (ov != nullptr) std::memcpy(ov + i * cfg_.dim, rec + GroupOff(group), layout_.row_bytes);
       os[i] = Stamp(rec);
@@ -184,6 +186,7 @@ inline Status Table<K, V>::Import(OpKernelContext* ctx, const Tensor& keys, cons
       std::memcpy(GVals(s, row, group), in + i * dim, layout_.row_bytes);
       // A slot group's import leaves the metadata of the table's keys alone.
       if (group == 0 || fresh) SetMeta(s, row, stamp, freq);
+      MarkWritten(s, row, 1u << group);
       if (mark != nullptr) {
         if (mark->size() <= static_cast<size_t>(row)) mark->resize(s.rows.high_water(), 0);
         (*mark)[row] = 1;
@@ -195,7 +198,7 @@ inline Status Table<K, V>::Import(OpKernelContext* ctx, const Tensor& keys, cons
   // Replace: every shard stays locked from clearing to refilling, so no
   // reader sees a half-imported table.
   auto locks = LockAll();
-  if (group > 0) {  // the group's columns are reset, then written; no key goes
+  if (group > 0) {  // the group's columns (and written marks) are reset, then written; no key goes
     for (int i = 0; i < num_shards_; ++i) FillGroup(shards_[i], group);
     return ForEachShard(ctx, b, Lock::kNone, body);
   }
@@ -204,7 +207,8 @@ inline Status Table<K, V>::Import(OpKernelContext* ctx, const Tensor& keys, cons
     return ForEachShard(ctx, b, Lock::kNone, body);
   }
   // The set of keys is replaced; the slot groups of the keys that stay are
-  // kept (a checkpoint restores them before or after the rows).
+  // kept, with their written marks (a checkpoint restores them before or after
+  // the rows).
   seen.resize(num_shards_);
   TF_RETURN_IF_ERROR(ForEachShard(ctx, b, Lock::kNone, body));
   for (int si = 0; si < num_shards_; ++si) {
@@ -258,7 +262,7 @@ Status Table<K, V>::SaveToFile(const std::string& path, int group) {
       uint32_t rows = 0;
       for (uint32_t row = 0; row < s.rows.high_water(); ++row) {
         const char* rec = Rec(s, row);
-        if (Freq(rec) == 0) continue;
+        if (Freq(rec) == 0 || (group > 0 && !IsWritten(rec, group))) continue;
         KO::Encode(*reinterpret_cast<const KS*>(rec), &buf);
         buf.append(rec + layout_.stamp_off, 8);  // stamp + freq
         buf.append(rec + GroupOff(group), layout_.row_bytes);

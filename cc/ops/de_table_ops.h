@@ -28,8 +28,10 @@ inline Status Table<K, V>::Find(OpKernelContext* ctx, const Tensor& keys, const 
   bool* ex = exists->flat<bool>().data();
   const int64_t dim = cfg_.dim;
   auto visit = [&](const Shard& s, int64_t i, uint64_t, int64_t row) {
-    ex[i] = row >= 0;
-    const V* src = row >= 0 ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
+    // A slot group holds the keys it was written for (the others' columns are its fill).
+    const bool found = row >= 0 && (group == 0 || IsWritten(Rec(s, row), group));
+    ex[i] = found;
+    const V* src = found ? GVals(s, row, group) : (per_key ? dflt + i * dim : dflt);
     std::memcpy(out + i * dim, src, layout_.row_bytes);
     return absl::OkStatus();
   };
@@ -45,14 +47,18 @@ inline Status Table<K, V>::Find(OpKernelContext* ctx, const Tensor& keys, const 
 }
 
 template <class K, class V>
-inline Status Table<K, V>::Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists) {
+inline Status Table<K, V>::Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists,
+                                    int group) {
+  TF_RETURN_IF_ERROR(CheckGroup(group));
   Batch b;
   TF_RETURN_IF_ERROR(Partition(ctx, keys, &b));
   bool* ex = exists->flat<bool>().data();
   return ForEachShard(ctx, b, Lock::kShared, [&](Shard& s, int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) {
       if (p + 16 < hi) PrefetchGroup(s, b.hash[p + 16]);  // the index group of a key further ahead
-      ex[b.order[p]] = FindSlot(s, b.keys[b.order[p]], b.hash[p]) >= 0;
+      const int64_t slot = FindSlot(s, b.keys[b.order[p]], b.hash[p]);
+      // A slot group's keys are those it was written for (one record read each).
+      ex[b.order[p]] = slot >= 0 && (group == 0 || IsWritten(Rec(s, s.index.RowAt(slot)), group));
     }
     return absl::OkStatus();
   });
@@ -185,6 +191,7 @@ inline Status Table<K, V>::Upsert(OpKernelContext* ctx, const Tensor& keys, cons
         if (fresh) {
           std::memcpy(GVals(s, r, group), src, layout_.row_bytes);
           SetMeta(s, r, stamp, 1);
+          MarkWritten(s, r, 1u << group);
           return absl::OkStatus();
         }
         row = r;  // another writer added the key while this one made room
@@ -197,6 +204,7 @@ inline Status Table<K, V>::Upsert(OpKernelContext* ctx, const Tensor& keys, cons
       }
       // Writing a slot group is part of its row's update: the metadata is the row's.
       if (group == 0) SetMeta(s, row, stamp, BumpFreq(s, row));
+      MarkWritten(s, row, 1u << group);  // (no bit for the row)
       return absl::OkStatus();
     });
   });

@@ -302,7 +302,7 @@ class TfraAccumOp : public TfraTableOp {
     OP_REQUIRES_OK(ctx, Reshaped(ctx->input(3), TensorShape({n}), "exists", &seen));
     Tensor present;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_BOOL, TensorShape({n}), &present));
-    OP_REQUIRES_OK(ctx, t->Contains(ctx, flat_keys, &present));
+    OP_REQUIRES_OK(ctx, t->Contains(ctx, flat_keys, &present, 0));
     std::vector<int64_t> add, put;
     const bool* s = seen.flat<bool>().data();
     const bool* p = present.flat<bool>().data();

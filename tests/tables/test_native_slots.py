@@ -30,27 +30,40 @@ def _rows(table, dtype=tf.int64):
     return {key: tuple(row) for key, row in zip(k, v.numpy().tolist())}
 
 
+def _slot_rows(table, view, keys):
+    """{key: row} of `view`'s columns for `keys` of `table` (written or not)."""
+    (rows,), _ = native_slots.find_groups(table, _keys(keys), [view.group])
+    return {k: tuple(r) for k, r in zip(keys, rows.numpy().tolist())}
+
+
 def test_views_share_keys_and_start_at_their_fill():
     table = _table()
     table.insert(_keys([1, 2]), tf.constant([[1.0] * DIM, [2.0] * DIM]))
     m = native_slots.NativeSlotView(table, 0.0, "emb/m")
     v = native_slots.NativeSlotView(table, 0.25, "emb/v")
     assert (m.group, v.group) == (1, 2)
-    assert int(m.size()) == int(v.size()) == 2
-    np.testing.assert_array_equal(v.export()[1].numpy(), np.full([2, DIM], 0.25))
+    # A slot holds the keys written through it (as TFRA's slot tables): none yet. The table's
+    # keys' slot columns start at the fills.
+    assert int(m.size()) == int(v.size()) == 0 and _rows(v) == {}
+    assert _slot_rows(table, v, [1, 2]) == {1: (0.25,) * DIM, 2: (0.25,) * DIM}
+    _, exists = v.lookup_with_exists(_keys([1, 2]), tf.fill([DIM], 0.25))
+    np.testing.assert_array_equal(exists.numpy(), [False, False])
+    np.testing.assert_array_equal(v.contains(_keys([1, 2])).numpy(), [False, False])
     # Rows of the table are untouched by adding groups.
     assert _rows(table) == {1: (1.0,) * DIM, 2: (2.0,) * DIM}
-    # A new key written with its row gets the fills in its slot groups.
+    # A new key written with its row gets the fills in its slot groups, not written.
     table.insert(_keys([3]), tf.fill([1, DIM], 3.0))
-    assert _rows(v)[3] == (0.25,) * DIM
-    # A key written only through a view exists in the table, with a zero row.
+    assert _slot_rows(table, v, [3])[3] == (0.25,) * DIM and int(v.size()) == 0
+    # A key written only through a view exists in the table, with a zero row, and in that view.
     m.insert(_keys([4]), tf.fill([1, DIM], 4.0))
     assert int(table.size()) == 4
     assert _rows(table)[4] == (0.0,) * DIM
-    assert _rows(v)[4] == (0.25,) * DIM
+    assert _rows(m) == {4: (4.0,) * DIM} and int(m.size()) == 1
+    assert _slot_rows(table, v, [4])[4] == (0.25,) * DIM and 4 not in _rows(v)
+    np.testing.assert_array_equal(m.contains(_keys([4, 3])).numpy(), [True, False])
     # Removing through a view removes the key.
     v.remove(_keys([4]))
-    assert int(table.size()) == 3 and 4 not in _rows(m)
+    assert int(table.size()) == 3 and 4 not in _rows(m) and int(m.size()) == 0
 
 
 def test_find_and_upsert_groups_move_every_group_of_a_key_at_once():
@@ -100,9 +113,11 @@ def test_slot_import_resets_keys_it_lacks_to_the_fill_and_clear_resets_the_slot(
     v = native_slots.NativeSlotView(table, 0.5, "emb/v")
     native_slots.upsert_groups(table, _keys([1, 2]), [tf.fill([2, DIM], 7.0)] * 2, [0, 1])
     v.import_(_keys([2]), tf.fill([1, DIM], 4.0))
-    assert _rows(v) == {1: (0.5,) * DIM, 2: (4.0,) * DIM}
+    assert _rows(v) == {2: (4.0,) * DIM} and int(v.size()) == 1
+    assert _slot_rows(table, v, [1, 2]) == {1: (0.5,) * DIM, 2: (4.0,) * DIM}
     v.clear()
-    assert _rows(v) == {1: (0.5,) * DIM, 2: (0.5,) * DIM}
+    assert _rows(v) == {} and int(v.size()) == 0
+    assert _slot_rows(table, v, [1, 2]) == {1: (0.5,) * DIM, 2: (0.5,) * DIM}
     assert _rows(table) == {1: (7.0,) * DIM, 2: (7.0,) * DIM}
 
 
@@ -289,6 +304,7 @@ def test_a_view_left_by_a_destroyed_table_of_the_same_name_is_replaced():
     tf.raw_ops.DestroyResourceOp(resource=old.resource_handle)   # the view still holds it
     new = native.NativeKVTable(tf.int64, tf.float32, DIM, "same", shared_name="slots_same_name")
     view = native_slots.NativeSlotView(new, 0.0, "same/m")
-    new.insert(_keys([7]), tf.ones([1, DIM]))
+    native_slots.upsert_groups(new, _keys([7]), [tf.ones([1, DIM]), tf.fill([1, DIM], 2.0)],
+                               [0, view.group])
     assert int(view.size()) == 1
-    assert _rows(view) == {7: (0.0,) * DIM}
+    assert _rows(view) == {7: (2.0,) * DIM}

@@ -8,12 +8,16 @@ on its group's columns, sharing the table's keys, size, removals and metadata. T
 reads all slot rows of a batch with one `find_groups` and writes the trained rows and slot rows
 back with one `upsert_groups`: each touches a key once.
 
-Semantics of the shared keys: a slot's size is its variable's; removing a key from either
-removes it from both (evictions and restrict policies remove from both anyway); a key written
-only through a slot view gets a zero row; a new key's slot columns start at the slot's fill.
-Restoring rows replaces the set of keys but keeps the slot columns of the keys that stay, and
-restoring a slot sets its columns (keys it lacks get the fill), so a checkpoint restores the
-same in either order.
+Semantics of the shared keys: a slot holds the keys it was written for (each record notes which
+slot groups were: `upsert_groups`, or an insert, accum or import through the view; a write of
+the row alone marks none), as TFRA's slots, tables of their own, hold the keys their optimizer
+trained. So a slot's size, exports, files and checkpoint entries list those keys only, and its
+lookups report the others missing (their columns hold the slot's fill, a new key's start value).
+Removing a key from either removes it from both (evictions and restrict policies remove from both
+anyway); a key written only through a slot view gets a zero row. Restoring rows replaces the set
+of keys but keeps the slot columns of the keys that stay and their written marks, and restoring
+a slot sets its columns and marks exactly its keys (keys it lacks get the fill), so a checkpoint
+restores the same in either order.
 
 Example:
     >>> table = native.NativeKVCreator().create(tf.int64, tf.float32, 4, "emb")
@@ -23,6 +27,9 @@ Example:
     >>> (m_rows,), exists = find_groups(table, keys, [m.group])  # m's rows of keys
     >>> m_rows.numpy()[:, 0], exists.numpy()
     (array([0.5, 0.5], dtype=float32), array([ True,  True]))
+    >>> _ = table.insert(tf.constant([3], tf.int64), tf.ones([1, 4]))   # a row, no slot write
+    >>> int(table.size()), int(m.size())
+    (3, 2)
 """
 
 import copy
