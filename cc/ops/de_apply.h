@@ -164,6 +164,10 @@ inline Status Table<K, V>::ApplyGradients(OpKernelContext* ctx, const Tensor& ke
     const int64_t dim = cfg_.dim;
     const V* g = grads.flat<V>().data();
     const V* init_rows = spec.init_rows == nullptr ? nullptr : spec.init_rows->flat<V>().data();
+    uint32_t written = 0;  // the slot groups this update writes (their keys: de_slab.h)
+    for (int sg : spec.slot_groups) {
+      if (sg > 0) written |= 1u << sg;
+    }
     const uint32_t stamp = CurrentStamp();
     return ForEachShard(ctx, b, Lock::kExclusive, [&](Shard& s, int64_t lo, int64_t hi) {
       PrepareNewRows(s, static_cast<size_t>(hi - lo));
@@ -190,6 +194,7 @@ inline Status Table<K, V>::ApplyGradients(OpKernelContext* ctx, const Tensor& ke
         }
         ApplyRow<V, C>(rule, dim, GVals(s, row, 0), slots, g + i * dim);
         SetMeta(s, row, stamp, fresh ? 1 : BumpFreq(s, row));
+        MarkWritten(s, row, written);
         return absl::OkStatus();
       });
     });
