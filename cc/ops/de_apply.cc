@@ -2,6 +2,7 @@
 // they live, in one op (one call per parameter server and step). The update
 // rules are in de_apply.h.
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,10 @@ namespace {
 
 REGISTER_OP("TfraDeApplyGradients")
     .Input("tables: N * resource")
-    .Input("keys: N * key_dtype")
-    .Input("grads: N * value_dtype")
-    .Input("init_rows: N * value_dtype")
+    .Input("keys: key_dtype")
+    .Input("counts: int64")
+    .Input("grads: value_dtype")
+    .Input("init_rows: value_dtype")
     .Input("init_args: N * double")
     .Input("fills: N * double")
     .Input("hyper: double")
@@ -33,23 +35,27 @@ REGISTER_OP("TfraDeApplyGradients")
     .Attr("inits: list(string)")
     .Attr("seeds: list(int)")
     .Attr("keyed: list(bool)")
+    .Attr("sent_rows: list(bool)")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Applies one optimizer step to the rows and slot column groups of N tables: table i "
-         "gets grads[i] ([n_i, dim_i], summed per key) for its unique keys[i]. A missing key "
-         "is created: its row is init_rows[i]'s row when init_rows[i] has n_i rows, else drawn "
-         "like TfraDeFindInit's (inits[i], init_args[i], seeds[i], keyed[i]); its slots start "
-         "at fills[i] (the start values of the table's groups 1, 2, ...). hyper: the rule's "
-         "numbers, evaluated by the caller this step: [decay, then per optimizer] sgd: lr; "
-         "momentum (TF: a = a*mu + g) and keras_momentum (a = a*mu - lr*g): lr, mu, "
-         "nesterov; adagrad: lr, eps inside the root, eps outside; adam: lr * sqrt(1 - "
+    .Doc("Applies one optimizer step to the rows and slot column groups of N tables. Table "
+         "i's unique keys are counts[i] consecutive entries of keys (1-D, every table's in "
+         "turn), and their summed gradients the matching [counts[i], dim_i] block of grads "
+         "(flat). A missing key is created: its row is its row in init_rows when sent_rows[i] "
+         "(flat: the [counts[i], dim_i] blocks of those tables, in turn), else drawn like "
+         "TfraDeFindInit's (inits[i], init_args[i], seeds[i], keyed[i]); its slots start at "
+         "fills[i] (the start values of the table's groups 1, 2, ...). One tensor of each kind "
+         "per call: a parameter server receives a step's update of all its tables at once. "
+         "hyper: the rule's numbers, evaluated by the caller this step: [decay, then per "
+         "optimizer] sgd: lr; momentum (TF: a = a*mu + g) and keras_momentum (a = a*mu - lr*g): "
+         "lr, mu, nesterov; adagrad: lr, eps inside the root, eps outside; adam: lr * sqrt(1 - "
          "beta2^t) / (1 - beta1^t), 1 - beta1, 1 - beta2, eps; ftrl: lr, l1, l2 + beta / (2 "
          "lr), l2 shrinkage, lr power; rmsprop: lr, rho, 1 - rho, momentum, eps inside, eps "
          "outside, centered, form (0: a + (x - a)(1 - rho) as TF's kernels, 1: rho a + (1 - "
-         "rho) x as Keras'). "
-         "decay: w -= w * decay first (decoupled weight decay). slot_groups: per table, the "
-         "column group of each slot of the rule (momentum: 1; adagrad: 1; adam: m, v; ftrl: "
-         "accumulator, linear; rmsprop: ms, mom, mg, the last two -1 when not kept).");
+         "rho) x as Keras'). decay: w -= w * decay first (decoupled weight decay). "
+         "slot_groups: per table, the column group of each slot of the rule (momentum: 1; "
+         "adagrad: 1; adam: m, v; ftrl: accumulator, linear; rmsprop: ms, mom, mg, the last "
+         "two -1 when not kept).");
 
 // The slots each rule keeps, and which of them may be absent (-1).
 struct RuleSlots {
@@ -95,6 +101,7 @@ class ApplyGradientsOp : public OpKernel {
     std::vector<int64_t> seeds;
     std::vector<bool> keyed;
     std::vector<int32_t> groups;
+    std::vector<bool> sent_rows;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n_));
     OP_REQUIRES_OK(c, c->GetAttr("key_dtype", &key_dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &value_dtype_));
@@ -103,6 +110,7 @@ class ApplyGradientsOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("inits", &inits));
     OP_REQUIRES_OK(c, c->GetAttr("seeds", &seeds));
     OP_REQUIRES_OK(c, c->GetAttr("keyed", &keyed));
+    OP_REQUIRES_OK(c, c->GetAttr("sent_rows", &sent_rows));
     kind_ = KindOf(optimizer);
     const RuleSlots slots = SlotsOf(kind_);
     OP_REQUIRES(c, static_cast<int64_t>(groups.size()) == int64_t{n_} * slots.count,
@@ -110,10 +118,13 @@ class ApplyGradientsOp : public OpKernel {
                     "slot_groups must hold ", slots.count, " groups per table for ", optimizer,
                     " (", n_, " tables), got ", groups.size())));
     OP_REQUIRES(c, static_cast<int>(inits.size()) == n_ && static_cast<int>(seeds.size()) == n_ &&
-                       static_cast<int>(keyed.size()) == n_,
+                       static_cast<int>(keyed.size()) == n_ &&
+                       static_cast<int>(sent_rows.size()) == n_,
                 absl::InvalidArgumentError(absl::StrCat(
-                    "inits, seeds and keyed must hold one entry per table (", n_, "), got ",
-                    inits.size(), ", ", seeds.size(), ", ", keyed.size())));
+                    "inits, seeds, keyed and sent_rows must hold one entry per table (", n_,
+                    "), got ", inits.size(), ", ", seeds.size(), ", ", keyed.size(), ", ",
+                    sent_rows.size())));
+    sent_rows_.assign(sent_rows.begin(), sent_rows.end());
     for (int i = 0; i < n_; ++i) {
       std::vector<int> table_groups;
       for (int k = 0; k < slots.count; ++k) {
@@ -136,51 +147,112 @@ class ApplyGradientsOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     Guarded(ctx, [&] {
-      const Tensor& hyper = ctx->input(6 * n_);
+      const Tensor& keys = ctx->input(n_);
+      const Tensor& counts = ctx->input(n_ + 1);
+      const Tensor& grads = ctx->input(n_ + 2);
+      const Tensor& init_rows = ctx->input(n_ + 3);
+      const Tensor& hyper = ctx->input(3 * n_ + 4);
+      OP_REQUIRES_OK(ctx, CheckKeys(keys));
       OP_REQUIRES(ctx, hyper.dims() == 1 && hyper.NumElements() <= ApplySpec::kMaxHyper,
                   absl::InvalidArgumentError(absl::StrCat(
                       "hyper must be a 1-D tensor of at most ", ApplySpec::kMaxHyper,
                       " numbers, got shape ", hyper.shape().DebugString())));
-      for (int i = 0; i < n_; ++i) OP_REQUIRES_OK(ctx, ApplyOne(ctx, i, hyper));
+      OP_REQUIRES(ctx, counts.dims() == 1 && counts.NumElements() == n_,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "counts must have shape [N] = [", n_, "], got ", counts.shape().DebugString())));
+      std::vector<tensorflow::core::RefCountPtr<TableBase>> tables(n_);
+      int64_t nkeys = 0, ngrads = 0, nrows = 0;
+      for (int i = 0; i < n_; ++i) {
+        OP_REQUIRES_OK(ctx, Resolve(ctx, i, &tables[i]));
+        const int64_t c = counts.flat<int64_t>()(i);
+        OP_REQUIRES(ctx, c >= 0, absl::InvalidArgumentError(absl::StrCat(
+                                     "counts[", i, "] must be >= 0, got ", c)));
+        nkeys += c;
+        ngrads += c * tables[i]->dim();
+        if (sent_rows_[i]) nrows += c * tables[i]->dim();
+      }
+      OP_REQUIRES(ctx, keys.NumElements() == nkeys,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "keys must hold sum(counts) = ", nkeys, " keys, got ", keys.NumElements())));
+      OP_REQUIRES(ctx, grads.NumElements() == ngrads,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "grads must hold sum(counts[i] * dim_i) = ", ngrads, " values (one row per "
+                      "key), got ", grads.NumElements())));
+      OP_REQUIRES(ctx, init_rows.NumElements() == nrows,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "init_rows must hold the rows of the tables with sent_rows: ", nrows,
+                      " values, got ", init_rows.NumElements())));
+      int64_t key_at = 0, grad_at = 0, row_at = 0;
+      for (int i = 0; i < n_; ++i) {
+        const int64_t c = counts.flat<int64_t>()(i), dim = tables[i]->dim();
+        Tensor table_keys, table_grads, table_rows;
+        OP_REQUIRES_OK(ctx, Slice(ctx, keys, key_at, c, {c}, &table_keys));
+        OP_REQUIRES_OK(ctx, Slice(ctx, grads, grad_at, c * dim, {c, dim}, &table_grads));
+        if (sent_rows_[i]) {
+          OP_REQUIRES_OK(ctx, Slice(ctx, init_rows, row_at, c * dim, {c, dim}, &table_rows));
+          row_at += c * dim;
+        }
+        key_at += c;
+        grad_at += c * dim;
+        OP_REQUIRES_OK(ctx, ApplyOne(ctx, i, tables[i].get(), table_keys, table_grads,
+                                     sent_rows_[i] ? &table_rows : nullptr, hyper));
+      }
     });
   }
 
  private:
-  Status ApplyOne(OpKernelContext* ctx, int i, const Tensor& hyper) {
+  Status Resolve(OpKernelContext* ctx, int i, tensorflow::core::RefCountPtr<TableBase>* table) {
     const Tensor& h = ctx->input(i);
     if (h.dtype() != tensorflow::DT_RESOURCE || h.NumElements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("tables[", i, "] must be a scalar resource handle"));
     }
-    tensorflow::core::RefCountPtr<TableBase> table;
-    TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), &table));
-    const TableConfig& cfg = table->config();
+    TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), table));
+    const TableConfig& cfg = (*table)->config();
     if (cfg.key_dtype != key_dtype_ || cfg.value_dtype != value_dtype_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tables[", i, "] is ", tensorflow::DataTypeString(cfg.key_dtype), " -> ",
           tensorflow::DataTypeString(cfg.value_dtype), ", the op was built for ",
           tensorflow::DataTypeString(key_dtype_), " -> ", tensorflow::DataTypeString(value_dtype_)));
     }
-    const Tensor& keys = ctx->input(n_ + i);
-    const Tensor& grads = ctx->input(2 * n_ + i);
-    const Tensor& init_rows = ctx->input(3 * n_ + i);
-    TF_RETURN_IF_ERROR(CheckKeys(keys));
-    const int64_t n = keys.dim_size(0);
-    TF_RETURN_IF_ERROR(CheckRows("grads", grads, n, cfg.dim));
+    return absl::OkStatus();
+  }
+
+  // `count` elements of flat `from` starting at `at`, copied into a new tensor of `shape`
+  // (a table op wants aligned tensors of its own; the copy is small next to the update).
+  static Status Slice(OpKernelContext* ctx, const Tensor& from, int64_t at, int64_t count,
+                      const std::vector<int64_t>& shape, Tensor* out) {
+    TensorShape ts;
+    TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shape, &ts));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(from.dtype(), ts, out));
+    if (from.dtype() == tensorflow::DT_STRING) {
+      const auto src = from.flat<tensorflow::tstring>();
+      auto dst = out->flat<tensorflow::tstring>();
+      for (int64_t j = 0; j < count; ++j) dst(j) = src(at + j);
+      return absl::OkStatus();
+    }
+    const size_t width = tensorflow::DataTypeSize(from.dtype());
+    std::memcpy(const_cast<char*>(out->tensor_data().data()), from.tensor_data().data() + at * width,
+                count * width);
+    return absl::OkStatus();
+  }
+
+  Status ApplyOne(OpKernelContext* ctx, int i, TableBase* table, const Tensor& keys,
+                  const Tensor& grads, const Tensor* init_rows, const Tensor& hyper) {
+    const TableConfig& cfg = table->config();
     ApplySpec spec;
     spec.kind = kind_;
     const auto hv = hyper.flat<double>();
     for (int64_t k = 0; k < hv.size(); ++k) spec.hyper[k] = hv(k);
     spec.slot_groups = groups_[i];
     spec.init = inits_[i];
-    if (init_rows.dims() == 2 && init_rows.dim_size(0) == 0) {
-      TF_RETURN_IF_ERROR(ReadInitArgs(ctx->input(4 * n_ + i), cfg.dim, &spec.init));
+    if (init_rows == nullptr) {
+      TF_RETURN_IF_ERROR(ReadInitArgs(ctx->input(n_ + 4 + i), cfg.dim, &spec.init));
       TF_RETURN_IF_ERROR(CheckInitSpec(spec.init));
     } else {
-      TF_RETURN_IF_ERROR(CheckRows("init_rows", init_rows, n, cfg.dim));
-      spec.init_rows = &init_rows;
+      spec.init_rows = init_rows;
     }
     std::vector<double> fills;
-    TF_RETURN_IF_ERROR(ReadFills(ctx->input(5 * n_ + i), &fills));
+    TF_RETURN_IF_ERROR(ReadFills(ctx->input(2 * n_ + 4 + i), &fills));
     for (int g : spec.slot_groups) {
       if (g > static_cast<int>(fills.size())) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -197,6 +269,7 @@ class ApplyGradientsOp : public OpKernel {
   ApplySpec::Kind kind_ = ApplySpec::kSgd;
   std::vector<std::vector<int>> groups_;
   std::vector<InitSpec> inits_;
+  std::vector<bool> sent_rows_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfraDeApplyGradients").Device(tensorflow::DEVICE_CPU),

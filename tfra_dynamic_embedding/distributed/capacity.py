@@ -4,7 +4,8 @@ each PS holds, the bytes a training step moves and the CPU each PS spends per st
 The model follows what the native tables and the updates applied on the PS do:
 
 - memory: every key is one record (key, write stamp and count, the row and one row per optimizer
-  slot, padded to the record's alignment) plus its hash-index slot (4 bytes at the index's load);
+  slot with the mask of slots written, padded to the record's alignment) plus its hash-index
+  slot (4 bytes at the index's load);
   keys spread evenly over the PS tasks (`key mod n`);
 - bytes per step: per table the batch's unique ids go to their PS twice (lookup, update), their
   rows come back and their gradients go out -- slots never travel -- plus a fixed framing cost
@@ -21,7 +22,7 @@ Example:
     >>> est = estimate(tables, ps=2, costs=Costs(step_ms=1.0, table_ms=0.1, row_us=0.5,
     ...                                           framing_bytes=1000))
     >>> est.memory_per_ps_bytes // 10**6, int(est.wire_bytes_per_step)
-    (107, 591824)
+    (111, 591824)
 """
 
 import dataclasses
@@ -33,6 +34,7 @@ from typing import List, Sequence
 SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2, "adamw": 2, "ftrl": 2,
          "rmsprop": 2, "rmsprop_centered": 3}
 RECORD_HEADER_BYTES = 8   # write stamp and count, after the key
+WRITTEN_MASK_BYTES = 2    # slot groups written, in records with slots (in padding if any)
 INDEX_SLOT_BYTES = 4
 INDEX_LOAD = 0.65         # the index grows at 7/8 load to half that: about 0.44-0.875
 
@@ -65,6 +67,8 @@ class TableLoad:
         header = math.ceil(self.key_bytes / 4) * 4 + RECORD_HEADER_BYTES
         start = math.ceil(header / self.value_bytes) * self.value_bytes
         size = start + (1 + SLOTS[self.optimizer]) * self.dim * self.value_bytes
+        if SLOTS[self.optimizer] and start - header < WRITTEN_MASK_BYTES:
+            size += WRITTEN_MASK_BYTES   # which slots were written, after the rows
         return math.ceil(size / align) * align
 
     def key_bytes_in_memory(self):

@@ -165,28 +165,30 @@ class TableUpdate:
 
 def apply_gradients(device, updates, kind, hyper):
     """One op on `device` applying optimizer rule `kind` with `hyper` (float64 numbers, see
-    table_updates.py) to every `TableUpdate` in `updates` (tables of one key and value dtype)."""
+    table_updates.py) to every `TableUpdate` in `updates` (tables of one key and value dtype).
+
+    The tables' keys, gradients and sent rows travel as one tensor each (concatenated here, on
+    the caller's device); the per-table constants are made on `device` itself."""
     first = updates[0].table
-    inits, seeds, keyed, args, rows = [], [], [], [], []
-    for u in updates:
-        init = native.fused_form(u.init) if u.rows is None else None
-        if init is None:
-            inits.append("constant")
-            seeds.append(0)
-            keyed.append(False)
-            args.append(tf.zeros([1], tf.float64))
-            rows.append(u.table.row_tensor(u.rows, "initial rows"))
-        else:
-            inits.append(init.kind)
-            seeds.append(native.signed_seed(init.seed))
-            keyed.append(init.keyed)
-            args.append(native.init_args(init))
-            rows.append(tf.zeros([0, u.table.dim], u.table.value_dtype))
+    sent = [u.rows is not None for u in updates]
+    keys = tf.concat([u.table.key_tensor(u.keys) for u in updates], 0)
+    counts = tf.stack([tf.size(u.keys, out_type=tf.int64) for u in updates])
+    grads = tf.concat([tf.reshape(u.table.row_tensor(u.grads, "grads"), [-1]) for u in updates],
+                      0)
+    rows = [tf.reshape(u.table.row_tensor(u.rows, "initial rows"), [-1])
+            for u in updates if u.rows is not None]
+    rows = tf.concat(rows, 0) if rows else tf.zeros([0], first.value_dtype)
+    inits, seeds, keyed = [], [], []
+    drawn = [None if u.rows is not None else native.fused_form(u.init) for u in updates]
+    for init in drawn:
+        inits.append("constant" if init is None else init.kind)
+        seeds.append(0 if init is None else native.signed_seed(init.seed))
+        keyed.append(False if init is None else init.keyed)
     with tf.device(device):
+        args = [tf.zeros([1], tf.float64) if init is None else native.init_args(init)
+                for init in drawn]
+        fills = [tf.constant(slot_fills(u.table), tf.float64) for u in updates]
         return first.gen_ops.tfra_de_apply_gradients(
-            [u.table.resource_handle for u in updates],
-            [u.table.key_tensor(u.keys) for u in updates],
-            [u.table.row_tensor(u.grads, "grads") for u in updates], rows, args,
-            [tf.constant(slot_fills(u.table), tf.float64) for u in updates], hyper,
-            optimizer=kind, slot_groups=[g for u in updates for g in u.groups],
-            inits=inits, seeds=seeds, keyed=keyed)
+            [u.table.resource_handle for u in updates], keys, counts, grads, rows, args, fills,
+            hyper, optimizer=kind, slot_groups=[g for u in updates for g in u.groups],
+            inits=inits, seeds=seeds, keyed=keyed, sent_rows=sent)
