@@ -39,6 +39,9 @@ for a common start before its timed steps, and stays connected until the counter
   ratio            wire / min
   PS cpu ms/step   CPU time (utime + stime, /proc/<pid>/stat) of each PS process per step
   client cpu       CPU time of the training process(es) per step (tf1: of all trainers)
+  (JSON only) memory_bytes_per_ps: the native tables' bytes on each PS task after training;
+                   unique_ids_per_step, tables: what the capacity model is fitted to
+                   (tfra_dynamic_embedding/distributed/capacity.py, `--fit-capacity`)
 
     python benchmarks/ps_training.py [--quick] [--modes tf2,tf1] [--ps 1,2,4] [--tf1-ps 1,2,4]
         [--trainers 1,2] [--steps 30] [--batch-size 4096]
@@ -146,12 +149,13 @@ def client(args):
     minimum = np.mean([sum(len(np.unique(inputs["ids"][:, t])) * (8 + 2 * 4 * args.dim)
                            for t in range(inputs["ids"].shape[1]))
                        for inputs, _ in batches[args.warmup:]])
-    rows = {}
+    rows, memory = {}, {}
     if devices:
         for layer in model.embeddings:
-            for i, table in enumerate(layer.params.tables):
+            for i, table in enumerate(layer.params.shards.tables):
                 device = table.resource_handle.device
                 rows[device] = rows.get(device, 0) + int(layer.params.size(i))
+                memory[device] = memory.get(device, 0) + int(table.memory_bytes())
     result = {
         "ms_per_step": float(np.median(timed) * 1e3),
         "ms_p10": float(np.percentile(timed, 10) * 1e3),
@@ -164,6 +168,11 @@ def client(args):
         "ps_cpu_ms_per_step": [(b - a) / n * 1e3 for a, b in zip(before[2], after[2])],
         "client_cpu_ms_per_step": (after[3] - before[3]) / n * 1e3,
         "rows_per_ps": rows,
+        "memory_bytes_per_ps": memory,
+        "unique_ids_per_step": float(np.mean([sum(len(np.unique(inputs["ids"][:, t]))
+                                                  for t in range(inputs["ids"].shape[1]))
+                                              for inputs, _ in batches[args.warmup:]])),
+        "tables": int(batches[0][0]["ids"].shape[1]),
         "table_rows": sum(model.table_sizes().values()),
     }
     print(json.dumps(result), flush=True)
@@ -366,6 +375,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed steps first (>= 1, default 5)")
     parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--fit-capacity", action="store_true",
+                        help="fit the capacity model to the tf2 rows and print its predictions")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
@@ -431,10 +442,48 @@ def main(argv=None):
                 r[key] = round(value, 3)
             elif isinstance(value, list):
                 r[key] = [round(v, 3) if isinstance(v, float) else v for v in value]
+    fitted = capacity_check(results, args.dim) if args.fit_capacity else None
     print(json.dumps({"benchmark": "ps_training", "modes": modes,
                       "batch_size": args.batch_size, "dim": args.dim, "steps": args.steps,
-                      "warmup": args.warmup, "cpus": os.cpu_count(), "results": results}))
+                      "warmup": args.warmup, "cpus": os.cpu_count(), "results": results,
+                      "capacity_costs": fitted}))
     return 0
+
+
+def capacity_check(results, dim):
+    """Fits the capacity model's costs to the tf2 rows and prints its predictions next to the
+    measured figures (memory per PS, wire bytes per step, CPU per PS task and step); returns the
+    fitted costs as a dict."""
+    # pylint: disable=import-outside-toplevel
+    import dataclasses
+
+    from tfra_dynamic_embedding.distributed import capacity
+    rows = [r for r in results if r["mode"] == "tf2" and r["ps"]]
+    if not rows:
+        return None
+    payload = 2 * 8 + 2 * 4 * dim
+    costs = capacity.fit([{"ps": r["ps"], "tables": r["tables"],
+                           "rows_per_step": r["unique_ids_per_step"],
+                           "ps_cpu_ms_per_step": r["ps_cpu_ms_per_step"],
+                           "wire_bytes_per_step": r["wire_bytes_per_step"],
+                           "payload_bytes_per_step": r["unique_ids_per_step"] * payload}
+                          for r in rows])
+    print(f"capacity model fitted to the tf2 rows: {costs}")
+    print(f"{'config':10} {'memory/PS measured':>19} {'predicted':>11} {'wire B/step':>12} "
+          f"{'predicted':>11} {'PS cpu ms':>9} {'predicted':>9}")
+    for r in rows:
+        count = r["tables"]
+        tables = [capacity.TableLoad(f"t{i}", rows=r["table_rows"] / count, dim=dim,
+                                     ids_per_step=r["unique_ids_per_step"] / count)
+                  for i in range(count)]
+        est = capacity.estimate(tables, r["ps"], costs)
+        memory = sum(r["memory_bytes_per_ps"].values()) / r["ps"]
+        cpu = sum(r["ps_cpu_ms_per_step"]) / r["ps"]
+        print(f"{r['config']:10} {memory:>19,.0f} {est.memory_per_ps_bytes:>11,} "
+              f"{r['wire_bytes_per_step']:>12,.0f} {est.wire_bytes_per_step:>11,.0f} "
+              f"{cpu:>9.1f} {est.ps_cpu_ms_per_step:>9.1f}")
+        r["capacity_predicted"] = est.as_dict()
+    return dataclasses.asdict(costs)
 
 
 if __name__ == "__main__":

@@ -62,13 +62,30 @@ def test_fit_recovers_the_costs_it_was_given():
                          "wire_bytes_per_step": est.wire_bytes_per_step,
                          "payload_bytes_per_step": payload})
     fitted = capacity.fit(measured)
-    # Two of the three per-PS terms are confounded when every config has 26 tables: the fit
-    # must reproduce the measured CPU, and the framing exactly.
+    assert fitted.step_ms == 0.0 and fitted.row_us == pytest.approx(4.0)
+    # With 26 tables everywhere the fixed cost per task goes to the tables' term: the fit must
+    # reproduce the measured CPU, and the framing exactly.
     assert fitted.framing_bytes == pytest.approx(500.0)
     for m in measured:
         got = (fitted.step_ms + 26 * fitted.table_ms
                + m["rows_per_step"] / m["ps"] * fitted.row_us / 1e3)
         np.testing.assert_allclose(got, m["ps_cpu_ms_per_step"][0], rtol=1e-6)
+
+
+def test_fit_separates_fixed_and_per_table_costs_given_two_table_counts():
+    true = capacity.Costs(step_ms=3.0, table_ms=0.2, row_us=4.0, framing_bytes=0.0)
+    measured = []
+    for ps, count in ((1, 10), (2, 26), (4, 26), (2, 10)):
+        tables = [capacity.TableLoad(f"t{i}", rows=10, dim=4, ids_per_step=500 + 40 * i)
+                  for i in range(count)]
+        est = capacity.estimate(tables, ps, true)
+        measured.append({"ps": ps, "tables": count,
+                         "rows_per_step": sum(t.ids_per_step for t in tables),
+                         "ps_cpu_ms_per_step": [est.ps_cpu_ms_per_step] * ps,
+                         "wire_bytes_per_step": est.wire_bytes_per_step,
+                         "payload_bytes_per_step": est.wire_bytes_per_step})
+    fitted = capacity.fit(measured)
+    assert (fitted.step_ms, fitted.table_ms, fitted.row_us) == pytest.approx((3.0, 0.2, 4.0))
 
 
 def test_bad_tables_are_clear_errors():

@@ -127,12 +127,17 @@ def fit(measured: List[dict]):
     list, one per PS task), `wire_bytes_per_step` and `payload_bytes_per_step` (the model's
     bytes without framing)."""
     import numpy as np   # pylint: disable=import-outside-toplevel  (only fitting needs it)
+    # With one table count measured a fixed cost per task cannot be told from one per table:
+    # it is then all per table (what a PS does per table and step -- receive its ids, send its
+    # rows -- is what grows with the tables).
+    fixed = len({m["tables"] for m in measured}) > 1
     a, b = [], []
     for m in measured:
         for cpu in m["ps_cpu_ms_per_step"]:
-            a.append([1.0, m["tables"], m["rows_per_step"] / m["ps"] / 1e3])
+            a.append(([1.0] if fixed else []) + [m["tables"], m["rows_per_step"] / m["ps"] / 1e3])
             b.append(cpu)
-    (step_ms, table_ms, row_us), *_ = np.linalg.lstsq(np.asarray(a), np.asarray(b), rcond=None)
+    solution, *_ = np.linalg.lstsq(np.asarray(a), np.asarray(b), rcond=None)
+    step_ms, table_ms, row_us = ([0.0] if not fixed else []) + list(solution)
     framing = float(np.mean([(m["wire_bytes_per_step"] - m["payload_bytes_per_step"]) / m["ps"]
                              for m in measured]))
     return Costs(step_ms=max(0.0, float(step_ms)), table_ms=max(0.0, float(table_ms)),
