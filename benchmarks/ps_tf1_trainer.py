@@ -88,7 +88,7 @@ def main(config):
     # pylint: disable=import-outside-toplevel
     import tensorflow as tf
     sys.path.insert(0, HERE)
-    from train_step import tfra_batches
+    from zipf_batches import tfra_batches
 
     tf.compat.v1.disable_eager_execution()
     tf_config = json.loads(os.environ["TF_CONFIG"])

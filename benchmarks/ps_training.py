@@ -258,30 +258,43 @@ def _overlap_rate(times, batch_size):
     return steps * batch_size / (end - begin)
 
 
-def run_tf1(num_ps, trainer_counts, args, log_dir):
+def run_tf1(num_ps, trainer_counts, args, log_dir, tfra_python=None):
     """TF1 between-graph rows: for each n in `trainer_counts`, n trainer processes (chief + n - 1
     workers, asynchronous) against the same `num_ps` PS tasks (each run its own variables);
-    returns one row's figures per n."""
+    returns one row's figures per n. `tfra_python`: run PS tasks and trainers under that Python
+    (TFRA's environment; PS tasks as benchmarks/tfra_ps_server.py) instead of this package."""
     # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.distributed.local import LocalCluster
-    logs = _config_dir(log_dir, f"tf1_ps{num_ps}")
-    cluster = LocalCluster(ps=num_ps, chief=1, worker=max(trainer_counts) - 1, servers=("ps",),
-                           log_dir=logs, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    logs = _config_dir(log_dir, f"{'tfra_' if tfra_python else ''}tf1_ps{num_ps}")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    if tfra_python:   # nothing of this repository on the path; TFRA 0.8.1 wants tf_keras
+        env.update(PYTHONPATH=HERE, TF_USE_LEGACY_KERAS="1")
+    cluster = LocalCluster(ps=num_ps, chief=1, worker=max(trainer_counts) - 1,
+                           servers=() if tfra_python else ("ps",), log_dir=logs, env=env)
     try:
-        cluster.start(timeout=args.timeout)
+        if tfra_python:
+            import tfra_ps_server
+            for i in range(num_ps):
+                cluster.run("ps", i, [tfra_python, os.path.join(HERE, "tfra_ps_server.py")])
+            for i in range(num_ps):
+                cluster.wait_ready("ps", i, args.timeout, ready=tfra_ps_server.READY)
+        else:
+            cluster.start(timeout=args.timeout)
         for trainers in trainer_counts:
-            yield _tf1_row(cluster, trainers, args, _config_dir(logs, f"x{trainers}"))
+            yield _tf1_row(cluster, trainers, args, _config_dir(logs, f"x{trainers}"),
+                           tfra_python)
     finally:
         cluster.close()
 
 
-def _tf1_row(cluster, trainers, args, sync):
+def _tf1_row(cluster, trainers, args, sync, tfra_python=None):
     # pylint: disable=import-outside-toplevel
     import numpy as np
     config = {"steps": args.steps, "warmup": args.warmup, "batch_size": args.batch_size,
               "dim": args.dim, "seed": args.seed, "scope": f"model_x{trainers}",
               "sync_dir": sync, "timeout": args.timeout}
-    argv = [sys.executable, os.path.join(HERE, "ps_tf1_trainer.py"), json.dumps(config)]
+    argv = [tfra_python or sys.executable, os.path.join(HERE, "ps_tf1_trainer.py"),
+            json.dumps(config)]
     keys = [("chief", 0)] + [("worker", i) for i in range(trainers - 1)]
     deadline = time.monotonic() + args.timeout
     ports = {int(a.rsplit(":", 1)[1]) for job in cluster.spec.values() for a in job}
@@ -342,7 +355,7 @@ def _print_row(r):
     ratio = f"{r['ratio']:.2f}" if r["ps"] else "-"
     rate = f"{r['examples_per_s']:,.0f}" if r["examples_per_s"] else "-"
     ps_cpu = " ".join(f"{x:.0f}" for x in r["ps_cpu_ms_per_step"]) or "-"
-    print(f"{r['config']:13} {spread:>18} {rate:>10} {wire:>12} {r['lo_bytes_per_step']:>11,.0f} "
+    print(f"{r['config']:17} {spread:>18} {rate:>10} {wire:>12} {r['lo_bytes_per_step']:>11,.0f} "
           f"{r['min_bytes_per_step']:>11,.0f} {ratio:>6} {r['client_cpu_ms_per_step']:>10.0f}  "
           f"{ps_cpu}", flush=True)
 
@@ -375,6 +388,10 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed steps first (>= 1, default 5)")
     parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--tfra-python", metavar="PY",
+                        help="also run each tf1 row with TFRA (its PS tasks and trainers under "
+                             "this Python, e.g. a venv with tensorflow-recommenders-addons "
+                             "0.8.1; docs/tfra_compatibility.md), as `tfra tf1 ...` rows")
     parser.add_argument("--fit-capacity", action="store_true",
                         help="fit the capacity model to the tf2 rows and print its predictions")
     parser.add_argument("--dim", type=int, default=16)
@@ -412,7 +429,7 @@ def main(argv=None):
           f"{args.warmup} warm-up; tf2: one TF2 remote client, synchronous; tf1: between-graph "
           f"trainers (chief + workers), asynchronous, examples/s over the window all of them "
           f"train; {os.cpu_count()} CPUs; logs in {log_dir}")
-    header = (f"{'config':13} {'ms/step (p10-p90)':>18} {'examples/s':>10} {'wire B/step':>12} "
+    header = (f"{'config':17} {'ms/step (p10-p90)':>18} {'examples/s':>10} {'wire B/step':>12} "
               f"{'lo B/step':>11} {'min B/step':>11} {'ratio':>6} {'client cpu':>10}  "
               f"PS cpu ms/step")
     print(header)
@@ -424,10 +441,13 @@ def main(argv=None):
             r.update(config="local" if num_ps == 0 else f"tf2 ps={num_ps}", trainers=1)
             yield r
         else:
-            with contextlib.closing(run_tf1(num_ps, trainers, args, log_dir)) as runs:
-                for n, r in zip(trainers, runs):   # the PS tasks are killed on leaving
-                    r.update(config=f"tf1 ps={num_ps} x{n}", trainers=n)
-                    yield r
+            for tfra in ([False, True] if args.tfra_python else [False]):
+                with contextlib.closing(run_tf1(num_ps, trainers, args, log_dir,
+                                                args.tfra_python if tfra else None)) as runs:
+                    for n, r in zip(trainers, runs):   # the PS tasks are killed on leaving
+                        r.update(config=f"{'tfra ' if tfra else ''}tf1 ps={num_ps} x{n}",
+                                 trainers=n, implementation="tfra" if tfra else "ours")
+                        yield r
 
     for mode, num_ps, trainers in configs:
         for r in rows(mode, num_ps, trainers):

@@ -40,6 +40,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfra_dynamic_embedding as de  # noqa: E402
 from tfra_dynamic_embedding.demo import criteo, dlrm  # noqa: E402
+from zipf_batches import tfra_batches  # noqa: E402,F401  (the TFRA setup's batches)
 
 SETUPS = ("demo", "tfra")
 VARIANTS = ("static", "de")
@@ -55,16 +56,6 @@ def demo_batches(num_batches, batch_size, seed):
     label = data.label.astype(np.float32)
     return [({"dense": dense[i::num_batches], "ids": ids[i::num_batches]}, label[i::num_batches])
             for i in range(num_batches)]
-
-
-def tfra_batches(num_batches, batch_size, seed, tables=26, exponent=1.2):
-    """Batches of `tables` Zipf(exponent) ids per example (arbitrary int64), random labels."""
-    rng = np.random.default_rng(seed)
-    ids = rng.zipf(exponent, size=(num_batches, batch_size, tables)).astype(np.int64)
-    # Spread each table's ids over the int64 range (a fixed odd multiplier is a bijection).
-    ids = ids * np.int64(0x9E3779B97F4A7C15 - 2**64) + np.arange(tables, dtype=np.int64)
-    labels = rng.integers(0, 2, size=(num_batches, batch_size)).astype(np.float32)
-    return [({"ids": ids[i]}, labels[i]) for i in range(num_batches)]
 
 
 def to_static(batches):
