@@ -442,9 +442,12 @@ def main(argv=None):
             yield r
         else:
             for tfra in ([False, True] if args.tfra_python else [False]):
-                with contextlib.closing(run_tf1(num_ps, trainers, args, log_dir,
+                # TFRA's non-chief trainers wait forever for the chief to initialize their
+                # lookups' wrappers (docs/distributed.md, Mode 2): one trainer only there.
+                counts = [1] if tfra else trainers
+                with contextlib.closing(run_tf1(num_ps, counts, args, log_dir,
                                                 args.tfra_python if tfra else None)) as runs:
-                    for n, r in zip(trainers, runs):   # the PS tasks are killed on leaving
+                    for n, r in zip(counts, runs):   # the PS tasks are killed on leaving
                         r.update(config=f"{'tfra ' if tfra else ''}tf1 ps={num_ps} x{n}",
                                  trainers=n, implementation="tfra" if tfra else "ours")
                         yield r
