@@ -50,6 +50,8 @@ OPTIMIZERS = {
     ("tf_keras", "adamw"): lambda: tf_keras.optimizers.AdamW(0.1, weight_decay=0.05),
     ("tf_keras", "adagrad"): lambda: tf_keras.optimizers.Adagrad(0.1),
     ("tf_keras", "ftrl"): lambda: tf_keras.optimizers.Ftrl(0.1),
+    ("tf_keras", "rmsprop"): lambda: tf_keras.optimizers.RMSprop(0.05, momentum=0.5,
+                                                                 centered=True),
 }
 INITIALIZERS = {
     "unseeded_normal": lambda: tf.random_normal_initializer(0.0, 0.5),

@@ -102,6 +102,8 @@ def _v1_rule(opt, cls):
 
 def _keras_rule(opt, cls, family):
     keras3 = family == "keras3"
+    if getattr(opt, "gradient_accumulation_steps", None):
+        return None   # its update runs inside a conditional of Keras' own
     namespace = sys.modules["keras" if keras3 else "tf_keras"].optimizers
     if _is(cls, namespace, "SGD"):
         if not float(opt.momentum):
@@ -113,7 +115,7 @@ def _keras_rule(opt, cls, family):
         return Rule("adagrad", ("accumulator",))
     if _is(cls, namespace, "Ftrl"):
         return Rule("ftrl", ("accumulator", "linear"))
-    if keras3 and _is(cls, namespace, "RMSprop"):
+    if _is(cls, namespace, "RMSprop"):
         return Rule("rmsprop", ("velocity", "momentum" if opt.momentum > 0 else None,
                                 "average_gradient" if opt.centered else None))
     return None
