@@ -617,7 +617,7 @@ def wrapper_for(params, name, ids=None):
     if in_graph:
         with graph.name_scope(""):   # unique among full names, as the wrapper will be named
             name = graph.unique_name(name, mark_as_used=False)
-    wrapper = params.trainable_store.get(name)
+    wrapper = params.stored_trainable(name)   # per lookup call: no copy of the store
     if wrapper is None:
         # The ids' device, or none (not the enclosing scope's, e.g. a replica_device_setter
         # sending variables to a parameter server).

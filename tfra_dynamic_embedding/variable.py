@@ -300,6 +300,10 @@ class Variable(_tf_private.AutoTrackable):
         """{wrapper name: TrainableWrapper} of this variable's lookup sites."""
         return dict(self._trainable_store)
 
+    def stored_trainable(self, name):
+        """The TrainableWrapper kept under exactly `name` (`store_trainable`), or None."""
+        return self._trainable_store.get(name)
+
     def store_trainable(self, name, wrapper):
         """Keeps `wrapper` (a TrainableWrapper of this variable, e.g. a ShadowVariable the user
         made) as the one of the lookup called `name`, found by `get_trainable_by_name`."""
