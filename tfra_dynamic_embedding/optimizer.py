@@ -262,6 +262,7 @@ class _DynamicEmbeddingMixin:
             (_summed_rows(g, v) if isinstance(v, trainable_lib.TrainableWrapper) else g, v)
             for g, v in grads_and_vars]
         object.__setattr__(self, "_de_fused", fused)
+        object.__setattr__(self, "_de_step_rule", rule)   # read by the families' hooks
         object.__setattr__(self, "_de_hypers", {})
         try:
             with tf.control_dependencies(prefetch + list(looked_up.values())):
@@ -325,8 +326,7 @@ class _DynamicEmbeddingMixin:
     def _de_defer(self, wrapper, grad, hyper):
         """Queues `wrapper`'s update for `_de_apply` (which groups them per device); returns an
         op that reads this step's hyper-parameters (before the optimizer moves its counters)."""
-        rule = self._de_rule()
-        self._de_pending.append(table_updates.Pending(wrapper, grad, rule, hyper))
+        self._de_pending.append(table_updates.Pending(wrapper, grad, self._de_step_rule, hyper))
         return tf.group(hyper)
 
     def _de_online(self, wrapper):
@@ -382,7 +382,7 @@ class _V1Mixin(_DynamicEmbeddingMixin):
             return super()._resource_apply_dense(grad, handle)
         dtype = wrapper.dtype.base_dtype
         hyper = self._de_hyper_cache(
-            (dtype,), lambda: table_updates.v1_hyper(self, self._de_rule(), dtype))
+            (dtype,), lambda: table_updates.v1_hyper(self, self._de_step_rule, dtype))
         return self._de_defer(wrapper, grad, hyper)
 
     def _zeros_slot(self, var, slot_name, op_name):
@@ -470,7 +470,7 @@ class _KerasUpdateMixin:
         def make():
             decay = (tf.cast(learning_rate, dtype) * tf.cast(self.weight_decay, dtype)
                      if decays else 0.0)
-            return table_updates.keras_hyper(self, self._de_rule(), dtype, learning_rate, decay)
+            return table_updates.keras_hyper(self, self._de_step_rule, dtype, learning_rate, decay)
 
         return self._de_defer(wrapper, gradient, self._de_hyper_cache((dtype, decays), make))
 
@@ -551,7 +551,7 @@ class _LegacyKerasMixin(_KerasConfigMixin, _DynamicEmbeddingMixin):
         def make():
             coefficients = ((apply_state or {}).get((device, dtype))
                             or self._fallback_apply_state(device, dtype))
-            return table_updates.legacy_hyper(self, self._de_rule(), dtype, coefficients)
+            return table_updates.legacy_hyper(self, self._de_step_rule, dtype, coefficients)
 
         return self._de_defer(wrapper, grad, self._de_hyper_cache((device, dtype), make))
 
