@@ -1,7 +1,9 @@
 """One trainer (chief or worker) of the TF1 between-graph rows of benchmarks/ps_training.py.
 
 TFRA's setup as a TF1 user writes it: 26 `de.get_variable` tables x dim 16 sharded over the PS
-tasks (key mod K), one `de.embedding_lookup` per table, MLP 256-128-1 on the concatenated rows,
+tasks (key mod K), looked up together by one `de.embedding_lookups` (one lookup op per PS and
+step; TFRA, which has no such call, runs one `de.embedding_lookup` per table), MLP 256-128-1 on
+the concatenated rows,
 v1 Adam (1e-3) wrapped by `de.DynamicEmbeddingOptimizer`, built under `replica_device_setter`
 (dense weights, their Adam slots and the global step on the PS tasks, as in TFRA's TF1 examples)
 and trained with a `MonitoredTrainingSession` against this task's own `tf.distribute.Server`.
@@ -60,12 +62,15 @@ def build(dim, features, hidden, devices, scope):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         ids = tf.compat.v1.placeholder(tf.int64, [None, features], name="ids")
         labels = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
-        rows = []
-        for t in range(features):
-            table = de.get_variable(
-                f"C{t + 1}", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
-                devices=devices, initializer=tf.keras.initializers.RandomNormal(0.0, 0.05))
-            rows.append(de.embedding_lookup(table, ids[:, t], name=f"C{t + 1}_lookup"))
+        tables = [de.get_variable(
+            f"C{t + 1}", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, devices=devices,
+            initializer=tf.keras.initializers.RandomNormal(0.0, 0.05)) for t in range(features)]
+        names = [f"C{t + 1}_lookup" for t in range(features)]
+        columns = [ids[:, t] for t in range(features)]
+        if hasattr(de, "embedding_lookups"):   # all tables at once: one lookup op per PS
+            rows = de.embedding_lookups(tables, columns, names=names)
+        else:   # TFRA 0.8.1 (--tfra-python)
+            rows = [de.embedding_lookup(t, c, name=n) for t, c, n in zip(tables, columns, names)]
         x = tf.concat(rows, axis=1)
         sizes = [features * dim] + list(hidden) + [1]
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):

@@ -40,6 +40,8 @@ for a common start before its timed steps, and stays connected until the counter
   PS cpu ms/step   CPU time (utime + stime, /proc/<pid>/stat) of each PS process per step
   client cpu       CPU time of the training process(es) per step (tf1: of all trainers)
   (JSON only) memory_bytes_per_ps: the native tables' bytes on each PS task after training;
+                   table_ops_per_ps (tf2): {PS device: {op type: count}} of the table ops in
+                   the step's graph;
                    unique_ids_per_step, tables: what the capacity model is fitted to
                    (tfra_dynamic_embedding/distributed/capacity.py, `--fit-capacity`)
 
@@ -149,8 +151,16 @@ def client(args):
     minimum = np.mean([sum(len(np.unique(inputs["ids"][:, t])) * (8 + 2 * 4 * args.dim)
                            for t in range(inputs["ids"].shape[1]))
                        for inputs, _ in batches[args.warmup:]])
-    rows, memory = {}, {}
+    rows, memory, table_ops = {}, {}, {}
     if devices:
+        # The table ops each PS runs per step (grouped: one lookup and one update op per PS).
+        graph = step.get_concrete_function(*tensors[0]).graph
+        for op in graph.get_operations():
+            if op.type.startswith("TfraDe") and "/job:ps" in op.device:
+                device = tf.DeviceSpec.from_string(op.device).replace(device_type="CPU",
+                                                                      device_index=0)
+                counts = table_ops.setdefault(device.to_string(), {})
+                counts[op.type] = counts.get(op.type, 0) + 1
         for layer in model.embeddings:
             for i, table in enumerate(layer.params.shards.tables):
                 device = table.resource_handle.device
@@ -169,6 +179,7 @@ def client(args):
         "client_cpu_ms_per_step": (after[3] - before[3]) / n * 1e3,
         "rows_per_ps": rows,
         "memory_bytes_per_ps": memory,
+        "table_ops_per_ps": table_ops,
         "unique_ids_per_step": float(np.mean([sum(len(np.unique(inputs["ids"][:, t]))
                                                   for t in range(inputs["ids"].shape[1]))
                                               for inputs, _ in batches[args.warmup:]])),

@@ -50,6 +50,7 @@ _EXPORTS = {
     "embedding_lookup": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_unique": "tfra_dynamic_embedding.embedding_ops",
+    "embedding_lookups": "tfra_dynamic_embedding.embedding_ops",
     "get_variable": "tfra_dynamic_embedding.scopes",
     "patch_on_tf": "tfra_dynamic_embedding.compat.tf_patch",
     "safe_embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",

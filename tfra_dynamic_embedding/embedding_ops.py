@@ -19,6 +19,7 @@ import numbers
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import grouped_lookup
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import variable as variable_lib
 
@@ -57,6 +58,59 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
     this is the same lookup under TFRA's name (default op name "embedding_lookup_unique")."""
     return embedding_lookup(params, ids, partition_strategy, name or "embedding_lookup_unique",
                             validate_indices, max_norm, return_trainable)
+
+
+def embedding_lookups(params, ids, names=None, max_norm=None, return_trainable=False):
+    """Several `embedding_lookup`s in one step, with their tables read together.
+
+    The result equals `[embedding_lookup(p, i, name=n, max_norm=max_norm) for p, i, n in
+    zip(params, ids, names)]` (names default to `embedding_lookup`, made unique). The rows of
+    every shard on one device -- e.g. a parameter server holding a shard of each of 26 tables --
+    are read by one op there, so the device receives the step's keys as one tensor and sends
+    the rows back as one (see grouped_lookup.py): a step's work on a PS follows its rows, not
+    the number of tables. With `return_trainable=True` returns `(embeddings, wrappers)`.
+
+    Example:
+        >>> import tensorflow_recommenders_addons.dynamic_embedding as de
+        >>> user = de.Variable(dim=4, initializer=0.5, name="user")
+        >>> item = de.Variable(dim=8, initializer=0.5, name="item")
+        >>> u, i = embedding_lookups([user, item], [tf.constant([1, 2], tf.int64),
+        ...                                          tf.constant([[7, 8, 9]], tf.int64)])
+        >>> u.shape, i.shape
+        (TensorShape([2, 4]), TensorShape([1, 3, 8]))
+    """
+    params, ids = list(params), list(ids)
+    if len(params) != len(ids):
+        raise ValueError(f"embedding_lookups needs one ids tensor per variable; got "
+                         f"{len(params)} params and {len(ids)} ids")
+    names = [None] * len(params) if names is None else list(names)
+    if len(names) != len(params):
+        raise ValueError(f"names must hold one name per variable ({len(params)}); got "
+                         f"{len(names)}")
+    _check_max_norm(max_norm)
+    plans = []
+    for p, lookup_ids, name in zip(params, ids, names):
+        p, shadow = _check_params(p, "params")
+        lookup_ids = variable_lib.typed_tensor(lookup_ids, p.key_dtype, "ids")
+        name = name or "embedding_lookup"
+        with tf.name_scope(variable_lib.scope_name(name)) as scope:
+            unique_ids, index = tf.unique(tf.reshape(lookup_ids, [-1]))
+            wrapper, load_ids, positions = _plan_read(p, unique_ids, name, return_trainable,
+                                                      lookup_ids, shadow)
+        plans.append((p, lookup_ids, scope, index, wrapper, load_ids, positions))
+    rows = grouped_lookup.lookup_rows([plan[0] for plan in plans], [plan[5] for plan in plans])
+    embeddings, wrappers = [], []
+    for (p, lookup_ids, scope, index, wrapper, load_ids, positions), read in zip(plans, rows):
+        with tf.name_scope(scope):
+            held, positions, wrapper = _held(wrapper, load_ids, read, positions)
+            found = tf.gather(held, index if positions is None else tf.gather(positions, index))
+            if max_norm is not None:
+                found = tf.clip_by_norm(found, max_norm, axes=[1])
+            found = tf.reshape(found, tf.concat([tf.shape(lookup_ids), [p.dim]], 0))
+            found.set_shape(lookup_ids.shape.concatenate([p.dim]))
+        embeddings.append(found)
+        wrappers.append(wrapper)
+    return (embeddings, wrappers) if return_trainable else embeddings
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name=None,
@@ -152,16 +206,31 @@ def _batch_rows(params, unique_ids, name, return_trainable, ids, shadow=None):
     from it, so gradients w.r.t. them reach the wrapper (see trainable.needs_wrapper); a new
     wrapper is placed with the caller's `ids`.
     """
+    wrapper, load_ids, positions = _plan_read(params, unique_ids, name, return_trainable, ids,
+                                              shadow)
+    return _held(wrapper, load_ids, params.lookup(load_ids), positions)
+
+
+def _plan_read(params, unique_ids, name, return_trainable, ids, shadow=None):
+    """(wrapper or None, the ids whose rows the lookup reads, positions): the first half of
+    `_batch_rows`, before any table is read."""
     if shadow is not None:   # a ShadowVariable reads its rows through itself (train mode)
         if trainable_lib.get_model_mode() == trainable_lib.ModelMode.INFERENCE:
-            return params.lookup(unique_ids), None, None
+            return None, unique_ids, None
         wrapper = shadow
     elif not trainable_lib.needs_wrapper(params, return_trainable):
-        return params.lookup(unique_ids), None, None
+        return None, unique_ids, None
     else:
         wrapper = trainable_lib.wrapper_for(params, trainable_lib.wrapper_name(name), ids=ids)
     load_ids, positions = wrapper.ids_to_load(unique_ids)
-    loaded = wrapper.hold(load_ids, params.lookup(load_ids))
+    return wrapper, load_ids, positions
+
+
+def _held(wrapper, load_ids, rows, positions):
+    """The second half of `_batch_rows`: `rows` (of `load_ids`) handed to the wrapper."""
+    if wrapper is None:
+        return rows, None, None
+    loaded = wrapper.hold(load_ids, rows)
     with tf.control_dependencies([loaded] if loaded is not None else []):
         return wrapper.held_rows(), positions, wrapper
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "de_grouped.h"
 #include "de_kernel.h"
 #include "de_table.h"
 #include "tensorflow/core/framework/op.h"
@@ -86,20 +87,10 @@ ApplySpec::Kind KindOf(const std::string& name) {
   return ApplySpec::kSgd;
 }
 
-InitSpec::Kind InitKindOf(const std::string& name) {
-  if (name == "uniform") return InitSpec::kUniform;
-  if (name == "normal") return InitSpec::kNormal;
-  if (name == "truncated_normal") return InitSpec::kTruncatedNormal;
-  return InitSpec::kConstant;
-}
-
 class ApplyGradientsOp : public OpKernel {
  public:
   explicit ApplyGradientsOp(OpKernelConstruction* c) : OpKernel(c) {
     std::string optimizer;
-    std::vector<std::string> inits;
-    std::vector<int64_t> seeds;
-    std::vector<bool> keyed;
     std::vector<int32_t> groups;
     std::vector<bool> sent_rows;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n_));
@@ -107,9 +98,7 @@ class ApplyGradientsOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &value_dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("optimizer", &optimizer));
     OP_REQUIRES_OK(c, c->GetAttr("slot_groups", &groups));
-    OP_REQUIRES_OK(c, c->GetAttr("inits", &inits));
-    OP_REQUIRES_OK(c, c->GetAttr("seeds", &seeds));
-    OP_REQUIRES_OK(c, c->GetAttr("keyed", &keyed));
+    OP_REQUIRES_OK(c, ReadInitAttrs(c, n_, &inits_));
     OP_REQUIRES_OK(c, c->GetAttr("sent_rows", &sent_rows));
     kind_ = KindOf(optimizer);
     const RuleSlots slots = SlotsOf(kind_);
@@ -117,12 +106,9 @@ class ApplyGradientsOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     "slot_groups must hold ", slots.count, " groups per table for ", optimizer,
                     " (", n_, " tables), got ", groups.size())));
-    OP_REQUIRES(c, static_cast<int>(inits.size()) == n_ && static_cast<int>(seeds.size()) == n_ &&
-                       static_cast<int>(keyed.size()) == n_ &&
-                       static_cast<int>(sent_rows.size()) == n_,
+    OP_REQUIRES(c, static_cast<int>(sent_rows.size()) == n_,
                 absl::InvalidArgumentError(absl::StrCat(
-                    "inits, seeds, keyed and sent_rows must hold one entry per table (", n_,
-                    "), got ", inits.size(), ", ", seeds.size(), ", ", keyed.size(), ", ",
+                    "sent_rows must hold one entry per table (", n_, "), got ",
                     sent_rows.size())));
     sent_rows_.assign(sent_rows.begin(), sent_rows.end());
     for (int i = 0; i < n_; ++i) {
@@ -137,11 +123,6 @@ class ApplyGradientsOp : public OpKernel {
         table_groups.push_back(g);
       }
       groups_.push_back(table_groups);
-      InitSpec init;
-      init.kind = InitKindOf(inits[i]);
-      init.seed = static_cast<uint64_t>(seeds[i]);
-      init.keyed = keyed[i];
-      inits_.push_back(init);
     }
   }
 
@@ -157,17 +138,12 @@ class ApplyGradientsOp : public OpKernel {
                   absl::InvalidArgumentError(absl::StrCat(
                       "hyper must be a 1-D tensor of at most ", ApplySpec::kMaxHyper,
                       " numbers, got shape ", hyper.shape().DebugString())));
-      OP_REQUIRES(ctx, counts.dims() == 1 && counts.NumElements() == n_,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "counts must have shape [N] = [", n_, "], got ", counts.shape().DebugString())));
-      std::vector<tensorflow::core::RefCountPtr<TableBase>> tables(n_);
       int64_t nkeys = 0, ngrads = 0, nrows = 0;
+      OP_REQUIRES_OK(ctx, ReadCounts(counts, n_, &nkeys));
+      std::vector<TableRef> tables(n_);
       for (int i = 0; i < n_; ++i) {
-        OP_REQUIRES_OK(ctx, Resolve(ctx, i, &tables[i]));
+        OP_REQUIRES_OK(ctx, ResolveListedTable(ctx, i, key_dtype_, value_dtype_, &tables[i]));
         const int64_t c = counts.flat<int64_t>()(i);
-        OP_REQUIRES(ctx, c >= 0, absl::InvalidArgumentError(absl::StrCat(
-                                     "counts[", i, "] must be >= 0, got ", c)));
-        nkeys += c;
         ngrads += c * tables[i]->dim();
         if (sent_rows_[i]) nrows += c * tables[i]->dim();
       }
@@ -186,10 +162,10 @@ class ApplyGradientsOp : public OpKernel {
       for (int i = 0; i < n_; ++i) {
         const int64_t c = counts.flat<int64_t>()(i), dim = tables[i]->dim();
         Tensor table_keys, table_grads, table_rows;
-        OP_REQUIRES_OK(ctx, Slice(ctx, keys, key_at, c, {c}, &table_keys));
-        OP_REQUIRES_OK(ctx, Slice(ctx, grads, grad_at, c * dim, {c, dim}, &table_grads));
+        OP_REQUIRES_OK(ctx, CopyFlatSlice(ctx, keys, key_at, c, {c}, &table_keys));
+        OP_REQUIRES_OK(ctx, CopyFlatSlice(ctx, grads, grad_at, c * dim, {c, dim}, &table_grads));
         if (sent_rows_[i]) {
-          OP_REQUIRES_OK(ctx, Slice(ctx, init_rows, row_at, c * dim, {c, dim}, &table_rows));
+          OP_REQUIRES_OK(ctx, CopyFlatSlice(ctx, init_rows, row_at, c * dim, {c, dim}, &table_rows));
           row_at += c * dim;
         }
         key_at += c;
@@ -201,41 +177,6 @@ class ApplyGradientsOp : public OpKernel {
   }
 
  private:
-  Status Resolve(OpKernelContext* ctx, int i, tensorflow::core::RefCountPtr<TableBase>* table) {
-    const Tensor& h = ctx->input(i);
-    if (h.dtype() != tensorflow::DT_RESOURCE || h.NumElements() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("tables[", i, "] must be a scalar resource handle"));
-    }
-    TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), table));
-    const TableConfig& cfg = (*table)->config();
-    if (cfg.key_dtype != key_dtype_ || cfg.value_dtype != value_dtype_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tables[", i, "] is ", tensorflow::DataTypeString(cfg.key_dtype), " -> ",
-          tensorflow::DataTypeString(cfg.value_dtype), ", the op was built for ",
-          tensorflow::DataTypeString(key_dtype_), " -> ", tensorflow::DataTypeString(value_dtype_)));
-    }
-    return absl::OkStatus();
-  }
-
-  // `count` elements of flat `from` starting at `at`, copied into a new tensor of `shape`
-  // (a table op wants aligned tensors of its own; the copy is small next to the update).
-  static Status Slice(OpKernelContext* ctx, const Tensor& from, int64_t at, int64_t count,
-                      const std::vector<int64_t>& shape, Tensor* out) {
-    TensorShape ts;
-    TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shape, &ts));
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(from.dtype(), ts, out));
-    if (from.dtype() == tensorflow::DT_STRING) {
-      const auto src = from.flat<tensorflow::tstring>();
-      auto dst = out->flat<tensorflow::tstring>();
-      for (int64_t j = 0; j < count; ++j) dst(j) = src(at + j);
-      return absl::OkStatus();
-    }
-    const size_t width = tensorflow::DataTypeSize(from.dtype());
-    std::memcpy(const_cast<char*>(out->tensor_data().data()), from.tensor_data().data() + at * width,
-                count * width);
-    return absl::OkStatus();
-  }
-
   Status ApplyOne(OpKernelContext* ctx, int i, TableBase* table, const Tensor& keys,
                   const Tensor& grads, const Tensor* init_rows, const Tensor& hyper) {
     const TableConfig& cfg = table->config();

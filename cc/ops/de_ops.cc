@@ -424,7 +424,9 @@ class FindInitOp : public TableOp {
     Tensor *values, *exists;
     OP_REQUIRES_OK(ctx, AllocRows(ctx, 0, n, t->dim(), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
-    OP_REQUIRES_OK(ctx, t->FindInit(ctx, keys, init, insert_, values, exists));
+    OP_REQUIRES_OK(ctx, t->FindInit(ctx, keys, init, insert_,
+                                    const_cast<char*>(values->tensor_data().data()),
+                                    exists->flat<bool>().data()));
   }
 
  private:

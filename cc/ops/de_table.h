@@ -133,8 +133,10 @@ class TableBase : public tensorflow::ResourceBase {
   virtual Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists,
                           int group) = 0;
   // Missing keys get rows drawn by `init`; inserted when `insert` is true.
+  // values: room for [N, dim] rows of the value dtype; exists: room for N flags
+  // (plain buffers: a grouped lookup writes every table's rows into one output).
   virtual Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init,
-                          bool insert, Tensor* values, Tensor* exists) = 0;
+                          bool insert, void* values, bool* exists) = 0;
   // Inserts keys[i] -> values[i] only where absent; stored[i] = the row now
   // in the table (values[i], or the row another writer put there first).
   virtual Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
@@ -244,8 +246,8 @@ class GroupView : public TableBase {
     TF_RETURN_IF_ERROR(Top(group));
     return table_->Contains(ctx, keys, exists, group_);
   }
-  Status FindInit(OpKernelContext*, const Tensor&, const InitSpec&, bool, Tensor*,
-                  Tensor*) override {
+  Status FindInit(OpKernelContext*, const Tensor&, const InitSpec&, bool, void*,
+                  bool*) override {
     return Unsupported("find with initial rows");
   }
   Status InsertMissing(OpKernelContext*, const Tensor&, const Tensor&, Tensor*) override {

@@ -167,7 +167,7 @@ class Table : public TableBase {
               Tensor* exists, int group) override;
   Status Contains(OpKernelContext* ctx, const Tensor& keys, Tensor* exists, int group) override;
   Status FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init, bool insert,
-                  Tensor* values, Tensor* exists) override;
+                  void* values, bool* exists) override;
   Status InsertMissing(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,
                        Tensor* stored) override;
   Status Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values,

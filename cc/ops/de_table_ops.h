@@ -66,9 +66,9 @@ inline Status Table<K, V>::Contains(OpKernelContext* ctx, const Tensor& keys, Te
 
 template <class K, class V>
 inline Status Table<K, V>::FindInit(OpKernelContext* ctx, const Tensor& keys, const InitSpec& init,
-                                    bool insert, Tensor* values, Tensor* exists) {
-  V* out = values->flat<V>().data();
-  bool* ex = exists->flat<bool>().data();
+                                    bool insert, void* values, bool* exists) {
+  V* out = static_cast<V*>(values);
+  bool* ex = exists;
   const int64_t dim = cfg_.dim;
   const KIn* key_data = keys.flat<KIn>().data();
   if (!insert && keys.NumElements() >= kInOrderMinKeys) {

@@ -31,3 +31,8 @@ def test_a_step_moves_little_more_than_the_minimum():
     assert tf1["ratio"] <= 1.5, tf1
     # The update reached the PS: both PS tasks hold rows of every step's ids.
     assert all(n > 0 for n in tf2["rows_per_ps"].values())
+    # Each PS runs one lookup op and one update op per step for all 26 tables.
+    assert tf2["table_ops_per_ps"] == {
+        f"/job:ps/replica:0/task:{i}/device:CPU:0": {"TfraDeFindInitGroup": 1,
+                                                     "TfraDeApplyGradients": 1}
+        for i in range(2)}, tf2["table_ops_per_ps"]

@@ -116,7 +116,11 @@ class DLRM(tf.keras.Model):
 
     def call(self, inputs, training=False):
         ids = inputs["ids"]
-        vectors = [layer(ids[:, i]) for i, layer in enumerate(self.embeddings)]
+        columns = [ids[:, i] for i in range(self.num_categorical)]
+        if self.dynamic:   # one lookup op per device for all tables (on a cluster: per PS)
+            vectors = de.keras.layers.call_grouped(self.embeddings, columns)
+        else:
+            vectors = [layer(x) for layer, x in zip(self.embeddings, columns)]
         return self.dense_part(inputs.get("dense"), vectors)
 
     def input_signature(self):

@@ -49,6 +49,8 @@ _RESTRICT_POLICIES = {cls.__name__: cls for cls in (restrict_policies.TimestampR
                                                     restrict_policies.FrequencyRestrictPolicy)}
 _KERAS_NAMES = {binding.KERAS3: "Keras 3", binding.TF_KERAS: "tf_keras"}
 _CALL_INTERCEPTOR = contextvars.ContextVar("tfra_de_embedding_call_interceptor", default=None)
+# {layer id: its output} while `call_grouped` calls layers whose rows it already read.
+_GROUPED_OUTPUTS = contextvars.ContextVar("tfra_de_grouped_outputs", default=None)
 
 
 @contextlib.contextmanager
@@ -68,6 +70,52 @@ def intercept_calls(interceptor):
         yield
     finally:
         _CALL_INTERCEPTOR.reset(token)
+
+
+def call_grouped(layers, inputs):
+    """`[layer(x) for layer, x in zip(layers, inputs)]` for embedding layers, with the tables of
+    all of them read together (`de.embedding_lookups`): one lookup op per device and step, e.g.
+    per parameter server, instead of one per layer and device. The outputs are equal.
+
+    Layers of plain lookups of dense ids are grouped (inside `tf.function`, `model.fit` and
+    eager code); layers with pooling, sparse or ragged ids, a `max_norm` that differs between
+    them, symbolic Keras inputs or a tf.compat.v1 graph are called one by one.
+
+    Example:
+        >>> user, item = Embedding(4, name="user_g"), Embedding(4, name="item_g")
+        >>> u, i = call_grouped([user, item], [tf.constant([1, 2], tf.int64),
+        ...                                    tf.constant([[3, 4]], tf.int64)])
+        >>> u.shape, i.shape
+        (TensorShape([2, 4]), TensorShape([1, 2, 4]))
+    """
+    layers, inputs = list(layers), list(inputs)
+    if len(layers) != len(inputs):
+        raise ValueError(f"call_grouped needs one input per layer; got {len(layers)} layers and "
+                         f"{len(inputs)} inputs")
+    inputs = [tf.convert_to_tensor(x) if isinstance(x, np.ndarray) else x for x in inputs]
+    if not _groupable(layers, inputs):
+        return [layer(x) for layer, x in zip(layers, inputs)]
+    keys = [layer._keys(x) for layer, x in zip(layers, inputs)]  # pylint: disable=protected-access
+    outputs = embedding_ops.embedding_lookups([layer.params for layer in layers], keys,
+                                              names=[layer.name for layer in layers],
+                                              max_norm=layers[0].max_norm)
+    token = _GROUPED_OUTPUTS.set({id(layer): out for layer, out in zip(layers, outputs)})
+    try:   # through Keras' __call__ (build, name scopes), which returns the rows read above
+        return [layer(x) for layer, x in zip(layers, keys)]
+    finally:
+        _GROUPED_OUTPUTS.reset(token)
+
+
+def _groupable(layers, inputs):
+    graph = tf.compat.v1.get_default_graph()
+    return (len(layers) > 1 and _CALL_INTERCEPTOR.get() is None
+            and (tf.executing_eagerly() or graph.building_function)
+            # plain Embedding layers (SquashedEmbedding and others compute more in `call`)
+            and all(isinstance(layer, Embedding) and type(layer).call is Embedding.call
+                    and layer.pooling is None for layer in layers)
+            and len({id(layer) for layer in layers}) == len(layers)
+            and len({repr(layer.max_norm) for layer in layers}) == 1
+            and all(isinstance(x, tf.Tensor) for x in inputs))
 
 
 class Embedding:
@@ -205,6 +253,9 @@ class Embedding:
         return super().__call__(*args, **kwargs)
 
     def call(self, ids):
+        grouped = _GROUPED_OUTPUTS.get()
+        if grouped is not None and id(self) in grouped:   # read by call_grouped
+            return grouped[id(self)]
         if isinstance(ids, tf.SparseTensor):
             return self._lookup_sparse(ids)
         if isinstance(ids, tf.RaggedTensor):

@@ -148,6 +148,33 @@ def init_args(init):
     return tf.constant([init.a, init.b], tf.float64)
 
 
+def find_init_group(tables, keys, inits):
+    """Rows of `keys[i]` in `tables[i]` -- native tables of one device and dtypes -- where a
+    missing key gets `inits[i]`'s row (fused kinds only), without inserting: one
+    `TfraDeFindInitGroup` op on that device. Returns a `[size(keys[i]), dim_i]` tensor per table.
+
+    The keys are joined and the rows split where the caller runs, so the device receives and
+    sends one tensor each.
+    """
+    first = tables[0]
+    keys = [table.key_tensor(k) for table, k in zip(tables, keys)]
+    for table, init in zip(tables, inits):
+        if init.row is not None and len(init.row) != table.dim:
+            raise ValueError(f"the initializer's row has {len(init.row)} values; the table "
+                             f"{table.name}'s dim is {table.dim}")
+    counts = tf.stack([tf.size(k, out_type=tf.int64) for k in keys])
+    joined = tf.concat(keys, 0)
+    with tf.device(first.device):
+        values = first.gen_ops.tfra_de_find_init_group(
+            [t.resource_handle for t in tables], joined, counts,
+            [init_args(init) for init in inits], inits=[init.kind for init in inits],
+            seeds=[signed_seed(init.seed) for init in inits], keyed=[init.keyed for init in inits],
+            value_dtype=first.value_dtype)
+    sizes = counts * tf.constant([t.dim for t in tables], tf.int64)
+    return [tf.reshape(part, [-1, table.dim])
+            for part, table in zip(tf.split(values, sizes), tables)]
+
+
 # ---------------------------------------------------------------------------------- tables --
 
 class NativeKVTable(base.KVTable):
