@@ -31,6 +31,7 @@ EXPECTED = {
     "TF_KERAS_OPTIMIZER_V2_MODULE": "str",
     "loaded_tf_keras_optimizer_v2_class": "function",
     "dispatched_worker_index": "function",
+    "cluster_connection": "function",
     "copy_handle_data": "callable",
     "saving_without_devices": "function",
     "resource_variable_handle": "function",
@@ -108,6 +109,10 @@ def test_names_behave_as_used():
     assert isinstance(getattr(type(context.context()), "operation_timeout_in_ms"), property)
     # No ClusterCoordinator dispatching here; handle data (dtype and shape) copies over.
     assert _tf_private.dispatched_worker_index() is None
+    # The connection marker is the context's device list, the same object until a reconnect.
+    tf.constant(0)   # the context is initialized
+    assert _tf_private.cluster_connection() is _tf_private.cluster_connection()
+    assert any("CPU" in device for device in _tf_private.cluster_connection())
     variable = tf.Variable(tf.zeros([0, 3]), shape=tf.TensorShape([None, 3]))
 
     shapes = []

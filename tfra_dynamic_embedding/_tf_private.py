@@ -60,6 +60,15 @@ def saving_without_devices():
     return not policy._save_variable_devices()  # pylint: disable=protected-access
 
 
+def cluster_connection():
+    """An object replaced whenever the eager context (re)connects to its cluster
+    (`set_server_def`, and `update_server_def`, which a ClusterCoordinator calls after a worker
+    restarted): remote tensors made before a change may be gone with a restarted task, so a cache
+    of them is valid only while this object stays the same. Checked: 2.21 (each connection
+    rebuilds the context's device list in `_initialize_logical_devices`)."""
+    return _eager_context.context()._context_devices  # pylint: disable=protected-access
+
+
 def set_operation_timeout_in_ms(milliseconds):
     """Sets the eager context's ConfigProto.operation_timeout_in_ms (before it is initialized)."""
     _eager_context.context().operation_timeout_in_ms = int(milliseconds)

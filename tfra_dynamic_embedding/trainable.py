@@ -44,6 +44,8 @@ class _WorkerLocal:
 
     def _set_worker_local(self, local):
         self._worker_local_name = f"tfra_de_worker_local/{next(_LOCAL_IDS)}" if local else None
+        # worker index -> (cluster connection, that worker's handle), made once per connection
+        self._worker_handles = {}
 
     @property
     def ps_strategy(self):
@@ -70,14 +72,25 @@ class _WorkerLocal:
 
     def _dispatched_handle(self):
         """At each call of a function: the handle of the variable of the worker the coordinator
-        dispatches it to (made there, under the dispatch's device scope), else this process's."""
-        if _tf_private.dispatched_worker_index() is None:
+        dispatches it to (made there, under the dispatch's device scope), else this process's.
+
+        A worker's handle is made once and reused while the cluster connection lasts: making it
+        is a remote op, one round trip to the worker per wrapper and step otherwise. A worker
+        that restarts comes back through a new connection, and gets a new handle."""
+        index = _tf_private.dispatched_worker_index()
+        if index is None:
             return self._handle
+        connection = _tf_private.cluster_connection()
+        cached = self._worker_handles.get(index)
+        if cached is not None and cached[0] is connection:
+            return cached[1]
         # No static shape: TensorFlow aborts on a remote handle with unknown dimensions, and a
         # made-up one would mislead the worker's graph optimizer. Inside the function the
         # handle has the variable's shape (the spec).
-        return tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=tf.TensorShape(None),
-                                      shared_name=self._worker_local_name)
+        handle = tf.raw_ops.VarHandleOp(dtype=self.dtype, shape=tf.TensorShape(None),
+                                        shared_name=self._worker_local_name)
+        self._worker_handles[index] = (connection, handle)
+        return handle
 
 
 _LOCAL_IDS = itertools.count()
