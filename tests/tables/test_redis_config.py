@@ -1,7 +1,7 @@
 """TFRA's Redis table config (tables/redis_config.py): the file's precedence, every field with
 TFRA's types and defaults, bad files named in the error, the layout functions checked against
-values derived independently (hashlib, a bitwise CRC, numpy, hand-computed slots, and a real
-Redis Cluster's CLUSTER KEYSLOT); and the test helper tests/redis_server.py, which must start a
+values derived independently (hashlib, a bitwise CRC, numpy, hand-computed slots, a real Redis
+Cluster's CLUSTER KEYSLOT, and hash names TFRA 0.8.1 wrote into a real redis-server); and the test helper tests/redis_server.py, which must start a
 real standalone server and a 3-master cluster and leave no process behind."""
 
 import hashlib
@@ -245,9 +245,27 @@ def test_cluster_slot_ranges_reads_masters_first_ranges():
     assert rc.cluster_slot_ranges(nodes) == [(0, 5460), (5461, 10922), (10923, 16383)]
 
 
+# Hash names TFRA 0.8.1 wrote with using_md5_prefix_name (read from a real redis-server).
+TFRA_MD5_NAMES = {
+    "m5:probe_c": "fdfaf94fb19d9a7f85c811b7be8bdde0",
+    "m5:probe_c_" + "n" * 50: "db8536f31a8b7ea124781bc434931b84",
+    "m5:probe_c_" + "L" * 120: "80d8a49251d5a5218b52ccd8afa86552",
+}
+
+
+def test_tfra_md5_is_rfc1321_code_on_64_bit_words():
+    for name, digest in TFRA_MD5_NAMES.items():
+        assert rc.tfra_md5(name.encode()).hex() == digest
+        assert hashlib.md5(name.encode()).hexdigest() != digest
+    # The same code on 32-bit words is MD5 (one and several blocks, every padding case).
+    for size in list(range(0, 130)) + [1000]:
+        data = bytes((7 * i + size) % 256 for i in range(size))
+        assert rc.tfra_md5(data, word_mask=2**32 - 1) == hashlib.md5(data).digest()
+
+
 def test_prefix_and_embedding_names():
     assert rc.prefix_name("m1", "user_emb") == b"m1:user_emb"
-    assert rc.prefix_name("m1", "user_emb", True) == hashlib.md5(b"m1:user_emb").digest()
+    assert rc.prefix_name("m5", "probe_c", True).hex() == TFRA_MD5_NAMES["m5:probe_c"]
     assert rc.tfra_embedding_name("tower/user_emb") == "tower_user_emb"
     assert rc.tfra_embedding_name("user_emb_mht_1of2") == "user_emb"
     assert rc.tfra_embedding_name("a_mht_b") == "a"
@@ -266,8 +284,9 @@ def test_slice_names_follow_the_mode():
                                  redis_hash_tags_hypodispersion=True, **base)):
         assert other.slice_names("e", masters) == [b"test:e" + t.encode()
                                                    for t in rc.hash_tags(3)]
-    md5 = rc.RedisConfig(using_md5_prefix_name=True, redis_hash_tags_runtime=("{7}",))
-    assert md5.slice_names("e") == [hashlib.md5(b"test:e").digest() + b"{7}"]
+    md5 = rc.RedisConfig(using_md5_prefix_name=True, model_tag_runtime="m5",
+                         redis_hash_tags_runtime=("{7}",))
+    assert md5.slice_names("probe_c") == [bytes.fromhex(TFRA_MD5_NAMES["m5:probe_c"]) + b"{7}"]
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])

@@ -7,7 +7,8 @@ then TFRA's fallback `/tmp/tmp_TFRA_Redis_config_file.json`. Its fields, types a
 those of TFRA's C++ reader (`RedisConfig` below); unknown fields are ignored, as TFRA does.
 
 Layout: slice i of a table is the Redis hash `<prefix>{<tag_i>}`, the prefix being
-`<model_tag>:<embedding name>` (or the 16 raw bytes of its MD5 with `using_md5_prefix_name`).
+`<model_tag>:<embedding name>` (or, with `using_md5_prefix_name`, the 16 bytes of its digest by
+TFRA's MD5 code, which is not MD5: `tfra_md5`).
 A field is the key's bytes (little-endian integer, or the string), its value the row's bytes
 (little-endian; a string row is 4-byte little-endian length + bytes per element). With
 `table_store_mode` 1 a save dumps each slice to `<model_lib_abs_dir>/<model_tag>/<hash name>.rdb`.
@@ -28,9 +29,10 @@ Example:
 
 import dataclasses
 import functools
-import hashlib
 import json
+import math
 import os
+import struct
 from typing import Tuple
 
 from absl import logging
@@ -227,9 +229,36 @@ def tfra_embedding_name(variable_name):
 
 
 def prefix_name(model_tag, embedding_name, using_md5_prefix_name=False):
-    """`<model_tag>:<embedding_name>` as bytes, or the 16 raw bytes of its MD5 digest."""
+    """`<model_tag>:<embedding_name>` as bytes, or the 16 bytes of its `tfra_md5` digest."""
     name = f"{model_tag}:{embedding_name}".encode()
-    return hashlib.md5(name).digest() if using_md5_prefix_name else name
+    return tfra_md5(name) if using_md5_prefix_name else name
+
+
+def tfra_md5(data, word_mask=2**64 - 1):
+    """The "MD5" of TFRA's md5.cc: RFC 1321's reference code, whose 32-bit words are declared
+    `unsigned long`, 64 bits on Linux: sums, NOTs and rotations (`x << s | x >> (32 - s)`) run
+    on 64-bit words and only the digest keeps their low 32 bits. Not MD5's digest (with
+    word_mask=2**32 - 1 it is: the tests check the two)."""
+    size = len(data)
+    data += b"\x80" + bytes((55 - size) % 64) + struct.pack("<Q", size * 8 % 2**64)
+    state = [0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476]
+    for block in range(0, len(data), 64):
+        x = struct.unpack_from("<16I", data, block)
+        a, b, c, d = state
+        for i in range(64):
+            if i < 16:
+                f, g = (b & c) | (~b & word_mask & d), i
+            elif i < 32:
+                f, g = (b & d) | (c & ~d & word_mask), (5 * i + 1) % 16
+            elif i < 48:
+                f, g = b ^ c ^ d, (3 * i + 5) % 16
+            else:
+                f, g = c ^ (b | ~d & word_mask), 7 * i % 16
+            t = (a + f + x[g] + _MD5_K[i]) & word_mask
+            t = ((t << _MD5_S[i]) | (t >> (32 - _MD5_S[i]))) & word_mask
+            a, b, c, d = d, (b + t) & word_mask, b, c
+        state = [(s + v) & word_mask for s, v in zip(state, (a, b, c, d))]
+    return struct.pack("<4I", *(s & 0xFFFFFFFF for s in state))
 
 
 def crc16(data):
@@ -352,5 +381,7 @@ def _crc_table(poly, reflected):
     return tuple(table)
 
 
+_MD5_K = [int(abs(math.sin(i + 1)) * 2**32) for i in range(64)]   # RFC 1321's table T
+_MD5_S = [7, 12, 17, 22] * 4 + [5, 9, 14, 20] * 4 + [4, 11, 16, 23] * 4 + [6, 10, 15, 21] * 4
 _CRC16_TABLE = _crc_table(0x1021, reflected=False)
 _CRC32C_TABLE = _crc_table(0x82F63B78, reflected=True)
