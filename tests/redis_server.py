@@ -21,8 +21,6 @@ import subprocess
 import tempfile
 import time
 
-import pytest
-
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 15.0        # a redis-server answers PING in ~10 ms; generous for a busy box
 STOP_TIMEOUT_S = 10.0
@@ -39,6 +37,7 @@ def redis_binaries():
 
 def require_redis():
     """Skip the calling test when redis-server/redis-cli are not installed; under CI fail."""
+    import pytest     # here, so that scripts (benchmarks, probes) can use this module too
     if redis_binaries() is None:
         message = "redis-server/redis-cli not installed (`make test` installs Debian's redis-server)"
         if os.environ.get("CI"):
