@@ -31,7 +31,7 @@ BAZEL_ARGS ?= $(if $(CI),--config=ci,)
 DEPS_STAMP := $(VENV)/.tfra-deps.stamp
 INSTALL_STAMP := $(VENV)/.tfra-install.stamp
 
-.PHONY: help venv ops configure test pytest bazel-check bazel-test bazel-install demo demo-cluster bench clean distclean
+.PHONY: help venv ops configure test pytest bazel-check bazel-test bazel-install system-deps demo demo-cluster bench clean distclean
 
 help:
 	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
@@ -72,7 +72,7 @@ configure: | $(INSTALL_STAMP)
 # (multi-process runs that need the machine to themselves) one at a time. Then Bazel loads and
 # analyses //... without building or running it, so that `bazel test //...` keeps working
 # offline (DEVELOPERS.md, "Tests").
-test: venv
+test: venv system-deps
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory bazel-check
 
@@ -88,24 +88,33 @@ pytest: | $(INSTALL_STAMP)
 
 # Loading and analysis of every target (no compile, no test run): catches a broken BUILD file,
 # WORKSPACE stub or @local_tf rule in seconds.
-bazel-check: bazel-install configure
+bazel-check: system-deps configure
 	"$$(command -v bazel-4 || command -v bazel)" build --nobuild //... $(BAZEL_ARGS)
 
 # Bazel exits 4 when the build succeeded but no test target ran: with tests/BUILD's targets that
 # means a --test_tag_filters that matched them all, which must not pass as a green run.
-bazel-test: bazel-install configure
+bazel-test: system-deps configure
 	@rc=0; "$$(command -v bazel-4 || command -v bazel)" test //... $(BAZEL_ARGS) || rc=$$?; \
 	if [ $$rc -eq 4 ]; then echo "bazel: no test target ran (check BAZEL_ARGS: $(BAZEL_ARGS))"; fi; \
 	exit $$rc
 
-# Debian's bazel-bootstrap (Bazel 4.2.3, binary bazel-4), when no Bazel is on PATH.
-bazel-install:
-	@if ! command -v bazel-4 >/dev/null 2>&1 && ! command -v bazel >/dev/null 2>&1; then \
-	  echo "Installing Bazel (Debian package bazel-bootstrap)"; \
+# Debian packages the build and the tests need, installed with apt-get when missing:
+# bazel-bootstrap (Bazel 4.2.3, binary bazel-4) when no Bazel is on PATH; redis-server (with
+# redis-cli) that the Redis table tests start on loopback; libhiredis-dev, the Redis C client.
+system-deps:
+	@missing=""; \
+	command -v bazel-4 >/dev/null 2>&1 || command -v bazel >/dev/null 2>&1 || missing="$$missing bazel-bootstrap"; \
+	{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	[ -e /usr/include/hiredis/hiredis.h ] || missing="$$missing libhiredis-dev"; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends bazel-bootstrap; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+
+# The old name of the step above.
+bazel-install: system-deps
 
 # --- running -------------------------------------------------------------------------------------
 
