@@ -6,7 +6,7 @@
 #   make demo    run the end-to-end demo of the command line tool
 #   make demo-cluster  the demo on a local cluster: tables on 2 PS processes, 2 asynchronous
 #                      workers (tfra-de demo --ps 2 --workers 2; about 2 minutes)
-#   make ops     rebuild the native op library (incremental)
+#   make ops     rebuild the native op libraries (incremental; the Redis one where hiredis is)
 #   make bench   run the benchmarks in benchmarks/ (optional; never fails on speed)
 #   make clean   remove build outputs (keeps .venv);  make distclean  also removes .venv
 
@@ -72,7 +72,8 @@ configure: | $(INSTALL_STAMP)
 # (multi-process runs that need the machine to themselves) one at a time. Then Bazel loads and
 # analyses //... without building or running it, so that `bazel test //...` keeps working
 # offline (DEVELOPERS.md, "Tests").
-test: venv system-deps
+# system-deps first: `venv` builds the op libraries, the Redis one only where hiredis is installed.
+test: system-deps venv
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory bazel-check
 
@@ -138,6 +139,7 @@ clean:
 	@if [ -n "$(BAZEL)" ] && [ -e bazel-bin ]; then $(BAZEL) clean; fi
 	rm -rf build dist *.egg-info .pytest_cache .bazelrc.configure
 	rm -f tfra_dynamic_embedding/tables/_tfra_de_ops.so tfra_dynamic_embedding/tables/_tfra_de_ops.so.tmp.*
+	rm -f tfra_dynamic_embedding/tables/_tfra_de_redis_ops.so tfra_dynamic_embedding/tables/_tfra_de_redis_ops.so.tmp.*
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -68,12 +68,11 @@ class BuildOps(build_ext):
         # keep the library in the source tree, next to tables/native.py.
         inplace = self.inplace or getattr(self, "editable_mode", False)
         base = ROOT if inplace else os.path.abspath(self.build_lib)
-        output = os.path.join(base, build_ops.LIBRARY_RELPATH)
         try:
-            built = build_ops.build(ROOT, output=output, jobs=self.parallel or None)
+            # The main op library, and the Redis tables' one where hiredis is installed.
+            self._built = build_ops.build_all(ROOT, jobs=self.parallel or None, base=base)
         except build_ops.BuildError as e:
             raise SystemExit(f"error: building the op library failed: {e}")
-        self._built = [built] if built else []
 
     def get_outputs(self):
         return list(self._built)

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Build the native op library `tfra_dynamic_embedding/tables/_tfra_de_ops.so` from `cc/ops/*.cc`.
+"""Build the native op libraries against the installed TensorFlow:
+`tfra_dynamic_embedding/tables/_tfra_de_ops.so` from `cc/ops/*.cc`, and the Redis tables'
+`tfra_dynamic_embedding/tables/_tfra_de_redis_ops.so` from `cc/redis/*.cc` (linked with hiredis;
+skipped, with a message, where hiredis' headers are not installed: `make system-deps`). Two
+libraries, so that the main one keeps loading on machines without libhiredis.
 
-This is the one place that knows how the op library is compiled with g++ against the installed
+This is the one place that knows how the op libraries are compiled with g++ against the installed
 TensorFlow; `setup.py` (pip install, editable or not) and the Makefile (`make ops`) both call it.
 Bazel builds the same sources its own way (see the root BUILD file).
 
     python tools/build_ops.py            # incremental: recompiles only changed sources
     python tools/build_ops.py --force    # recompile everything
     python tools/build_ops.py --check    # exit 1 if a rebuild is needed, build nothing
+    python tools/build_ops.py --library redis   # only one of them (ops, redis; default all)
 
 Each source is compiled to its own object in `build/tfra_de_ops/` (in parallel, one job per core),
 then everything is linked into ONE shared library. Header dependencies are tracked with `-MMD`, and
@@ -20,6 +25,7 @@ TFRA_DE_EXTRA_CXXFLAGS (appended to every compile, e.g. "-g -O0").
 """
 
 import argparse
+import collections
 import concurrent.futures
 import glob
 import hashlib
@@ -35,6 +41,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARY_RELPATH = os.path.join("tfra_dynamic_embedding", "tables", "_tfra_de_ops.so")
 SRC_RELDIR = os.path.join("cc", "ops")
 BUILD_RELDIR = os.path.join("build", "tfra_de_ops")
+
+# One op library: its sources, output, object directory, extra link flags, and the header whose
+# absence skips it (None: always built).
+Library = collections.namedtuple(
+    "Library", "name src_reldir library_relpath build_reldir ldflags requires")
+OPS = Library("ops", SRC_RELDIR, LIBRARY_RELPATH, BUILD_RELDIR, [], None)
+# hiredis (Debian's libhiredis-dev) for the Redis tables' kernels. Its headers are searched in the
+# standard include directories, which g++ and Bazel see without flags.
+HIREDIS_HEADERS = ("/usr/include/hiredis/hiredis.h", "/usr/local/include/hiredis/hiredis.h")
+REDIS = Library("redis", os.path.join("cc", "redis"),
+                os.path.join("tfra_dynamic_embedding", "tables", "_tfra_de_redis_ops.so"),
+                os.path.join("build", "tfra_de_redis_ops"), ["-lhiredis"], HIREDIS_HEADERS)
+LIBRARIES = (OPS, REDIS)
 
 # Our own flags; TensorFlow's compile/link flags are added from tf.sysconfig.
 # -ffp-contract=off: a*b+c rounds twice, as in TF's kernels, so the keyed initial rows drawn in C++
@@ -140,8 +159,16 @@ def _object_is_fresh(obj, depfile):
     return True
 
 
-def sources(root=ROOT):
-    return sorted(glob.glob(os.path.join(root, SRC_RELDIR, "*.cc")))
+def sources(root=ROOT, library=OPS):
+    return sorted(glob.glob(os.path.join(root, library.src_reldir, "*.cc")))
+
+
+def missing_requirement(library):
+    """None when `library` can be built here, else why not (its header is missing)."""
+    if library.requires is None or any(os.path.exists(h) for h in library.requires):
+        return None
+    return (f"{library.requires[0]} not found: the {library.name} op library is not built "
+            f"(install libhiredis-dev: `make system-deps`)")
 
 
 def _object_name(src):
@@ -149,20 +176,28 @@ def _object_name(src):
     return base + "." + hashlib.sha1(src.encode()).hexdigest()[:8]
 
 
-def build(root=ROOT, output=None, build_dir=None, jobs=None, force=False, check=False, quiet=False):
-    """Builds (if needed) the op library; returns its path, or None when there are no sources.
+def build(root=ROOT, output=None, build_dir=None, jobs=None, force=False, check=False, quiet=False,
+          library=OPS):
+    """Builds (if needed) one op library (`OPS` or `REDIS`); returns its path, or None when there
+    are no sources or its requirement (hiredis' header) is missing.
 
     With check=True builds nothing and returns True/False: whether the library is up to date.
     """
     root = os.path.abspath(root)
-    output = os.path.abspath(output or os.path.join(root, LIBRARY_RELPATH))
-    build_dir = os.path.abspath(build_dir or os.path.join(root, BUILD_RELDIR))
+    output = os.path.abspath(output or os.path.join(root, library.library_relpath))
+    build_dir = os.path.abspath(build_dir or os.path.join(root, library.build_reldir))
     log = (lambda m: None) if quiet else _log
-    srcs = sources(root)
+    srcs = sources(root, library)
     if not srcs:
         if check:
             return True
-        log(f"no {SRC_RELDIR}/*.cc sources: nothing to build")
+        log(f"no {library.src_reldir}/*.cc sources: nothing to build")
+        return None
+    missing = missing_requirement(library)
+    if missing:
+        if check:
+            return True
+        log(missing)
         return None
 
     os.makedirs(build_dir, exist_ok=True)
@@ -173,6 +208,8 @@ def build(root=ROOT, output=None, build_dir=None, jobs=None, force=False, check=
     cxx = os.environ.get("CXX", "g++")
     settings = {"format": 2, "identity": identity, "cxx": cxx, "extra": extra, "base": BASE_CXXFLAGS,
                 "root": root}
+    if library.ldflags:   # (only then: the main library's settings, and objects, stay as they were)
+        settings["ldflags"] = library.ldflags
     if config.get("settings") != settings or "compile" not in config:
         if check:
             return False
@@ -185,7 +222,7 @@ def build(root=ROOT, output=None, build_dir=None, jobs=None, force=False, check=
         _write_json(config_path, config)  # so a failed compile does not force a full rebuild
     cxxflags = (BASE_CXXFLAGS + (GCC_EXTRA_CXXFLAGS if config.get("gcc") else [])
                 + config["compile"] + ["-I" + root] + extra)
-    ldflags = BASE_LDFLAGS + config["link"]
+    ldflags = BASE_LDFLAGS + config["link"] + library.ldflags
 
     todo, objects = [], []
     for src in srcs:
@@ -254,18 +291,42 @@ def build(root=ROOT, output=None, build_dir=None, jobs=None, force=False, check=
     return output
 
 
+def build_all(root=ROOT, jobs=None, force=False, check=False, quiet=False, base=None):
+    """Builds every op library (`LIBRARIES`); returns the paths built. `base`: the directory the
+    libraries' relative paths are under (default: `root`; setup.py passes its build_lib).
+    With check=True returns whether all are up to date."""
+    results = []
+    for library in LIBRARIES:
+        output = os.path.join(base, library.library_relpath) if base else None
+        results.append(build(root, output, None, jobs, force, check, quiet, library))
+    if check:
+        return all(results)
+    return [r for r in results if r]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=ROOT, help="repository root (default: this checkout)")
-    parser.add_argument("--output", help=f"library path (default: <root>/{LIBRARY_RELPATH})")
-    parser.add_argument("--build-dir", help=f"object directory (default: <root>/{BUILD_RELDIR})")
+    parser.add_argument("--library", choices=["all"] + [lib.name for lib in LIBRARIES],
+                        default="all", help="which op library (default: all)")
+    parser.add_argument("--output", help="library path (one --library only; default: under "
+                                         "<root>/tfra_dynamic_embedding/tables/)")
+    parser.add_argument("--build-dir", help="object directory (one --library only; default: "
+                                            "<root>/build/<library>/)")
     parser.add_argument("-j", "--jobs", type=int, help="parallel compile jobs (default: cores)")
     parser.add_argument("--force", action="store_true", help="recompile every source")
     parser.add_argument("--check", action="store_true",
                         help="build nothing; exit 0 if up to date, 1 if a rebuild is needed")
     args = parser.parse_args(argv)
+    if args.library == "all" and (args.output or args.build_dir):
+        parser.error("--output and --build-dir need one --library (ops or redis)")
     try:
-        result = build(args.root, args.output, args.build_dir, args.jobs, args.force, args.check)
+        if args.library == "all":
+            result = build_all(args.root, args.jobs, args.force, args.check)
+        else:
+            library = next(lib for lib in LIBRARIES if lib.name == args.library)
+            result = build(args.root, args.output, args.build_dir, args.jobs, args.force,
+                           args.check, library=library)
     except BuildError as e:
         print(f"[build_ops] error: {e}", file=sys.stderr)
         return 1

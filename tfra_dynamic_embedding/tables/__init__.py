@@ -2,6 +2,7 @@
 
 __all__ = ["BuiltinKVCreator", "BuiltinKVTable", "CuckooHashTable", "CuckooHashTableConfig",
            "CuckooHashTableCreator", "InitSpec", "KVCreator", "KVTable", "NativeKVCreator",
+           "RedisKVCreator", "RedisKVTable", "RedisTableConfig", "RedisTableCreator",
            "default_kv_creator"]
 
 from tfra_dynamic_embedding.tables.base import InitSpec, KVCreator, KVTable
@@ -10,3 +11,5 @@ from tfra_dynamic_embedding.tables.creators import (CuckooHashTableConfig, Cucko
                                                     default_kv_creator)
 from tfra_dynamic_embedding.tables.cuckoo_table import CuckooHashTable
 from tfra_dynamic_embedding.tables.native import NativeKVCreator
+from tfra_dynamic_embedding.tables.redis import RedisKVCreator, RedisKVTable, RedisTableCreator
+from tfra_dynamic_embedding.tables.redis_config import RedisTableConfig

@@ -1,8 +1,11 @@
 """Bazel macros for tfra_dynamic_embedding.
 
-tfra_ops_library: the native op library from cc/ops/*.cc, only when there are sources.
-pytest_tests:     one py_test per pytest file, run through tools/bzl/pytest_runner.py.
+tfra_ops_library:       the native op library from cc/ops/*.cc, only when there are sources.
+tfra_redis_ops_library: the Redis tables' op library from cc/redis/*.cc, only with hiredis.
+pytest_tests:           one py_test per pytest file, run through tools/bzl/pytest_runner.py.
 """
+
+load("@local_hiredis//:defs.bzl", "HIREDIS_AVAILABLE")
 
 _OPS_COPTS = [
     "-std=c++17",
@@ -20,7 +23,7 @@ def tfra_ops_library(name, library_name):
     BUILD file under cc/ would hide the sources from this glob).
     """
     srcs = native.glob(["cc/ops/*.cc"])
-    hdrs = native.glob(["cc/**/*.h", "cc/**/*.hpp", "cc/**/*.inc"])
+    hdrs = native.glob(["cc/**/*.h", "cc/**/*.hpp", "cc/**/*.inc"], exclude = ["cc/redis/**"])
     if srcs:
         native.cc_binary(
             name = library_name,
@@ -35,6 +38,32 @@ def tfra_ops_library(name, library_name):
     native.filegroup(
         name = name,
         srcs = [":" + library_name] if srcs else [],
+    )
+
+def tfra_redis_ops_library(name, library_name):
+    """Declares `library_name` (cc_binary, linkshared) from cc/redis/*.cc, linked with hiredis,
+    and a filegroup `name` holding it; where hiredis is not installed (HIREDIS_AVAILABLE, from
+    third_party/local_hiredis.bzl) only the empty filegroup. A library of its own, so that the
+    main one never needs libhiredis. Must be called from the root BUILD (as tfra_ops_library).
+    """
+    srcs = native.glob(["cc/redis/*.cc"])
+    hdrs = native.glob(["cc/redis/*.h"])
+    declared = bool(srcs) and HIREDIS_AVAILABLE
+    if declared:
+        native.cc_binary(
+            name = library_name,
+            srcs = srcs + hdrs,
+            copts = _OPS_COPTS,
+            linkshared = 1,
+            deps = [
+                "@local_hiredis//:hiredis",
+                "@local_tf//:tf_framework",
+                "@local_tf//:tf_headers",
+            ],
+        )
+    native.filegroup(
+        name = name,
+        srcs = [":" + library_name] if declared else [],
     )
 
 def pytest_tests(name, srcs, deps = [], data = [], sizes = {}, default_size = "large", tags = {}, **kwargs):

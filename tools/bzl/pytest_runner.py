@@ -1,7 +1,8 @@
 """Runs one pytest file as a Bazel py_test: `pytest_runner.py <test file> [pytest args...]`.
 
-- Sets TFRA_DE_OPS_LIBRARY to the Bazel-built op library when it is in the runfiles (and the
-  variable is not set already), so the native backend loads it instead of a pip-built one.
+- Sets TFRA_DE_OPS_LIBRARY (and TFRA_DE_REDIS_OPS_LIBRARY) to the Bazel-built op library (the
+  Redis tables' one) when it is in the runfiles and the variable is not set already, so the
+  backends load them instead of pip-built ones.
 - Uses the workspace root in the runfiles as pytest's rootdir/confcutdir, so conftest.py files in
   parent directories and any pytest.ini / pyproject.toml / setup.cfg at the root apply.
 - Keeps temp files and the pytest cache out of the source tree (Bazel's TEST_TMPDIR), and writes
@@ -14,6 +15,8 @@ import sys
 
 OPS_LIBRARY_ENV = "TFRA_DE_OPS_LIBRARY"
 OPS_LIBRARY_NAME = "_tfra_de_ops.so"
+LIBRARIES = ((OPS_LIBRARY_ENV, OPS_LIBRARY_NAME),
+             ("TFRA_DE_REDIS_OPS_LIBRARY", "_tfra_de_redis_ops.so"))
 
 
 def main(argv):
@@ -25,12 +28,13 @@ def main(argv):
     while root != "/" and not os.path.exists(os.path.join(root, "tools", "bzl", "pytest_runner.py")):
         root = os.path.dirname(root)
 
-    if not os.environ.get(OPS_LIBRARY_ENV):
-        lib = os.path.join(root, OPS_LIBRARY_NAME)
-        if os.path.exists(lib):
-            os.environ[OPS_LIBRARY_ENV] = lib
-    elif not os.path.isabs(os.environ[OPS_LIBRARY_ENV]):
-        os.environ[OPS_LIBRARY_ENV] = os.path.abspath(os.environ[OPS_LIBRARY_ENV])
+    for env, name in LIBRARIES:
+        if not os.environ.get(env):
+            lib = os.path.join(root, name)
+            if os.path.exists(lib):
+                os.environ[env] = lib
+        elif not os.path.isabs(os.environ[env]):
+            os.environ[env] = os.path.abspath(os.environ[env])
 
     tmp = os.environ.get("TEST_TMPDIR")
     if tmp:

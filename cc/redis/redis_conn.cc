@@ -1,0 +1,425 @@
+#include "cc/redis/redis_conn.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tfra_de {
+namespace redis {
+namespace {
+
+timeval Millis(int ms) {
+  // 0 in TFRA's config would make hiredis give up at once on every connect or
+  // read; it is taken as TFRA's default (1 s) instead.
+  if (ms <= 0) ms = 1000;
+  timeval tv;
+  tv.tv_sec = ms / 1000;
+  tv.tv_usec = (ms % 1000) * 1000;
+  return tv;
+}
+
+// A pipelined window: at most this many commands / bytes are written before
+// their replies are read, so a huge batch never buffers all of itself twice.
+constexpr size_t kWindowCommands = 256;
+constexpr size_t kWindowBytes = 32u << 20;
+
+// Runs one command on a fresh connection (AUTH, SELECT, PING).
+Status Simple(redisContext* c, const ServerOptions& opt, const std::vector<std::string>& args,
+              const std::string& what, redisReply** out) {
+  std::vector<const char*> argv;
+  std::vector<size_t> len;
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    len.push_back(a.size());
+  }
+  SigpipeGuard guard;
+  void* r = redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), len.data());
+  if (r == nullptr) {
+    return absl::UnavailableError(absl::StrCat("Redis server ", opt.Name(), ": connection lost during ",
+                                               what, ": ", c->errstr, " (redis_socket_timeout ",
+                                               opt.socket_timeout_ms, " ms)"));
+  }
+  *out = static_cast<redisReply*>(r);
+  return absl::OkStatus();
+}
+
+std::string ReplyText(const redisReply* r) {
+  if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS ||
+      r->type == REDIS_REPLY_STRING) {
+    return std::string(r->str, r->len);
+  }
+  return absl::StrCat("(reply type ", r->type, ")");
+}
+
+}  // namespace
+
+SigpipeGuard::SigpipeGuard() {
+  sigset_t pending, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigemptyset(&pending);
+  sigpending(&pending);
+  was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe, &old_mask_);
+}
+
+SigpipeGuard::~SigpipeGuard() {
+  sigset_t pending, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigemptyset(&pending);
+  sigpending(&pending);
+  if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+    // Our write raised it: consume it before unblocking, so it is never delivered.
+    timespec zero{0, 0};
+    sigtimedwait(&pipe, nullptr, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+}
+
+Status Connect(const ServerOptions& opt, Context* out) {
+  Context c(redisConnectWithTimeout(opt.host.c_str(), opt.port, Millis(opt.connect_timeout_ms)));
+  if (!c) return absl::ResourceExhaustedError("cannot allocate a Redis connection");
+  if (c->err) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to the Redis server ", opt.Name(), ": ", c->errstr,
+        " (redis_host_ip / redis_host_port; redis_connect_timeout ", opt.connect_timeout_ms, " ms)"));
+  }
+  if (redisSetTimeout(c.get(), Millis(opt.socket_timeout_ms)) != REDIS_OK) {
+    return absl::UnavailableError(absl::StrCat("Redis server ", opt.Name(),
+                                               ": cannot set the socket timeout: ", c->errstr));
+  }
+  if (opt.keep_alive) redisEnableKeepAlive(c.get());
+  redisReply* r = nullptr;
+  if (!opt.password.empty()) {
+    std::vector<std::string> auth = {"AUTH"};
+    if (!opt.user.empty() && opt.user != "default") auth.push_back(opt.user);
+    auth.push_back(opt.password);
+    Status s = Simple(c.get(), opt, auth, "AUTH", &r);
+    if (!s.ok()) return s;
+    const bool bad = r->type == REDIS_REPLY_ERROR;
+    const std::string text = ReplyText(r);
+    freeReplyObject(r);
+    if (bad) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the Redis server ", opt.Name(), " refused the password of user '",
+          opt.user.empty() ? "default" : opt.user, "' (redis_user / redis_password): ", text));
+    }
+  }
+  if (opt.db != 0 && !opt.cluster) {
+    Status s = Simple(c.get(), opt, {"SELECT", std::to_string(opt.db)}, "SELECT", &r);
+    if (!s.ok()) return s;
+    const bool bad = r->type == REDIS_REPLY_ERROR;
+    const std::string text = ReplyText(r);
+    freeReplyObject(r);
+    if (bad) {
+      return absl::InvalidArgumentError(absl::StrCat("the Redis server ", opt.Name(),
+                                                     " cannot select redis_db ", opt.db, ": ", text));
+    }
+  }
+  // A server that wants a password we did not give answers PING with NOAUTH.
+  Status s = Simple(c.get(), opt, {"PING"}, "PING", &r);
+  if (!s.ok()) return s;
+  const bool bad = r->type == REDIS_REPLY_ERROR;
+  const std::string text = ReplyText(r);
+  freeReplyObject(r);
+  if (bad) {
+    return absl::PermissionDeniedError(absl::StrCat("the Redis server ", opt.Name(),
+                                                    " refused PING (redis_password?): ", text));
+  }
+  *out = std::move(c);
+  return absl::OkStatus();
+}
+
+Status Pool::Check() {
+  Context c;
+  Status s = Acquire(&c);
+  if (s.ok()) Release(std::move(c), true);
+  return s;
+}
+
+Status Pool::Acquire(Context* out) {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(std::max<int64_t>(opt_.wait_timeout_ms, 1));
+    while (idle_.empty() && open_ >= std::max(opt_.pool_size, 1)) {
+      if (cv_.wait_until(l, deadline) == std::cv_status::timeout && idle_.empty() &&
+          open_ >= std::max(opt_.pool_size, 1)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "Redis server ", opt_.Name(), ": all ", opt_.pool_size, " pooled connections stayed busy for ",
+            opt_.wait_timeout_ms, " ms (redis_conn_pool_size / redis_wait_timeout)"));
+      }
+    }
+    if (!idle_.empty()) {
+      *out = std::move(idle_.back());
+      idle_.pop_back();
+    } else {
+      ++open_;
+    }
+  }
+  if (*out) {
+    // An idle connection whose server closed it (a restart, an idle timeout)
+    // reads as end-of-file without blocking: replace it rather than fail the
+    // op that happens to draw it.
+    char probe;
+    const ssize_t got = recv((*out)->fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got == 0 || got > 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      out->reset();
+    } else {
+      return absl::OkStatus();
+    }
+  }
+  Status s = Connect(opt_, out);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    --open_;
+    cv_.notify_one();
+  }
+  return s;
+}
+
+void Pool::Release(Context c, bool healthy) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (healthy && c) {
+    idle_.push_back(std::move(c));
+  } else {
+    --open_;  // a broken connection is dropped; the next Acquire reconnects
+  }
+  cv_.notify_one();
+}
+
+Status Pool::RunPipelined(const std::vector<Command>& cmds, const std::vector<size_t>& order,
+                          const ReplyFn& on_reply) {
+  if (order.empty()) return absl::OkStatus();
+  Context c;
+  Status s = Acquire(&c);
+  if (!s.ok()) return s;
+  SigpipeGuard guard;
+  Status first_error;
+  bool broken = false;
+  size_t sent = 0, received = 0;
+  while (received < order.size() && !broken) {
+    size_t bytes = 0;
+    while (sent < order.size() && sent - received < kWindowCommands && bytes < kWindowBytes) {
+      const Command& cmd = cmds[order[sent]];
+      if (redisAppendCommandArgv(c.get(), static_cast<int>(cmd.argv.size()),
+                                 const_cast<const char**>(cmd.argv.data()), cmd.len.data()) != REDIS_OK) {
+        first_error = absl::ResourceExhaustedError(
+            absl::StrCat("Redis server ", opt_.Name(), ": cannot buffer ", cmd.Verb(), " on '",
+                         cmd.Key(), "': ", c->errstr));
+        broken = true;  // the output buffer is in an unknown state
+        break;
+      }
+      for (size_t n : cmd.len) bytes += n;
+      ++sent;
+    }
+    while (received < sent && !broken) {
+      void* raw = nullptr;
+      if (redisGetReply(c.get(), &raw) != REDIS_OK || raw == nullptr) {
+        const Command& cmd = cmds[order[received]];
+        first_error = absl::UnavailableError(absl::StrCat(
+            "Redis server ", opt_.Name(), ": connection lost during ", cmd.Verb(), " on '", cmd.Key(),
+            "': ", c->errstr[0] ? c->errstr : "no reply",
+            " (redis_socket_timeout ", opt_.socket_timeout_ms, " ms)"));
+        broken = true;
+        break;
+      }
+      redisReply* reply = static_cast<redisReply*>(raw);
+      Status r = on_reply(order[received], reply);
+      freeReplyObject(reply);
+      if (!r.ok() && first_error.ok()) first_error = r;
+      ++received;
+    }
+  }
+  Release(std::move(c), !broken);
+  return first_error;
+}
+
+std::string Command::Key() const {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(argv[key_arg]);
+  for (size_t i = 0; i < len[key_arg]; ++i) {
+    if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\') {
+      out.push_back(static_cast<char>(p[i]));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[p[i] >> 4]);
+      out.push_back(kHex[p[i] & 15]);
+    }
+  }
+  return out;
+}
+
+Status ReplyError(const std::string& server, const Command& cmd, const redisReply* reply) {
+  std::string key = cmd.Key();
+  return absl::FailedPreconditionError(absl::StrCat("Redis server ", server, " answered ", cmd.Verb(),
+                                                    " on '", key, "' with an error: ",
+                                                    ReplyText(reply)));
+}
+
+namespace {
+
+// Minimal JSON reading: enough to walk a top-level object and decode strings.
+class JsonScanner {
+ public:
+  explicit JsonScanner(const std::string& s) : s_(s) {}
+  void Space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
+  }
+  bool Eat(char c) {
+    Space();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  bool String(std::string* out) {
+    Space();
+    if (i_ >= s_.size() || s_[i_] != '"') return false;
+    ++i_;
+    out->clear();
+    while (i_ < s_.size()) {
+      char c = s_[i_++];
+      if (c == '"') return true;
+      if (c != '\\') {
+        out->push_back(c);
+        continue;
+      }
+      if (i_ >= s_.size()) return false;
+      char e = s_[i_++];
+      switch (e) {
+        case '"': case '\\': case '/': out->push_back(e); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'n': out->push_back('\n'); break;
+        case 'r': out->push_back('\r'); break;
+        case 't': out->push_back('\t'); break;
+        case 'u': {
+          uint32_t cp;
+          if (!Hex4(&cp)) return false;
+          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 1 < s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
+            i_ += 2;
+            uint32_t lo;
+            if (!Hex4(&lo)) return false;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          Utf8(cp, out);
+          break;
+        }
+        default: return false;
+      }
+    }
+    return false;
+  }
+  // Skips any JSON value (numbers, literals, arrays, objects, strings).
+  bool Skip() {
+    Space();
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '"') {
+      std::string unused;
+      return String(&unused);
+    }
+    if (c == '[' || c == '{') {
+      const char close = c == '[' ? ']' : '}';
+      ++i_;
+      if (Eat(close)) return true;
+      while (true) {
+        if (c == '{') {
+          std::string k;
+          if (!String(&k) || !Eat(':')) return false;
+        }
+        if (!Skip()) return false;
+        if (Eat(close)) return true;
+        if (!Eat(',')) return false;
+      }
+    }
+    while (i_ < s_.size() && s_[i_] != ',' && s_[i_] != '}' && s_[i_] != ']' && s_[i_] != ' ' &&
+           s_[i_] != '\n' && s_[i_] != '\r' && s_[i_] != '\t') {
+      ++i_;
+    }
+    return true;
+  }
+
+ private:
+  bool Hex4(uint32_t* v) {
+    if (i_ + 4 > s_.size()) return false;
+    *v = 0;
+    for (int k = 0; k < 4; ++k) {
+      char h = s_[i_++];
+      *v <<= 4;
+      if (h >= '0' && h <= '9') *v |= h - '0';
+      else if (h >= 'a' && h <= 'f') *v |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F') *v |= h - 'A' + 10;
+      else return false;
+    }
+    return true;
+  }
+  static void Utf8(uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+Status ReadJsonStringField(const std::string& path, const std::string& field, std::string* out) {
+  out->clear();
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return absl::NotFoundError(absl::StrCat("cannot read the Redis config file '", path,
+                                            "' (for its ", field, ")"));
+  }
+  std::stringstream buf;
+  buf << f.rdbuf();
+  const std::string text = buf.str();
+  JsonScanner js(text);
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path,
+                                                   "' is not a JSON object (reading ", field, ")"));
+  };
+  if (!js.Eat('{')) return bad();
+  if (js.Eat('}')) return absl::OkStatus();
+  while (true) {
+    std::string name;
+    if (!js.String(&name) || !js.Eat(':')) return bad();
+    if (name == field) {
+      if (!js.String(out)) {
+        return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path, "': ", field,
+                                                       " must be a JSON string"));
+      }
+    } else if (!js.Skip()) {
+      return bad();
+    }
+    if (js.Eat('}')) return absl::OkStatus();
+    if (!js.Eat(',')) return bad();
+  }
+}
+
+}  // namespace redis
+}  // namespace tfra_de

@@ -1,0 +1,355 @@
+"""The Redis backend: shard tables kept in a Redis server (TFRA's `de.RedisTableCreator`).
+
+Rows live outside the process, so a table can outgrow the trainers' and PS tasks' memory,
+survive their restarts and be read by other processes (TFRA's own tables included) while it is
+written. Every op is one C++ kernel (`cc/redis/`, over hiredis) that sends its keys in batched,
+pipelined commands; no Python runs per key.
+
+Layout (TFRA 0.8.1's, so each side reads what the other wrote): slice i of a table is the Redis
+hash `<model_tag_runtime>:<name>{<tag_i>}` (tables/redis_config.py), a field is the key's raw
+bytes (little-endian integer, or the string) and its value the row's raw little-endian bytes.
+`<name>` is the variable's name with `/` as `_` (optimizer slots: `<var>_<Optimizer>_<slot>`,
+e.g. `emb_Adam_m`). A variable on n > 1 devices keeps shard i (of 1..n) in a hash of its own,
+`<name>_mht_<i>of<n>`; TFRA puts every shard into `<name>` and so counts a key once per shard.
+
+The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py reads it): standalone
+(`redis_connection_mode` 2) and Redis Cluster (0) are supported; the password is read by the
+kernel from the file, so that it never appears in a graph or SavedModel. A checkpoint holds the
+rows as for the other backends (TFRA's `table_store_mode` 0, whatever the file says).
+
+The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
+it is built only where hiredis is installed (`make system-deps`), and creating a table without
+it raises RuntimeError naming why.
+
+Usage (with a server; docs/redis.md has more), `redis.json` being
+`{"redis_connection_mode": 2, "redis_host_ip": ["127.0.0.1"], "redis_host_port": [6379]}`:
+
+    import tensorflow_recommenders_addons.dynamic_embedding as de
+    creator = de.RedisTableCreator(de.RedisTableConfig(redis_config_abs_dir="redis.json"))
+    emb = de.get_variable("user_emb", dim=16, kv_creator=creator)
+"""
+
+import os
+import re
+import socket
+import threading
+
+import tensorflow as tf
+from absl import logging
+
+from tfra_dynamic_embedding import checkpoint as checkpoint_lib
+from tfra_dynamic_embedding.tables import base
+from tfra_dynamic_embedding.tables import redis_config as rc
+
+LIBRARY_ENV = "TFRA_DE_REDIS_OPS_LIBRARY"
+KEY_DTYPES = (tf.int32, tf.int64, tf.string)
+VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+_load_lock = threading.Lock()
+_library = None
+_load_error = None
+_load_tried = False
+
+
+def library_path():
+    """Path the Redis op library is loaded from: `$TFRA_DE_REDIS_OPS_LIBRARY`, else next to
+    this module."""
+    return os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(__file__),
+                                                       "_tfra_de_redis_ops.so")
+
+
+def _load():
+    global _library, _load_error, _load_tried
+    with _load_lock:
+        if not _load_tried:
+            _load_tried = True
+            path = library_path()
+            try:
+                _library = tf.load_op_library(path)
+            except Exception as error:  # pylint: disable=broad-except  (reported by ops())
+                _load_error = f"{path}: {error}"
+    return _library
+
+
+def is_available():
+    """Whether the Redis op library is loaded (loading it on first call)."""
+    return _load() is not None
+
+
+def ops():
+    """The Redis op library's op functions; RuntimeError naming why when it did not load."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"Redis tables are not available: {_load_error}. Build the library "
+                           f"with hiredis installed (`make system-deps && make ops`).")
+    return lib
+
+
+def redis_table_name(table_name):
+    """The `<name>` of a shard table's Redis hashes (see the module docstring): TFRA's
+    `<variable>` for the only shard of a variable, `<variable>_mht_<i>of<n>` for one of n > 1.
+
+    Example:
+        >>> redis_table_name("user_emb_mht_1of1"), redis_table_name("user_emb_mht_2of4")
+        ('user_emb', 'user_emb_mht_2of4')
+        >>> redis_table_name("emb_Adam_m_mht_1of1"), redis_table_name("my_table")
+        ('emb_Adam_m', 'my_table')
+    """
+    name = table_name.replace("/", "_")
+    match = re.fullmatch(r"(.*)_mht_(\d+)of(\d+)", name)
+    if match and int(match.group(3)) == 1:
+        return match.group(1)
+    return name
+
+
+def cluster_nodes(config):
+    """The text of `CLUSTER NODES` from the first configured node that answers (TFRA derives a
+    cluster table's hash tags from it). Asked once per table when it is created, over a plain
+    socket: the rows themselves only ever travel through the kernels."""
+    errors = []
+    timeout = max(config.redis_connect_timeout, config.redis_socket_timeout, 1) / 1000.0
+    for host, port in zip(config.redis_host_ip, config.redis_host_port):
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as conn:
+                reader = conn.makefile("rb")
+                if config.redis_password:
+                    user = ([config.redis_user] if config.redis_user not in ("", "default")
+                            else [])
+                    _resp_command(conn, reader, "AUTH", *user, config.redis_password)
+                return _resp_command(conn, reader, "CLUSTER", "NODES").decode()
+        except (OSError, RuntimeError) as e:
+            errors.append(f"{host}:{port}: {e}")
+    raise ValueError(f"no Redis Cluster node answered CLUSTER NODES (redis_host_ip / "
+                     f"redis_host_port): {'; '.join(errors)}")
+
+
+def _resp_command(conn, reader, *args):
+    """Sends one command; returns its status or bulk reply (RuntimeError on an error reply)."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a.encode() if isinstance(a, str) else a
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    conn.sendall(b"".join(out))
+    line = reader.readline()
+    if not line.endswith(b"\r\n"):
+        raise RuntimeError("connection closed")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"-":
+        raise RuntimeError(rest.decode(errors="replace"))
+    if kind == b"$" and int(rest) >= 0:
+        return reader.read(int(rest) + 2)[:-2]
+    return rest
+
+
+def _config_of(config):
+    """(RedisConfig, path of its file or "") of a creator's `config`."""
+    if isinstance(config, rc.RedisConfig):
+        if config.redis_password:
+            raise ValueError("a RedisConfig with a redis_password must come from its config file "
+                             "(de.RedisTableConfig): the kernel reads the password from the file, "
+                             "so that it is never written into a graph")
+        return config, ""
+    path, _ = rc.resolve_config_path(config)
+    return rc.read_redis_config(config), path
+
+
+class RedisKVTable(base.KVTable):
+    """A shard table in Redis (see `KVTable` for the methods; module docstring for the layout).
+
+    config: the parsed `RedisConfig`; password_file: the JSON file the kernel reads
+    `redis_password` from ("" for none).
+    """
+
+    def __init__(self, key_dtype, value_dtype, dim, name, config, password_file="", device="",
+                 shared_name=None):
+        key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+        if key_dtype not in KEY_DTYPES:
+            raise TypeError(f"key_dtype of a Redis table must be one of int32, int64, string; "
+                            f"got {key_dtype.name}")
+        if value_dtype not in VALUE_DTYPES:
+            raise TypeError(f"value_dtype of a Redis table must be one of float16, bfloat16, "
+                            f"float32, float64; got {value_dtype.name}")
+        if isinstance(dim, bool) or int(dim) < 1:
+            raise ValueError(f"dim must be >= 1; got {dim!r}")
+        if not isinstance(config, rc.RedisConfig):
+            raise TypeError(f"config must be a RedisConfig (redis_config.read_redis_config); "
+                            f"got {config!r}")
+        mode = config.redis_connection_mode
+        if mode == rc.SENTINEL:
+            raise ValueError("redis_connection_mode 1 (sentinel) is not supported by this "
+                             "package's Redis tables; use 2 (standalone) or 0 (cluster)")
+        super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
+        self.gen_ops = ops()
+        self.config = config
+        self.redis_name = redis_table_name(name)
+        slots = ()
+        if (mode == rc.CLUSTER and not config.redis_hash_tags_hypodispersion
+                and len(config.redis_hash_tags_runtime) != config.storage_slice):
+            slots = rc.cluster_slot_ranges(cluster_nodes(config))   # TFRA's tags follow them
+        self.hash_names = config.slice_names(self.redis_name, slots)
+        self._password_file = password_file
+        self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
+
+    def _create_resource(self):
+        shared_name = self._shared_name or ""
+        if self._owns_resource and not tf.executing_eagerly():
+            shared_name = ""    # as native.py: a traced creator gets a private table
+        c = self.config
+        return self.gen_ops.tfra_de_redis_table(
+            key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.dim,
+            connection_mode=c.redis_connection_mode, hosts=list(c.redis_host_ip),
+            ports=list(c.redis_host_port), user=c.redis_user, password_file=self._password_file,
+            db=c.redis_db, connect_timeout_ms=c.redis_connect_timeout,
+            socket_timeout_ms=c.redis_socket_timeout, pool_size=c.redis_conn_pool_size,
+            wait_timeout_ms=c.redis_wait_timeout, keep_alive=c.redis_connect_keep_alive,
+            hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
+            keys_sending_size=c.keys_sending_size, shared_name=shared_name,
+            use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
+
+    # -- conversions ----------------------------------------------------------------------
+
+    def key_tensor(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self.key_dtype:
+            if keys.dtype.is_integer and self.key_dtype.is_integer:
+                return tf.cast(keys, self.key_dtype)
+            raise TypeError(f"keys must be {self.key_dtype.name}; got {keys.dtype.name}")
+        return keys
+
+    def row_tensor(self, rows, name="values"):
+        rows = tf.convert_to_tensor(rows)
+        if rows.dtype != self.value_dtype:
+            if not (rows.dtype.is_floating or rows.dtype.is_integer):
+                raise TypeError(f"{name} must be {self.value_dtype.name}; got {rows.dtype.name}")
+            rows = tf.cast(rows, self.value_dtype)
+        return rows
+
+    def _typed(self):
+        return dict(key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.dim)
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def lookup(self, keys, default_rows):
+        return self.lookup_with_exists(keys, default_rows)[0]
+
+    def lookup_with_exists(self, keys, default_rows):
+        """(rows, exists); `default_rows` is `[N, dim]` or one `[dim]` row for every key."""
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_find(
+                self.resource_handle, self.key_tensor(keys),
+                self.row_tensor(default_rows, "default_rows"), dim=self.dim)
+
+    def _lookup_or_zeros(self, keys):
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_find(self.resource_handle, self.key_tensor(keys),
+                                                   tf.zeros([self.dim], self.value_dtype),
+                                                   dim=self.dim)
+
+    def find_or_insert(self, keys, init):
+        """(rows, exists); the distinct missing keys are inserted with initial rows of `init`
+        unless another writer got there first (then its row is returned)."""
+        init = base.as_init_spec(init, self.dim, self.value_dtype)
+        with tf.device(self.device):
+            keys = self.key_tensor(keys)
+            rows, exists = self._lookup_or_zeros(keys)
+            missing = tf.where(tf.logical_not(exists))
+            unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
+            new_rows = self.row_tensor(init.rows(unique_keys), "initial rows")
+            stored = self.gen_ops.tfra_de_redis_insert_missing(
+                self.resource_handle, unique_keys, new_rows, dim=self.dim)
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
+            return rows, exists
+
+    # -- updates --------------------------------------------------------------------------
+
+    def insert(self, keys, values):
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_insert(self.resource_handle, self.key_tensor(keys),
+                                                     self.row_tensor(values), dim=self.dim)
+
+    def accum(self, keys, deltas):
+        """Adds `deltas` on the server (atomically per command: concurrent writers add up)."""
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_accum(self.resource_handle, self.key_tensor(keys),
+                                                    self.row_tensor(deltas, "deltas"),
+                                                    dim=self.dim)
+
+    def remove(self, keys):
+        """Deletes keys; returns the number removed (an int64 scalar)."""
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_remove(self.resource_handle, self.key_tensor(keys))
+
+    def clear(self):
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_clear(self.resource_handle)
+
+    def size(self):
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_size(self.resource_handle)
+
+    def export(self):
+        with tf.device(self.device):
+            return tuple(self.gen_ops.tfra_de_redis_export(self.resource_handle, **self._typed()))
+
+    def import_(self, keys, values):
+        with tf.device(self.device):
+            return self.gen_ops.tfra_de_redis_import(self.resource_handle, self.key_tensor(keys),
+                                                     self.row_tensor(values), dim=self.dim)
+
+
+class RedisKVCreator(base.KVCreator):
+    """Creates `RedisKVTable` shards: `de.Variable(..., kv_creator=RedisKVCreator(config))`.
+
+    config: a `de.RedisTableConfig` (TFRA's: where the JSON file is), a parsed `RedisConfig`
+    (without a password), or None (TFRA's lookup of the file: `$TFRA_REDIS_CONFIG_PATH`, then
+    its fallback path). The file is read when a table is created (usage with a server: the
+    module docstring).
+
+    Example:
+        >>> creator = RedisKVCreator(rc.RedisTableConfig(redis_config_abs_dir="/no/such.json"))
+        >>> creator.create(tf.int64, tf.float32, dim=4, name="t")
+        Traceback (most recent call last):
+        ...
+        ValueError: Redis config file '/no/such.json' (from RedisTableConfig.redis_config_abs_dir) cannot be read: No such file or directory
+    """
+
+    def __init__(self, config=None):
+        if config is None:
+            config = rc.RedisTableConfig()
+        if not isinstance(config, (rc.RedisTableConfig, rc.RedisConfig)):
+            raise TypeError(f"config must be a de.RedisTableConfig; got {config!r}")
+        self.config = config
+
+    def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
+        del init_size  # Redis grows by itself
+        config, password_file = _config_of(self.config)
+        if config.table_store_mode != 0:
+            logging.log_first_n(logging.INFO, "Redis tables: checkpoints hold the rows "
+                                "(table_store_mode 0); table_store_mode %d is not used here", 1,
+                                config.table_store_mode)
+        return RedisKVTable(key_dtype, value_dtype, dim, name, config, password_file, device,
+                            shared_name)
+
+
+class RedisTableCreator(RedisKVCreator):
+    """TFRA's `de.RedisTableCreator(config, saver)`: Redis tables for `de.Variable`,
+    `de.get_variable` and `de.keras.layers.Embedding` (`kv_creator=`).
+
+    config: a `de.RedisTableConfig` or None (see `RedisKVCreator`); saver: None or a
+    `de.FileSystemSaver` (checkpoints then write the tables to files, as for other backends).
+    Usage with a server: the module docstring, docs/redis.md.
+
+    Example:
+        >>> RedisTableCreator(config={"redis_host_ip": ["10.0.0.1"]})
+        Traceback (most recent call last):
+        ...
+        TypeError: config must be a de.RedisTableConfig or None; got {'redis_host_ip': ['10.0.0.1']}
+    """
+
+    def __init__(self, config=None, saver=None):
+        if config is not None and not isinstance(config, rc.RedisTableConfig):
+            raise TypeError(f"config must be a de.RedisTableConfig or None; got {config!r}")
+        if saver is not None and not isinstance(saver, checkpoint_lib.DynamicEmbeddingSaver):
+            raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
+        super().__init__(config)
+        self.saver = saver
