@@ -284,6 +284,95 @@ def test_checkpoint_round_trip(creator, tmp_path):
     np.testing.assert_array_equal(_sorted(*other.export())[1], saved[1])
 
 
+def test_bp_v2_training_adds_up_on_the_server_as_native(creator):
+    """bp_v2 writes each step's change with accum (a server-side script here): two optimizers
+    stepping on the same rows both count, as on the native backend."""
+    def run(kv_creator, name):
+        var = de.Variable(name=name, dim=2, bp_v2=True, kv_creator=kv_creator,
+                          initializer=tf.keras.initializers.Constant(1.0))
+        var.clear()
+        ids = tf.constant([1, 2, 1], tf.int64)
+        opts = [de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5)) for _ in range(2)]
+        tapes = []
+        for _ in opts:      # both look up before either writes: two asynchronous workers
+            with tf.GradientTape() as tape:
+                rows, trainable = de.embedding_lookup(var, ids, return_trainable=True)
+                loss = tf.reduce_sum(rows * tf.constant([[1.0, 2.0]]))
+            tapes.append((tape.gradient(loss, trainable), trainable))
+        for opt, grad in zip(opts, tapes):
+            opt.apply_gradients([grad])
+        return _sorted(*var.export())
+    r_keys, r_values = run(creator, "bp")
+    n_keys, n_values = run(de.NativeKVCreator(), "bp_native")
+    np.testing.assert_array_equal(r_keys, n_keys)
+    np.testing.assert_array_equal(r_values, n_values)
+    np.testing.assert_array_equal(r_values, [[-1.0, -3.0], [0.0, -1.0]])   # 1 - 2 steps
+
+
+def test_keras_fit_equals_native(creator):
+    def fit(kv_creator, name):
+        tf.keras.utils.set_random_seed(1)
+        emb = de.keras.layers.Embedding(
+            4, kv_creator=kv_creator, name=name, combiner="mean",
+            initializer=tf.keras.initializers.RandomNormal(0, 0.1, seed=5))
+        emb.params.clear()
+        ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
+        out = tf.keras.layers.Dense(1, kernel_initializer="ones")(emb(ids))
+        model = tf.keras.Model(ids, out)
+        model.compile(de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.01)), "mse")
+        x = np.arange(48, dtype=np.int64).reshape(16, 3) % 11
+        model.fit(x, np.ones([16, 1]), batch_size=4, epochs=2, verbose=0, shuffle=False)
+        return _sorted(*emb.params.export())
+    r_keys, r_values = fit(creator, "kemb")
+    n_keys, n_values = fit(de.NativeKVCreator(), "kemb_native")
+    np.testing.assert_array_equal(r_keys, n_keys)
+    np.testing.assert_array_equal(r_values, n_values)
+
+
+def test_tf1_graph_session_and_saver(creator, tmp_path):
+    with tf.Graph().as_default():
+        var = de.get_variable("graph_emb", dim=2, kv_creator=creator,
+                              initializer=tf.keras.initializers.Constant(-1.0))
+        keys = tf.constant([10, 20], tf.int64)
+        clear = var.clear()
+        upsert = var.upsert(keys, [[1.0, 2.0], [3.0, 4.0]])
+        lookup = var.lookup(tf.constant([10, 30], tf.int64))
+        size = var.size()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(clear)
+            sess.run(upsert)
+            np.testing.assert_array_equal(sess.run(lookup), [[1, 2], [-1, -1]])
+            path = saver.save(sess, str(tmp_path / "model"))
+            sess.run(clear)
+            assert sess.run(size) == 0
+            saver.restore(sess, path)
+            assert sess.run(size) == 2
+            np.testing.assert_array_equal(sess.run(lookup), [[1, 2], [-1, -1]])
+
+
+def test_save_to_file_system_round_trip(creator, tmp_path):
+    var = de.Variable(name="files", dim=2, devices=CPUS[:2], kv_creator=creator)
+    var.clear()
+    var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    var.save_to_file_system(str(tmp_path / "tables"))
+    var.clear()
+    var.load_from_file_system(str(tmp_path / "tables"))
+    assert int(var.size()) == 3
+    np.testing.assert_array_equal(var.lookup(tf.constant([2], tf.int64)).numpy(), [[1, 1]])
+
+
+def test_empty_batches(creator):
+    var = de.Variable(name="empty", dim=2, kv_creator=creator)
+    var.clear()
+    none = tf.zeros([0], tf.int64)
+    var.upsert(none, tf.zeros([0, 2]))
+    var.accum(none, tf.zeros([0, 2]))
+    assert var.lookup(none).shape == (0, 2)
+    assert int(var.remove(none)) == 0
+    assert int(var.size()) == 0
+
+
 # --- failures: bounded in time, named, recoverable ----------------------------------------------
 
 def _timed(fn):
