@@ -153,6 +153,27 @@ def test_every_variable_operation_equals_native(creator, key_dtype, value_dtype)
     assert keys.shape == (0,) and values.shape == (0, 5)
 
 
+@pytest.mark.parametrize("initializer", [
+    tf.keras.initializers.VarianceScaling(seed=4), tf.keras.initializers.TruncatedNormal(seed=2),
+    tf.keras.initializers.RandomUniform(-1, 1, seed=3), [0.5, -0.5, 1.0], 2.0])
+def test_initial_rows_equal_native(creator, initializer):
+    """Seeded and constant initializers: lookups and find_or_insert give the native backend's
+    rows (drawn in C++ by the same kernel, or by the same TF ops for a VarianceScaling)."""
+    kwargs = dict(dim=3, initializer=initializer)
+    red = de.Variable(name="init_rows", kv_creator=creator, **kwargs)
+    nat = de.Variable(name="init_rows_native", kv_creator=de.NativeKVCreator(), **kwargs)
+    red.clear()
+    keys = tf.constant([3, 1, 4, 1, 5, 9, 2, 6], tf.int64)
+    for var in (red, nat):
+        var.upsert(keys[:2], tf.ones([2, 3]))
+    np.testing.assert_array_equal(red.lookup(keys).numpy(), nat.lookup(keys).numpy())
+    r_rows, r_exists = red.find_or_insert(keys)
+    n_rows, n_exists = nat.find_or_insert(keys)
+    np.testing.assert_array_equal(r_rows.numpy(), n_rows.numpy())
+    np.testing.assert_array_equal(r_exists.numpy(), n_exists.numpy())
+    np.testing.assert_array_equal(_sorted(*red.export())[1], _sorted(*nat.export())[1])
+
+
 def test_table_ops_on_many_keys_in_small_commands(creator):
     """20,000 keys in commands of 7 (keys_sending_size): several parallel lanes, with a
     duplicate of every key in the same upsert (the last row wins, as in memory)."""

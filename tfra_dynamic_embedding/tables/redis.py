@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
-from tfra_dynamic_embedding.tables import base
+from tfra_dynamic_embedding.tables import base, native
 from tfra_dynamic_embedding.tables import redis_config as rc
 
 LIBRARY_ENV = "TFRA_DE_REDIS_OPS_LIBRARY"
@@ -245,6 +245,44 @@ class RedisKVTable(base.KVTable):
                                                    tf.zeros([self.dim], self.value_dtype),
                                                    dim=self.dim)
 
+    def _drawer(self):
+        """An always-empty native table on this table's device, or None without the native
+        library: its fused lookup draws initial rows in C++, the very rows the native backend
+        gives the same keys (nothing is ever inserted into it)."""
+        if "_init_drawer" not in self.__dict__:
+            drawer = None
+            if native.is_available():
+                with tf.init_scope():
+                    drawer = native.NativeKVTable(self.key_dtype, self.value_dtype, self.dim,
+                                                  f"{self.name}_init_rows", self._device)
+                # Tracked, so that a SavedModel whose functions use it holds it too.
+                self._track_trackable(drawer, name="init_rows")
+            self.__dict__["_init_drawer"] = drawer
+        return self.__dict__["_init_drawer"]
+
+    def _initial_rows(self, keys, init):
+        """Initial rows of `init` for every one of `keys`: one row for all ([dim]) when every
+        row is the same, else `[N, dim]` drawn in C++ (`_drawer`) or by TF ops."""
+        if init.constant:
+            return self.row_tensor(init.rows(tf.zeros([1], self.key_dtype))[0], "initial rows")
+        drawer = self._drawer()
+        if drawer is not None and native.fused_form(init) is not None:
+            return drawer.lookup_or_init(keys, init, return_exists=False)[0]
+        return self.row_tensor(init.rows(keys), "initial rows")
+
+    def lookup_or_init(self, keys, init, return_exists=True):
+        """(rows, exists) without inserting; missing keys get initial rows of `init` (an
+        `InitSpec`, or a `make_rows(keys)` callable), drawn for every key and replaced by the
+        stored rows in the kernel's one pass. A custom initializer's rows are drawn for the
+        distinct missing keys only (`KVTable.lookup_or_init`)."""
+        init = base.as_init_spec(init, self.dim, self.value_dtype)
+        if init.kind == base.CUSTOM and not init.constant:
+            return super().lookup_or_init(keys, init, return_exists)
+        with tf.device(self.device):
+            keys = self.key_tensor(keys)
+            rows, exists = self.lookup_with_exists(keys, self._initial_rows(keys, init))
+            return rows, exists if return_exists else None
+
     def find_or_insert(self, keys, init):
         """(rows, exists); the distinct missing keys are inserted with initial rows of `init`
         unless another writer got there first (then its row is returned)."""
@@ -254,7 +292,9 @@ class RedisKVTable(base.KVTable):
             rows, exists = self._lookup_or_zeros(keys)
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
-            new_rows = self.row_tensor(init.rows(unique_keys), "initial rows")
+            new_rows = self._initial_rows(unique_keys, init)
+            if new_rows.shape.rank == 1:
+                new_rows = tf.tile(new_rows[None], tf.stack([tf.size(unique_keys), 1]))
             stored = self.gen_ops.tfra_de_redis_insert_missing(
                 self.resource_handle, unique_keys, new_rows, dim=self.dim)
             rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(stored, index))
