@@ -7,6 +7,8 @@ latest when the Python process exits (atexit). Waits are bounded; nothing here c
         ...
     with RedisCluster(masters=3) as cluster:  # cluster.ports, cluster.nodes[i].cli(...)
         ...
+    with RedisSentinel(master.port) as sentinel:   # a sentinel watching `master`
+        ...
 
 `make test` installs `redis-server` (Debian's, with redis-cli) as it installs Bazel; where it is
 missing, `require_redis()` skips the test, or fails it under CI (CI must have it).
@@ -104,7 +106,7 @@ class RedisServer:
                     raise
                 self.port = free_port(self.cluster)
 
-    def _start(self):
+    def _command(self):
         server, _ = redis_binaries()
         args = [server, "--port", str(self.port), "--bind", HOST, "--dir", self.dir,
                 "--logfile", self.log_path, "--daemonize", "no", "--save", "",
@@ -113,7 +115,10 @@ class RedisServer:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", "5000"]
         # Later arguments win: extra_args may turn persistence back on ("--appendonly", "yes").
-        self.proc = subprocess.Popen(args + self.extra_args, stdin=subprocess.DEVNULL,
+        return args + self.extra_args
+
+    def _start(self):
+        self.proc = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _LIVE[self.proc.pid] = self.proc
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -181,6 +186,26 @@ def stop_all():
 
 class StandaloneRedis(RedisServer):
     """A standalone redis-server on a free loopback port (a context manager)."""
+
+
+class RedisSentinel(RedisServer):
+    """A Redis Sentinel (`redis-server <conf> --sentinel`) on a free loopback port, watching the
+    master `name` on `master_port` alone (quorum 1): it fails over to a replica once the master
+    has not answered for `down_after_ms`."""
+
+    def __init__(self, master_port, name="master", down_after_ms=1000):
+        super().__init__()
+        self.master_port, self.name, self.down_after_ms = master_port, name, down_after_ms
+
+    def _command(self):
+        server, _ = redis_binaries()
+        conf = os.path.join(self.dir, "sentinel.conf")     # a sentinel rewrites its config file
+        with open(conf, "w") as f:
+            f.write(f"port {self.port}\nbind {HOST}\ndir {self.dir}\nlogfile {self.log_path}\n"
+                    f"sentinel monitor {self.name} {HOST} {self.master_port} 1\n"
+                    f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.name} 10000\n")
+        return [server, conf, "--sentinel"]
 
 
 class RedisCluster:

@@ -38,7 +38,17 @@ struct Job {
 // timeouts, so this is bounded too.
 Status RunJobs(const std::vector<Command>& cmds, const std::vector<Job>& jobs, const ReplyFn& on_reply);
 
+// Runs a batch on one server's pool, its lanes on parallel connections; error
+// replies become errors naming `server`.
+Status RunOnPool(Pool* pool, const std::string& server, const std::vector<Command>& cmds,
+                 const ReplyFn& on_reply);
+
 std::unique_ptr<Backend> MakeStandalone(const ServerOptions& opt);
+// Sentinel mode: the master named `master_name` is asked of the sentinels (when
+// the table is created and again after its connection failed: a failover), and
+// then used as a standalone server with `master`'s credentials and db.
+std::unique_ptr<Backend> MakeSentinel(const std::vector<ServerOptions>& sentinels, const ServerOptions& master,
+                                      const std::string& master_name);
 // `seeds`: the configured nodes; any reachable one gives the slot map.
 std::unique_ptr<Backend> MakeCluster(const std::vector<ServerOptions>& seeds);
 

@@ -75,14 +75,20 @@ REGISTER_OP("TfraDeRedisTable")
     .Attr("pool_size: int = 20")
     .Attr("wait_timeout_ms: int = 100000000")
     .Attr("keep_alive: bool = false")
+    .Attr("master_name: string = 'master'")
+    .Attr("sentinel_user: string = ''")
+    .Attr("sentinel_connect_timeout_ms: int = 1000")
+    .Attr("sentinel_socket_timeout_ms: int = 1000")
     .Attr("hash_names: list(string)")
     .Attr("using_hash_storage_slice: bool = false")
     .Attr("keys_sending_size: int = 1024")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("A table of key -> [dim] rows kept in Redis hashes (hash_names: one per storage slice, "
-         "TFRA's layout). The password is read from password_file (TFRA's JSON config, field "
-         "redis_password) when the table is created, so it is never part of a graph.");
+         "TFRA's layout). The passwords are read from password_file (TFRA's JSON config, fields "
+         "redis_password, redis_sentinel_password) when the table is created, so they are never "
+         "part of a graph. connection_mode: 0 cluster, 1 sentinel (hosts are the sentinels), "
+         "2 standalone.");
 
 REGISTER_OP("TfraDeRedisFind")
     .Input("table: resource")
@@ -210,11 +216,9 @@ class RedisTableHandleOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &table_.value_dtype));
     OP_REQUIRES_OK(c, c->GetAttr("dim", &table_.dim));
     OP_REQUIRES_OK(c, c->GetAttr("connection_mode", &mode_));
-    OP_REQUIRES(c, mode_ == kClusterMode || mode_ == kStandaloneMode,
-                absl::UnimplementedError(absl::StrCat(
-                    "redis_connection_mode ", mode_,
-                    mode_ == kSentinelMode ? " (sentinel) is not supported; use 2 (standalone) or 0 (cluster)"
-                                           : " is not one of 0 (cluster), 1 (sentinel), 2 (standalone)")));
+    OP_REQUIRES(c, mode_ == kClusterMode || mode_ == kSentinelMode || mode_ == kStandaloneMode,
+                absl::InvalidArgumentError(absl::StrCat("redis_connection_mode ", mode_,
+                                                        " is not one of 0 (cluster), 1 (sentinel), 2 (standalone)")));
     std::vector<std::string> hosts;
     std::vector<int32_t> ports;
     OP_REQUIRES_OK(c, c->GetAttr("hosts", &hosts));
@@ -236,10 +240,17 @@ class RedisTableHandleOp : public OpKernel {
     OP_REQUIRES(c, base.pool_size >= 1,
                 absl::InvalidArgumentError(absl::StrCat("redis_conn_pool_size must be >= 1, got ", base.pool_size)));
     base.cluster = mode_ == kClusterMode;
+    master_ = base;
+    ServerOptions sentinel = base;  // a sentinel: its own user and timeouts, no db
+    OP_REQUIRES_OK(c, c->GetAttr("master_name", &master_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("sentinel_user", &sentinel.user));
+    OP_REQUIRES_OK(c, c->GetAttr("sentinel_connect_timeout_ms", &sentinel.connect_timeout_ms));
+    OP_REQUIRES_OK(c, c->GetAttr("sentinel_socket_timeout_ms", &sentinel.socket_timeout_ms));
+    sentinel.db = 0;
     for (size_t i = 0; i < hosts.size(); ++i) {
       OP_REQUIRES(c, ports[i] >= 1 && ports[i] <= 65535,
                   absl::InvalidArgumentError(absl::StrCat("redis_host_port must be in [1, 65535], got ", ports[i])));
-      ServerOptions s = base;
+      ServerOptions s = mode_ == kSentinelMode ? sentinel : base;
       s.host = hosts[i];
       s.port = ports[i];
       servers_.push_back(s);
@@ -291,25 +302,35 @@ class RedisTableHandleOp : public OpKernel {
   // Connects now, so that a wrong address, password or db fails the table's
   // creation with a clear error instead of its first lookup.
   Status Create(RedisTable** out) {
-    std::string password;
+    std::string password, sentinel_password;
     if (!password_file_.empty()) {
       TF_RETURN_IF_ERROR(ReadJsonStringField(password_file_, "redis_password", &password));
+      if (mode_ == kSentinelMode) {
+        TF_RETURN_IF_ERROR(ReadJsonStringField(password_file_, "redis_sentinel_password", &sentinel_password));
+      }
     }
     std::vector<ServerOptions> servers = servers_;
-    for (auto& s : servers) s.password = password;
-    std::unique_ptr<Backend> backend =
-        mode_ == kClusterMode ? MakeCluster(servers) : MakeStandalone(servers[0]);
-    if (!backend) {
-      return absl::UnimplementedError("Redis Cluster mode is not available in this build");
+    for (auto& s : servers) s.password = mode_ == kSentinelMode ? sentinel_password : password;
+    ServerOptions master = master_;
+    master.password = password;
+    std::unique_ptr<Backend> backend;
+    if (mode_ == kClusterMode) {
+      backend = MakeCluster(servers);
+    } else if (mode_ == kSentinelMode) {
+      backend = MakeSentinel(servers, master, master_name_);
+    } else {
+      backend = MakeStandalone(servers[0]);
     }
+    if (!backend) return absl::InternalError("no Redis backend for this connection mode");
     TF_RETURN_IF_ERROR(backend->Check());
     *out = new RedisTable(table_, std::move(backend));
     return absl::OkStatus();
   }
 
-  std::string container_, name_, password_file_;
+  std::string container_, name_, password_file_, master_name_;
   TableOptions table_;
-  std::vector<ServerOptions> servers_;
+  std::vector<ServerOptions> servers_;  // the servers, cluster nodes, or sentinels
+  ServerOptions master_;                // sentinel mode: the master's settings (its address asked)
   int mode_ = kStandaloneMode;
   bool private_ = false;
   std::mutex mu_;

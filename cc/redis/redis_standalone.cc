@@ -34,6 +34,18 @@ Status RunJobs(const std::vector<Command>& cmds, const std::vector<Job>& jobs, c
   return absl::OkStatus();
 }
 
+Status RunOnPool(Pool* pool, const std::string& server, const std::vector<Command>& cmds,
+                 const ReplyFn& on_reply) {
+  std::map<int, std::vector<size_t>> lanes;
+  for (size_t i = 0; i < cmds.size(); ++i) lanes[cmds[i].lane].push_back(i);
+  std::vector<Job> jobs;
+  for (auto& lane : lanes) jobs.push_back(Job{pool, std::move(lane.second)});
+  return RunJobs(cmds, jobs, [&](size_t i, const redisReply* r) -> Status {
+    if (r->type == REDIS_REPLY_ERROR) return ReplyError(server, cmds[i], r);
+    return on_reply(i, r);
+  });
+}
+
 namespace {
 
 class Standalone : public Backend {
@@ -45,15 +57,7 @@ class Standalone : public Backend {
   int PoolSize() const override { return std::max(pool_.options().pool_size, 1); }
 
   Status Run(const std::vector<Command>& cmds, const ReplyFn& on_reply) override {
-    std::map<int, std::vector<size_t>> lanes;
-    for (size_t i = 0; i < cmds.size(); ++i) lanes[cmds[i].lane].push_back(i);
-    std::vector<Job> jobs;
-    for (auto& lane : lanes) jobs.push_back(Job{&pool_, std::move(lane.second)});
-    const std::string server = Name();
-    return RunJobs(cmds, jobs, [&](size_t i, const redisReply* r) -> Status {
-      if (r->type == REDIS_REPLY_ERROR) return ReplyError(server, cmds[i], r);
-      return on_reply(i, r);
-    });
+    return RunOnPool(&pool_, Name(), cmds, on_reply);
   }
 
  private:

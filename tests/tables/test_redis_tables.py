@@ -489,13 +489,52 @@ def test_wrong_password_unreachable_host_and_wrong_db_fail_at_creation(tmp_path)
         assert b"s3cret" not in graph.SerializeToString()
 
 
+def test_sentinel_mode_follows_a_failover(tmp_path):
+    """Mode 1: the master is asked of the sentinel; when it dies, ops fail fast until the
+    sentinel has promoted the replica, then the table works on the new master."""
+    redis_server.require_redis()
+    with redis_server.StandaloneRedis() as master, \
+            redis_server.StandaloneRedis(extra_args=("--replicaof", "127.0.0.1",
+                                                     str(master.port))) as replica, \
+            redis_server.RedisSentinel(master.port, name="mymaster") as sentinel:
+        path = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                            redis_master_name="mymaster")
+        var = de.Variable(name="watched", dim=2, kv_creator=de.RedisTableCreator(
+            de.RedisTableConfig(redis_config_abs_dir=path)))
+        keys = tf.constant([1, 2], tf.int64)
+        var.upsert(keys, [[1.0, 1.0], [2.0, 2.0]])
+        assert master.cli("WAIT", 1, 5000) == "1"          # the replica has the rows
+        deadline = time.monotonic() + 20                    # the sentinel knows the replica
+        while str(replica.port) not in sentinel.cli("SENTINEL", "replicas", "mymaster"):
+            assert time.monotonic() < deadline, sentinel.log()
+            time.sleep(0.1)
+        os.kill(master.pid, signal.SIGKILL)
+        master.proc.wait(timeout=10)
+        seconds, error = _timed(lambda: var.lookup(keys))
+        assert seconds < 10 and f"127.0.0.1:{master.port}" in str(error), str(error)
+        deadline = time.monotonic() + 30
+        while True:     # errors (no failover yet), then the promoted replica's rows
+            try:
+                rows = var.lookup(keys)
+                break
+            except tf.errors.OpError:
+                assert time.monotonic() < deadline, sentinel.log()
+                time.sleep(0.2)
+        np.testing.assert_array_equal(rows.numpy(), [[1, 1], [2, 2]])
+        var.upsert(tf.constant([3], tf.int64), [[3.0, 3.0]])
+        assert int(var.size()) == 3
+        assert replica.cli("ROLE").startswith("master")
+        master.proc = None
+
+
 def test_bad_arguments_are_named(creator, tmp_path, server):
     with pytest.raises(TypeError, match="value_dtype of a Redis table must be one of"):
         de.Variable(name="ints", dim=2, value_dtype=tf.int32, kv_creator=creator)
     with pytest.raises(TypeError, match="config must be a de.RedisTableConfig"):
         de.RedisTableCreator(config={"redis_host_ip": ["127.0.0.1"]})
+    # TFRA's demo config: sentinel mode (TFRA's default), pointed at a plain server.
     sentinel = write_config(tmp_path, server.port, redis_connection_mode=1)
-    with pytest.raises(ValueError, match="redis_connection_mode 1 \\(sentinel\\)"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="not a sentinel"):
         de.Variable(name="s", dim=2, kv_creator=de.RedisTableCreator(
             de.RedisTableConfig(redis_config_abs_dir=sentinel)))
     with pytest.raises(ValueError, match="redis_host_port"):

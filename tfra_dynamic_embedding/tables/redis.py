@@ -12,9 +12,10 @@ bytes (little-endian integer, or the string) and its value the row's raw little-
 e.g. `emb_Adam_m`). A variable on n > 1 devices keeps shard i (of 1..n) in a hash of its own,
 `<name>_mht_<i>of<n>`; TFRA puts every shard into `<name>` and so counts a key once per shard.
 
-The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py reads it): standalone
-(`redis_connection_mode` 2) and Redis Cluster (0) are supported; the password is read by the
-kernel from the file, so that it never appears in a graph or SavedModel. A checkpoint holds the
+The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py reads it), in each
+of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master is asked of the
+sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
+are read by the kernel from the file, so that they never appear in a graph or SavedModel. A checkpoint holds the
 rows as for the other backends (TFRA's `table_store_mode` 0, whatever the file says).
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
@@ -144,7 +145,7 @@ def _resp_command(conn, reader, *args):
 def _config_of(config):
     """(RedisConfig, path of its file or "") of a creator's `config`."""
     if isinstance(config, rc.RedisConfig):
-        if config.redis_password:
+        if config.redis_password or config.redis_sentinel_password:
             raise ValueError("a RedisConfig with a redis_password must come from its config file "
                              "(de.RedisTableConfig): the kernel reads the password from the file, "
                              "so that it is never written into a graph")
@@ -175,9 +176,6 @@ class RedisKVTable(base.KVTable):
             raise TypeError(f"config must be a RedisConfig (redis_config.read_redis_config); "
                             f"got {config!r}")
         mode = config.redis_connection_mode
-        if mode == rc.SENTINEL:
-            raise ValueError("redis_connection_mode 1 (sentinel) is not supported by this "
-                             "package's Redis tables; use 2 (standalone) or 0 (cluster)")
         super().__init__(key_dtype, value_dtype, dim, name, device, shared_name)
         self.gen_ops = ops()
         self.config = config
@@ -202,6 +200,9 @@ class RedisKVTable(base.KVTable):
             db=c.redis_db, connect_timeout_ms=c.redis_connect_timeout,
             socket_timeout_ms=c.redis_socket_timeout, pool_size=c.redis_conn_pool_size,
             wait_timeout_ms=c.redis_wait_timeout, keep_alive=c.redis_connect_keep_alive,
+            master_name=c.redis_master_name, sentinel_user=c.redis_sentinel_user,
+            sentinel_connect_timeout_ms=c.redis_sentinel_connect_timeout,
+            sentinel_socket_timeout_ms=c.redis_sentinel_socket_timeout,
             hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
             keys_sending_size=c.keys_sending_size, shared_name=shared_name,
             use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
