@@ -412,17 +412,27 @@ def test_killed_server_fails_fast_and_restart_recovers(tmp_path):
         var = de.Variable(name="killed", dim=2, kv_creator=creator)
         keys = tf.constant([1, 2], tf.int64)
         var.upsert(keys, tf.ones([2, 2]))
+        opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+
+        def train_step():
+            with tf.GradientTape() as tape:
+                rows, trainable = de.embedding_lookup(var, keys, return_trainable=True)
+                loss = tf.reduce_sum(rows)
+            opt.apply_gradients([(tape.gradient(loss, trainable), trainable)])
+        train_step()
         os.kill(redis.pid, signal.SIGKILL)
         redis.proc.wait(timeout=10)
         for op in (lambda: var.lookup(keys), lambda: var.upsert(keys, tf.ones([2, 2])),
-                   lambda: var.size(), lambda: var.export()):
+                   lambda: var.size(), lambda: var.export(), train_step):
             seconds, error = _timed(op)
             assert seconds < 10, seconds
             assert f"127.0.0.1:{redis.port}" in str(error), str(error)
             assert isinstance(error, tf.errors.UnavailableError), repr(error)
         redis.proc = None
         redis.start()                        # same port, same directory: the AOF comes back
-        np.testing.assert_array_equal(var.lookup(keys).numpy(), np.ones([2, 2]))
+        np.testing.assert_array_equal(var.lookup(keys).numpy(), np.full([2, 2], 0.5))
+        train_step()                         # training resumes
+        np.testing.assert_array_equal(var.lookup(keys).numpy(), np.zeros([2, 2]))
         var.upsert(tf.constant([3], tf.int64), [[3.0, 3.0]])
         assert int(var.size()) == 3
 
