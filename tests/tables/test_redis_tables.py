@@ -558,6 +558,10 @@ def test_bad_arguments_are_named(creator, tmp_path, server):
 
 
 def test_tfra_names_are_exported():
-    assert de.RedisTableCreator is redis_tables.RedisTableCreator
-    assert de.RedisTableConfig is rc.RedisTableConfig
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embedding_creator \
+        import RedisTableCreator
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.redis_table_ops import \
+        RedisTableConfig
+    assert de.RedisTableCreator is redis_tables.RedisTableCreator is RedisTableCreator
+    assert de.RedisTableConfig is rc.RedisTableConfig is RedisTableConfig
     assert issubclass(de.RedisTableCreator, de.KVCreator)
