@@ -262,8 +262,8 @@ class RedisKVTable(base.KVTable):
         return self.__dict__["_init_drawer"]
 
     def _initial_rows(self, keys, init):
-        """Initial rows of `init` for every one of `keys`: one row for all ([dim]) when every
-        row is the same, else `[N, dim]` drawn in C++ (`_drawer`) or by TF ops."""
+        """Initial rows of `init` for `keys`: one row for all ([dim]) when every row is the
+        same, else `[N, dim]` drawn in C++ (`_drawer`) or by TF ops (`init.rows`)."""
         if init.constant:
             return self.row_tensor(init.rows(tf.zeros([1], self.key_dtype))[0], "initial rows")
         drawer = self._drawer()
@@ -273,15 +273,20 @@ class RedisKVTable(base.KVTable):
 
     def lookup_or_init(self, keys, init, return_exists=True):
         """(rows, exists) without inserting; missing keys get initial rows of `init` (an
-        `InitSpec`, or a `make_rows(keys)` callable), drawn for every key and replaced by the
-        stored rows in the kernel's one pass. A custom initializer's rows are drawn for the
-        distinct missing keys only (`KVTable.lookup_or_init`)."""
+        `InitSpec`, or a `make_rows(keys)` callable): a constant row is the default of the one
+        find; other rows are drawn afterwards for the distinct missing keys only (in C++ where
+        the native kernels draw the kind: `_initial_rows`)."""
         init = base.as_init_spec(init, self.dim, self.value_dtype)
-        if init.kind == base.CUSTOM and not init.constant:
-            return super().lookup_or_init(keys, init, return_exists)
         with tf.device(self.device):
             keys = self.key_tensor(keys)
-            rows, exists = self.lookup_with_exists(keys, self._initial_rows(keys, init))
+            if init.constant:
+                rows, exists = self.lookup_with_exists(keys, self._initial_rows(keys, init))
+                return rows, exists if return_exists else None
+            rows, exists = self._lookup_or_zeros(keys)
+            missing = tf.where(tf.logical_not(exists))
+            unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
+            new_rows = self._initial_rows(unique_keys, init)
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
             return rows, exists if return_exists else None
 
     def find_or_insert(self, keys, init):
