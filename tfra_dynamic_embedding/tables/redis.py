@@ -9,7 +9,7 @@ Layout (TFRA 0.8.1's, so each side reads what the other wrote): slice i of a tab
 hash `<model_tag_runtime>:<name>{<tag_i>}` (tables/redis_config.py), a field is the key's raw
 bytes (little-endian integer, or the string) and its value the row's raw little-endian bytes.
 `<name>` is the variable's name with `/` as `_` (optimizer slots: `<var>_<Optimizer>_<slot>`,
-e.g. `emb_Adam_m`). A variable on n > 1 devices keeps shard i (of 1..n) in a hash of its own,
+e.g. `emb_Adam_m`; TFRA's are named after the lookup instead, docs/redis.md). A variable on n > 1 devices keeps shard i (of 1..n) in a hash of its own,
 `<name>_mht_<i>of<n>`; TFRA puts every shard into `<name>` and so counts a key once per shard.
 
 The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py reads it), in each
