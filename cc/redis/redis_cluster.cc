@@ -228,7 +228,7 @@ class Cluster : public Backend {
         if (r->type == REDIS_REPLY_ERROR) {
           return absl::FailedPreconditionError(absl::StrCat(
               "Redis server ", name, " answered CLUSTER SLOTS with an error (not a cluster node? "
-              "redis_connection_mode 0 needs Redis Cluster): ", std::string(r->str, r->len)));
+              "redis_connection_mode 0 needs Redis Cluster): ", Printable(r->str, r->len)));
         }
         if (r->type != REDIS_REPLY_ARRAY) return absl::InternalError("unexpected CLUSTER SLOTS reply");
         for (size_t k = 0; k < r->elements; ++k) {

@@ -53,7 +53,7 @@ Status Simple(redisContext* c, const ServerOptions& opt, const std::vector<std::
 std::string ReplyText(const redisReply* r) {
   if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS ||
       r->type == REDIS_REPLY_STRING) {
-    return std::string(r->str, r->len);
+    return Printable(r->str, r->len);
   }
   return absl::StrCat("(reply type ", r->type, ")");
 }
@@ -243,11 +243,13 @@ Status Pool::RunPipelined(const std::vector<Command>& cmds, const std::vector<si
   return first_error;
 }
 
-std::string Command::Key() const {
+std::string Command::Key() const { return Printable(argv[key_arg], len[key_arg]); }
+
+std::string Printable(const char* bytes, size_t n) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(argv[key_arg]);
-  for (size_t i = 0; i < len[key_arg]; ++i) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes);
+  for (size_t i = 0; i < n; ++i) {
     if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\') {
       out.push_back(static_cast<char>(p[i]));
     } else {

@@ -125,6 +125,11 @@ class Pool {
   int open_ = 0;  // connections handed out or idle
 };
 
+// `bytes` for a message: printable ASCII as is, other bytes as \xNN (a hash name
+// with TFRA's MD5 prefix is binary; TF's Python side needs UTF-8 messages).
+std::string Printable(const char* p, size_t n);
+inline std::string Printable(const std::string& s) { return Printable(s.data(), s.size()); }
+
 // The error of an error reply, naming the server, the command and its key.
 Status ReplyError(const std::string& server, const Command& cmd, const redisReply* reply);
 

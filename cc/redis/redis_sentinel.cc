@@ -94,7 +94,7 @@ class Sentinel : public Backend {
           s = absl::InternalError(absl::StrCat("Redis sentinel ", sentinel.Name(), ": bad master address"));
         } else {
           const bool error = r->type == REDIS_REPLY_ERROR;
-          const std::string text = error ? std::string(r->str, r->len) : "";
+          const std::string text = error ? Printable(r->str, r->len) : "";
           freeReplyObject(r);
           s = error ? absl::FailedPreconditionError(absl::StrCat(
                           "Redis server ", sentinel.Name(), " answered SENTINEL with an error (not a sentinel? "

@@ -425,7 +425,7 @@ Status RedisTable::Export(OpKernelContext* ctx, int keys_output, int values_outp
             r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY ||
             r->element[1]->elements % 2 != 0) {
           return absl::InternalError(absl::StrCat("Redis ", backend_->Name(), ": unexpected HSCAN reply on '",
-                                                  hash, "'"));
+                                                  Printable(hash), "'"));
         }
         cursor.assign(r->element[0]->str, r->element[0]->len);
         const redisReply* items = r->element[1];
@@ -434,13 +434,13 @@ Status RedisTable::Export(OpKernelContext* ctx, int keys_output, int values_outp
           const redisReply* v = items->element[j + 1];
           if (key_size != 0 && f->len != key_size) {
             return absl::InvalidArgumentError(absl::StrCat(
-                "Redis ", backend_->Name(), ": hash '", hash, "' holds a field of ", f->len,
+                "Redis ", backend_->Name(), ": hash '", Printable(hash), "' holds a field of ", f->len,
                 " bytes, not a ", tensorflow::DataTypeString(opt_.key_dtype),
                 " key (another table under this name?)"));
           }
           if (static_cast<int64_t>(v->len) != row_bytes_) {
             return absl::InvalidArgumentError(absl::StrCat(
-                "Redis ", backend_->Name(), ": hash '", hash, "' holds a row of ", v->len,
+                "Redis ", backend_->Name(), ": hash '", Printable(hash), "' holds a row of ", v->len,
                 " bytes, not ", row_bytes_, " (another table, or another dim, under this name?)"));
           }
           fields.emplace_back(f->str, f->len);

@@ -234,6 +234,32 @@ def test_layout_is_tfras_both_ways(server, creator):
         var.lookup(tf.constant([3], tf.int64))
 
 
+def test_md5_prefix_names_and_slices(server, tmp_path):
+    """using_md5_prefix_name: a binary hash name (TFRA's digest may hold a NUL byte, which broke
+    its size() and export()); standalone with storage_slice 2: every key in slice 0, as TFRA."""
+    for tag in range(40):       # a model tag whose digest has a NUL byte
+        name = f"md5_{tag}"
+        if b"\0" in rc.tfra_md5(f"{name}:hashed".encode()):
+            break
+    else:
+        pytest.skip("no digest with a NUL byte among 40 tags")
+    creator = de.RedisTableCreator(de.RedisTableConfig(redis_config_abs_dir=write_config(
+        tmp_path, server.port, using_md5_prefix_name=True, storage_slice=2,
+        model_tag_runtime=name)))
+    var = de.Variable(name="hashed", dim=2, kv_creator=creator)
+    table = var.tables[0].kv_table
+    assert table.hash_names == [rc.tfra_md5(f"{name}:hashed".encode()) + t.encode()
+                                for t in rc.hash_tags(2)]
+    var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    assert int(var.size()) == 3
+    assert sorted(var.export()[0].numpy().tolist()) == [1, 2, 3]
+    assert resp(server.port, "HLEN", table.hash_names[0]) == 3
+    assert resp(server.port, "EXISTS", table.hash_names[1]) == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="\\\\x"):   # named, escaped
+        resp(server.port, "HSET", table.hash_names[0], b"short", b"x")
+        var.export()
+
+
 def test_optimizer_slots_get_hashes_of_their_own(server, creator):
     var = de.get_variable("slotted", dim=2, kv_creator=creator,
                           initializer=tf.keras.initializers.Constant(0.5))
