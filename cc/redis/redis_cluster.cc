@@ -32,7 +32,9 @@ struct Crc16Table {
   Crc16Table() {
     for (int i = 0; i < 256; ++i) {
       uint16_t c = static_cast<uint16_t>(i << 8);
-      for (int k = 0; k < 8; ++k) c = (c & 0x8000) ? static_cast<uint16_t>((c << 1) ^ 0x1021) : static_cast<uint16_t>(c << 1);
+      for (int k = 0; k < 8; ++k) {
+        c = (c & 0x8000) ? static_cast<uint16_t>((c << 1) ^ 0x1021) : static_cast<uint16_t>(c << 1);
+      }
       t[i] = c;
     }
   }
@@ -52,7 +54,9 @@ int KeySlot(const char* p, size_t n) {
     }
   }
   uint16_t crc = 0;
-  for (size_t i = 0; i < n; ++i) crc = static_cast<uint16_t>((crc << 8) ^ kCrc16.t[((crc >> 8) ^ static_cast<uint8_t>(p[i])) & 0xFF]);
+  for (size_t i = 0; i < n; ++i) {
+    crc = static_cast<uint16_t>((crc << 8) ^ kCrc16.t[((crc >> 8) ^ static_cast<uint8_t>(p[i])) & 0xFF]);
+  }
   return crc % kSlots;
 }
 

@@ -9,14 +9,16 @@ Layout (TFRA 0.8.1's, so each side reads what the other wrote): slice i of a tab
 hash `<model_tag_runtime>:<name>{<tag_i>}` (tables/redis_config.py), a field is the key's raw
 bytes (little-endian integer, or the string) and its value the row's raw little-endian bytes.
 `<name>` is the variable's name with `/` as `_` (optimizer slots: `<var>_<Optimizer>_<slot>`,
-e.g. `emb_Adam_m`; TFRA's are named after the lookup instead, docs/redis.md). A variable on n > 1 devices keeps shard i (of 1..n) in a hash of its own,
-`<name>_mht_<i>of<n>`; TFRA puts every shard into `<name>` and so counts a key once per shard.
+e.g. `emb_Adam_m`; TFRA's are named after the lookup instead, docs/redis.md). A variable on
+n > 1 devices keeps shard i (of 1..n) in a hash of its own, `<name>_mht_<i>of<n>`; TFRA puts
+every shard into `<name>` and so counts a key once per shard.
 
 The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py reads it), in each
 of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master is asked of the
 sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
-are read by the kernel from the file, so that they never appear in a graph or SavedModel. A checkpoint holds the
-rows as for the other backends (TFRA's `table_store_mode` 0, whatever the file says).
+are read by the kernel from the file, so that they never appear in a graph or SavedModel. A
+checkpoint holds the rows as for the other backends (TFRA's `table_store_mode` 0, whatever the
+file says).
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
 it is built only where hiredis is installed (`make system-deps`), and creating a table without
@@ -356,7 +358,7 @@ class RedisKVCreator(base.KVCreator):
         >>> creator.create(tf.int64, tf.float32, dim=4, name="t")
         Traceback (most recent call last):
         ...
-        ValueError: Redis config file '/no/such.json' (from RedisTableConfig.redis_config_abs_dir) cannot be read: No such file or directory
+        ValueError: Redis config file '/no/such.json' (from ...) cannot be read: No such file ...
     """
 
     def __init__(self, config=None):
