@@ -1,7 +1,8 @@
 """`tfra-de serve` (inference/serve.py): a sharded export served by separate processes -- sparse
-shards over TF RPC (2 replicas each), the main shard behind TF Serving's REST API. Predictions
-equal the single-process model; a dead replica is skipped, a dead shard gives HTTP 503 naming it
-in bounded time, a restarted shard is used again. Every process is killed by pid at the end."""
+shards as TF Serving gRPC PredictionServices (2 replicas each), the main shard behind TF
+Serving's REST API. Predictions equal the single-process model; a dead replica is skipped, a dead
+shard gives HTTP 503 naming it in bounded time, a restarted shard is used again. Every process is
+killed by pid at the end."""
 
 import os
 import re
@@ -20,7 +21,7 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 from tests.inference.lines import wait_for_line
 from tfra_dynamic_embedding import inference
 from tfra_dynamic_embedding.distributed.cluster import free_port
-from tfra_dynamic_embedding.inference import rpc, serve
+from tfra_dynamic_embedding.inference import grpc_shards, serve
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
@@ -133,9 +134,14 @@ def test_serve_predicts_like_the_model_and_survives_shard_failures(setup):
             extra.append(subprocess.Popen(  # pylint: disable=consider-using-with
                 serve.shard_server_argv(os.path.join(export_dir, "shard_1"), address),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV))
-            wait_for_line(extra[-1], rpc.READY, timeout=60)
-        time.sleep(1.2)   # past the client's retry_after
+            wait_for_line(extra[-1], grpc_shards.READY, timeout=90)
+        # Found again within seconds (the client retries a set-aside replica after 1 s and
+        # reconnects at most a second apart): 503 until then, never a hang.
+        deadline = time.monotonic() + 15
         reply = served.predict(request)
+        while reply.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            reply = served.predict(request)
         assert reply.status_code == 200, reply.text
         assert np.max(np.abs(np.array(reply.json()["predictions"]).ravel() - expected)) <= 1e-6
     finally:
