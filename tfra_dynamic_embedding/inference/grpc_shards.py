@@ -4,10 +4,6 @@
     python -m tfra_dynamic_embedding.inference.grpc_shards --saved-model EXPORT/shard_0 \\
         --address localhost:8500        # model name: the directory's name, "shard_0"
 
-    client = ShardClient("shard_0", ["localhost:8500", "localhost:8502"])   # 2 replicas
-    pending = client.call("serving_default", {"t0_ids": ids, ...})   # issued, not awaited
-    outputs = pending.result()                                         # {output: np.ndarray}
-
 The server answers `PredictionService.Predict` (and `GetModelMetadata`, signature_def only) and
 `ModelService.GetModelStatus` with the messages of the `tensorflow-serving-api` package: the
 request's `model_spec.name` must be the shard's model name, `model_spec.signature_name` picks the
@@ -24,6 +20,24 @@ aside: requests skip it (unless every other one failed too) until a GetModelStat
 replica answers, `result()` raises `tf.errors.UnavailableError` naming the shard and its
 addresses -- after at most `timeout` seconds per replica. `call` only issues the RPC, so calls to
 several shards are in flight together; one client serves any number of threads.
+
+Example (a SavedModel served in this process, called through a client of its one replica):
+    >>> import tempfile
+    >>> import numpy as np, tensorflow as tf
+    >>> module = tf.Module()
+    >>> module.twice = tf.function(lambda ids: {"twice": 2 * ids},
+    ...                            input_signature=[tf.TensorSpec([None], tf.int64)])
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(folder.name, "shard_0")
+    >>> tf.saved_model.save(module, path, signatures={"serving_default": module.twice})
+    >>> server = start_server(path, "localhost:0")          # port 0: any free port
+    >>> server.model_name
+    'shard_0'
+    >>> client = ShardClient("shard_0", [f"localhost:{server.port}"], timeout=10)
+    >>> pending = client.call("serving_default", {"ids": np.array([1, 5])})   # in flight
+    >>> pending.result()
+    {'twice': array([ 2, 10])}
+    >>> client.close(); _ = server.stop(None).wait(); folder.cleanup()
 """
 
 import argparse
@@ -66,13 +80,8 @@ def _servicer_bases():
 
 def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
     """A servicer of PredictionService and ModelService for the SavedModel in `saved_model_dir`
-    (loaded here with `tf.saved_model.load`), answering for `model_name` at `version`.
-
-    Example:
-        servicer = make_servicer("/tmp/sharded/shard_0", "shard_0")
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
-        add_to_server(servicer, server)
-    """
+    (loaded here with `tf.saved_model.load`), answering for `model_name` at `version`;
+    `add_to_server` registers it (`start_server` does both: the module docstring's example)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
     from tensorflow_serving.apis import get_model_metadata_pb2  # pylint: disable=import-outside-toplevel
@@ -204,7 +213,8 @@ def add_to_server(servicer, server):
 
 def start_server(saved_model_dir, address, model_name=None, threads=8):
     """A started gRPC server serving the SavedModel in `saved_model_dir` at `address`
-    ("host:port"); the model name defaults to the directory's name (e.g. "shard_0")."""
+    ("host:port"; port 0 picks a free one: `server.port`); the model name defaults to the
+    directory's name (e.g. "shard_0"): `server.model_name`."""
     model_name = model_name or os.path.basename(os.path.normpath(saved_model_dir))
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer; got {threads!r}")
@@ -219,6 +229,7 @@ def start_server(saved_model_dir, address, model_name=None, threads=8):
     if not port:
         raise ValueError(f"address {address!r}: cannot listen there")
     server.start()
+    server.port = port
     server.model_name = model_name
     server.servicer = servicer   # keeps the loaded SavedModel alive with the server
     return server
@@ -264,9 +275,7 @@ class ShardClient:
       retry_after: seconds after a failure before a replica set aside is probed again.
       model_name: `model_spec.name` of the requests (default: `name`).
 
-    Example:
-        client = ShardClient("shard_0", ["localhost:8500"], timeout=5.0)
-        pooled = client.predict("serving_default", inputs)   # call(...).result()
+    Usage: the module docstring's example; `RemoteShardedModel` (serve.py) holds one per shard.
     """
 
     def __init__(self, name, addresses, timeout=5.0, retry_after=1.0, model_name=None):
@@ -376,6 +385,7 @@ class PendingCall:
     def __init__(self, shard, request):
         self._shard, self._request = shard, request
         self._tried, self._errors = [], []
+        self._outputs = None
         self._current = self._next()
 
     def _next(self):
@@ -391,6 +401,8 @@ class PendingCall:
         `tf.errors.OpError` (InvalidArgumentError for a bad input)."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         shard = self._shard
+        if self._outputs is not None:
+            return self._outputs
         while self._current is not None:
             index, future = self._current
             try:
@@ -407,7 +419,9 @@ class PendingCall:
                 continue
             shard.answered(index)
             self._current = None
-            return {key: tf.make_ndarray(value) for key, value in response.outputs.items()}
+            self._outputs = {key: tf.make_ndarray(value)
+                             for key, value in response.outputs.items()}
+            return self._outputs
         raise tf.errors.UnavailableError(
             None, None, f"shard {shard.name!r} did not answer "
             f"{self._request.model_spec.signature_name!r} on any replica "

@@ -32,10 +32,8 @@ class RemoteShardedModel:
       shard_addresses: {shard name: ["host:port", ...]} (replicas) for every shard of it.
       timeout: seconds a replica may take to answer.
 
-    Example:
-        model = RemoteShardedModel("/tmp/sharded", {"shard_0": ["localhost:8500"]})
-        model.predict({"dense": ..., "ids": ...})    # {"prediction": np.ndarray}
-        model.close()
+    Usage (shard processes from `start_shards`, `predict` as the trained model predicts, `close`):
+    benchmarks/distributed_inference.py; docs/serving.md, "Serving in separate processes".
     """
 
     def __init__(self, export_dir, shard_addresses, timeout=5.0):
