@@ -15,11 +15,12 @@ The client keeps one gRPC channel per replica (keepalive pings, reconnect backof
 a restarted replica is found within seconds) and gives every call a deadline of `timeout`
 seconds. Calls go round-robin over the replicas; a call that fails with UNAVAILABLE or
 DEADLINE_EXCEEDED is re-issued on the next replica not yet tried, and the failed replica is set
-aside: requests skip it (unless every other one failed too) until a GetModelStatus probe, sent
-`retry_after` seconds later and again after every failed probe, finds it answering. When no
-replica answers, `result()` raises `tf.errors.UnavailableError` naming the shard and its
-addresses -- after at most `timeout` seconds per replica. `call` only issues the RPC, so calls to
-several shards are in flight together; one client serves any number of threads.
+aside: requests skip it (unless every other one failed too) until a GetModelStatus probe finds it
+answering; a probe goes out beside the first request `retry_after` seconds or more after the
+failure (or after the last failed probe), so no request waits on it. When no replica answers,
+`result()` raises `tf.errors.UnavailableError` naming the shard and its addresses -- after at
+most `timeout` seconds per replica. `call` only issues the RPC, so calls to several shards are in
+flight together; one client serves any number of threads.
 
 Example (a SavedModel served in this process, called through a client of its one replica):
     >>> import tempfile
