@@ -5,7 +5,7 @@
 #                `bazel test //...` still loads and analyses (`make bazel-test` runs it in full)
 #   make demo    run the end-to-end demo of the command line tool
 #   make demo-cluster  the demo on a local cluster: tables on 2 PS processes, 2 asynchronous
-#                      workers (tfra-de demo --ps 2 --workers 2; about 2 minutes)
+#                      workers (tfra-de demo --ps 2 --workers 2; about a minute)
 #   make ops     rebuild the native op libraries (incremental; the Redis one where hiredis is)
 #   make bench   run the benchmarks in benchmarks/ (optional; never fails on speed)
 #   make clean   remove build outputs (keeps .venv);  make distclean  also removes .venv

@@ -1,5 +1,5 @@
 """Distributed inference: a DLRM-like model served in one process against a main shard calling
-1, 2, 4 or 8 sparse-shard processes over TF RPC, placed by capacity-balanced, load-balanced and
+1, 2, 4 or 8 sparse-shard processes over gRPC (TF Serving's PredictionService), placed by capacity-balanced, load-balanced and
 nsbp (network-specific bin packing) plans -- the comparisons of Lui et al. 2020, "Understanding
 Capacity-Driven Scale-Out Neural Recommendation Inference".
 
@@ -27,7 +27,7 @@ production query sizes -- most requests small, a tail of large ones that sets P9
 Configurations:
   single               the 1-shard export served in this process by `compose.load_sharded`: the
                        same route / combine / main code path, shard SavedModels called in-process
-                       (no RPC, no other process)
+                       (no gRPC, no other process)
   1-shard              `serve.RemoteShardedModel` (main in this process) + one shard process
   <strategy>/<n>       the same with the plan of `strategy` over n shard processes
 Each is timed serially (one request at a time) and concurrently (closed loop: 8 client threads
@@ -366,6 +366,7 @@ def main(argv=None):
         for request in requests[:args.warmup]:
             remote.predict(request)
         baseline = rss_mb(cluster.processes[("shard_0", 0)].pid)
+        remote.close()
         cluster.close()
         clusters.remove(cluster)
         del remote
@@ -411,6 +412,7 @@ def main(argv=None):
                 tables_per_shard=[sum(p.shard == s for f in manifest.features
                                       for p in f.pieces) for s in shards])
             results[label] = result
+            remote.close()
             cluster.close()
             clusters.remove(cluster)
             del remote

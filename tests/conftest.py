@@ -63,7 +63,7 @@ LONGEST_FILES_FIRST = (
     "tests/keras/test_models.py",
     "tests/test_file_system_atomic.py",
     "tests/placement/test_gpu_profile.py",
-    "tests/inference/test_rpc.py",
+    "tests/inference/test_grpc_shards.py",
     "tests/online/test_eviction.py",
     "tests/inference/test_export.py",
     "tests/keras/test_layers.py",

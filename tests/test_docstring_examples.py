@@ -18,7 +18,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "tfra_dynamic_embedding"
 SCOPE = ("__init__.py", "_tf_private.py", "variable.py", "embedding_ops.py", "trainable.py",
-         "optimizer.py", "initializers.py", "scopes.py", "checkpoint.py", "hooks.py", "cli.py",
+         "optimizer", "initializers.py", "scopes.py", "checkpoint.py", "hooks.py", "cli.py",
+         "table_updates.py", "grouped_lookup.py", "devices.py", "typed_inputs.py",
+         "variable_files.py",
          "tables", "online", "compat", "keras", "placement", "inference", "distributed", "demo")
 OPTIONS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 

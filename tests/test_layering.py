@@ -16,9 +16,11 @@ PACKAGE = "tfra_dynamic_embedding"
 ROOT = os.path.dirname(tfra_dynamic_embedding.__file__)
 # The core: these modules and everything under these packages.
 CORE = ("_tf_private", "hooks", "tables", "initializers", "variable", "scopes", "embedding_ops",
-        "trainable", "optimizer", "checkpoint", "online")
+        "trainable", "optimizer", "checkpoint", "online", "table_updates", "grouped_lookup",
+        "devices", "typed_inputs", "variable_files")
 # What variable.py may import: only what sits below it.
-BELOW_VARIABLE = ("_tf_private", "hooks", "tables", "initializers", "trainable", "checkpoint")
+BELOW_VARIABLE = ("_tf_private", "hooks", "tables", "initializers", "trainable", "checkpoint",
+                  "devices", "typed_inputs", "variable_files")
 
 
 def _graph():

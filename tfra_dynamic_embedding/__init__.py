@@ -49,7 +49,7 @@ _EXPORTS = {
     "get_model_mode": "tfra_dynamic_embedding.trainable",
     "trainable_wrapper_filter": "tfra_dynamic_embedding.trainable",
     "Variable": "tfra_dynamic_embedding.variable",
-    "default_partition_fn": "tfra_dynamic_embedding.variable",
+    "default_partition_fn": "tfra_dynamic_embedding.devices",
     "embedding_lookup": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_sparse": "tfra_dynamic_embedding.embedding_ops",
     "embedding_lookup_unique": "tfra_dynamic_embedding.embedding_ops",

@@ -10,7 +10,7 @@ No other module of the package imports `tensorflow.python` or reads `tf.__intern
 
 Not routed through here, because they are overrides rather than look-ups: the protected hooks a
 subclass of a TF/Keras optimizer implements or calls on `super()` (`_create_slots`,
-`_get_or_make_slot`, `_resource_apply_*`, ... in optimizer.py) and the Trackable hooks our own
+`_get_or_make_slot`, `_resource_apply_*`, ... in optimizer/) and the Trackable hooks our own
 trackables implement (`_serialize_to_tensors`, `_restore_from_tensors`, `_track_trackable`).
 """
 

@@ -8,7 +8,7 @@ correction, weight decay) are evaluated on the trainer each step, as the optimiz
 would, and sent as numbers.
 
 Rules by optimizer (the same numbers as the optimizer's own update; anything else keeps the
-trainer-side path of optimizer.py):
+trainer-side path of optimizer/base.py):
 
 | rule            | tf.compat.v1.train      | Keras 3 / tf_keras          | tf_keras legacy            |
 |-----------------|-------------------------|-----------------------------|----------------------------|
@@ -34,7 +34,7 @@ Example:
     ...     loss = tf.reduce_sum(emb)
     >>> _ = opt.apply_gradients(zip(tape.gradient(loss, [wrapper]), [wrapper]))
     >>> rows = de.embedding_lookup(w, ids).numpy()   # 1 - 0.5 * 1 / sqrt(0.1 + 1 + 1e-7)
-    >>> rows.round(4).tolist()
+    >>> rows.astype("float64").round(4).tolist()
     [[0.5233, 0.5233], [0.5233, 0.5233]]
 """
 

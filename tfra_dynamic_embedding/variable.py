@@ -16,22 +16,29 @@ Example:
 """
 
 import collections.abc
-import contextlib
 import copy
 import dataclasses
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
+from tfra_dynamic_embedding import devices as devices_lib
 from tfra_dynamic_embedding import hooks as hooks_lib
 from tfra_dynamic_embedding import initializers
 from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding import trainable as trainable_lib
-from tfra_dynamic_embedding.tables import files
+from tfra_dynamic_embedding import typed_inputs
+from tfra_dynamic_embedding import variable_files
 from tfra_dynamic_embedding.tables import native_slots
+
+# Errors and conversions of inputs (typed_inputs.py), named here as well: callers use both.
+DTypeError = typed_inputs.DTypeError
+ShapeError = typed_inputs.ShapeError
+typed_tensor = typed_inputs.typed_tensor
+scope_name = typed_inputs.scope_name
+default_partition_fn = devices_lib.default_partition_fn
 
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 VALUE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -53,18 +60,6 @@ class GraphKeys:
     are not added automatically."""
     DYNAMIC_EMBEDDING_VARIABLES = "dynamic_embedding_variables"
     TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
-
-
-class DTypeError(TypeError, ValueError):
-    """A tensor of the wrong dtype was passed (both a TypeError and a ValueError, like TF's)."""
-
-
-class ShapeError(ValueError, tf.errors.InvalidArgumentError):
-    """Rows of the wrong shape, caught when the op is built: a ValueError, and also the
-    InvalidArgumentError ("Expected shape ...") that TFRA's table kernels raise when run."""
-
-    def __init__(self, message):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,19 +86,7 @@ class Shards:
         return len(self.tables)
 
 
-def default_partition_fn(keys, shard_num):
-    """Shard id of every key: `keys mod shard_num` (never negative) or a stable string hash.
-
-    Example:
-        >>> default_partition_fn(tf.constant([-1, 5], tf.int64), 4)
-        <tf.Tensor: shape=(2,), dtype=int32, numpy=array([3, 1], dtype=int32)>
-    """
-    if keys.dtype == tf.string:
-        return tf.cast(tf.strings.to_hash_bucket_fast(keys, shard_num), tf.int32)
-    return tf.cast(tf.math.floormod(keys, tf.cast(shard_num, keys.dtype)), tf.int32)
-
-
-class Variable(_tf_private.AutoTrackable):
+class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
     """A dynamic embedding table: `key -> [dim]` rows in one hash table per device.
 
     Args:
@@ -160,8 +143,8 @@ class Variable(_tf_private.AutoTrackable):
                  eviction=None,
                  admission=None):
         self._short_file_name = bool(short_file_name)
-        self._key_dtype = _checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
-        self._value_dtype = _checked_dtype(value_dtype, VALUE_DTYPES + BUILTIN_VALUE_DTYPES,
+        self._key_dtype = typed_inputs.checked_dtype(key_dtype, KEY_DTYPES, "key_dtype")
+        self._value_dtype = typed_inputs.checked_dtype(value_dtype, VALUE_DTYPES + BUILTIN_VALUE_DTYPES,
                                            "value_dtype")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int; got {dim!r}")
@@ -173,7 +156,7 @@ class Variable(_tf_private.AutoTrackable):
             raise ValueError(f"name must be a non-empty string; got {name!r}")
         self._dim = dim
         self._name = name
-        self._devices = _device_list(devices)
+        self._devices = devices_lib.device_list(devices)
         self._partitioner = partitioner
         self._initializer = initializer
         # What the shard tables draw missing keys' rows from (a description; each backend draws
@@ -604,103 +587,10 @@ class Variable(_tf_private.AutoTrackable):
             if self.shard_num == 1:
                 return self._tables[0].import_(flat_keys, flat_values)
             # Split where the rows are (e.g. a PS that restored them), not on the client.
-            with _task_cpu_scope(keys.device or self._tables[0].device):
+            with devices_lib.task_cpu_scope(keys.device or self._tables[0].device):
                 parts, positions = self._partition(flat_keys)
                 parts = [(p, tf.gather(flat_values, pos)) for p, pos in zip(parts, positions)]
             return tf.group(*[t.import_(p, v) for t, (p, v) in zip(self._tables, parts)])
-
-    # -- files (TFRA's save_to_file_system; see tables/files.py) --------------------------
-    def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
-                            dirpath_env=files.ENV_DIR, append_to_file=False,
-                            buffer_size=4194304, name=None):
-        """Op saving every shard, all or nothing: shard i goes to
-        `<name>_mht_<i+1>of<n>_rank<proc_rank>_size<proc_size>` (or `file_name_list[i]`) in a new
-        generation directory under `dirpath`, then one atomic rename commits them together (layout
-        in tables/files.py). `$TFRA_SAVED_KV` overrides `dirpath`, which may be a string tensor.
-        `buffer_size` is accepted for TFRA compatibility (native files stream in ~1 MB blocks).
-
-        Example:
-            >>> import os, tempfile
-            >>> w = Variable(dim=2, devices=["/CPU:0", "/CPU:0"], name="files_w")
-            >>> _ = w.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
-            >>> folder = tempfile.mkdtemp()
-            >>> _ = w.save_to_file_system(folder, proc_size=2, proc_rank=1)
-            >>> sorted(f for _, _, files in os.walk(folder) for f in files)
-            [...'files_w_mht_1of2_rank1_size2'..., ...'files_w_mht_2of2_rank1_size2'...]
-        """
-        del buffer_size
-        if append_to_file:
-            raise ValueError("append_to_file=True is not supported: every save writes whole, "
-                             "checksummed shard files")
-        checkpoint_lib.check_ranks(proc_size, proc_rank)
-        directory = files.resolve_dir(dirpath, dirpath_env)
-        names = self._shard_file_names(file_name_list, proc_rank, proc_size)
-        with tf.name_scope(name or scope_name(self._name + "_save_to_file_system")):
-            return files.save_shards(self._tables, directory, self._name, names, proc_rank,
-                                     proc_size)
-
-    def load_from_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
-                              dirpath_env=files.ENV_DIR, load_entire_dir=False,
-                              buffer_size=4194304, name=None):
-        """Op replacing the content with the last committed `save_to_file_system` (or plain
-        TFRA-layout files where nothing was committed): shard i reads its own file (same shard
-        count), or with `load_entire_dir=True` every shard file of this variable in the directory,
-        any rank and shard count, is read and re-partitioned over the current shards. Which save
-        is read is decided when the op runs."""
-        del buffer_size
-        checkpoint_lib.check_ranks(proc_size, proc_rank)
-        directory = files.resolve_dir(dirpath, dirpath_env)
-        with tf.name_scope(name or scope_name(self._name + "_load_from_file_system")):
-            if load_entire_dir:
-                return self._load_files(directory)
-            names = self._shard_file_names(file_name_list, proc_rank, proc_size)
-            prefixes = files.shard_prefixes(directory, self._name, names, proc_rank, proc_size)
-            return files.load_shards(self._tables, prefixes)
-
-    def load_from_file_system_with_restore_function(self, dirpath, proc_size=1, proc_rank=0,
-                                                    buffer_size=4194304):
-        """Op loading every shard file of this variable in `dirpath` (committed saves, see
-        `load_from_file_system`), whatever shard count and rank wrote them, re-partitioned over the
-        current shards. With `proc_size` > 1 only the keys of rank `proc_rank`
-        (`key % proc_size == proc_rank`, as `default_partition_fn`)."""
-        del buffer_size
-        checkpoint_lib.check_ranks(proc_size, proc_rank)
-        with tf.name_scope(scope_name(self._name + "_load_from_file_system")):
-            return self._load_files(files.resolve_dir(dirpath, None), proc_size, proc_rank)
-
-    def _shard_file_names(self, file_name_list, proc_rank, proc_size):
-        if file_name_list is None:
-            return [files.shard_file_name(self._name, i, self.shard_num, proc_rank,
-                                                proc_size) for i in range(self.shard_num)]
-        if len(file_name_list) != self.shard_num:
-            raise ValueError(f"file_name_list must name one file per shard ({self.shard_num}); "
-                             f"got {len(file_name_list)}")
-        if not all(isinstance(n, str) and n and "/" not in n for n in file_name_list):
-            raise ValueError(f"file_name_list must hold plain file names; got {file_name_list!r}")
-        return list(file_name_list)
-
-    def _load_files(self, directory, proc_size=1, proc_rank=0):
-        if len({_task_cpu(d) for d in self._devices}) > 1:
-            # Shards on several tasks (PSs): each task reads the files and keeps its own keys
-            # (Paddle's PS-side load); no row passes through the client.
-            loads = []
-            for i, table in enumerate(self._tables):
-                with _task_cpu_scope(table.device):
-                    keys, values = self._read_files(directory, proc_size, proc_rank)
-                    ids = tf.cast(self._partitioner(keys, self.shard_num), tf.int32)
-                    mine = tf.equal(ids, i)
-                    loads.append(table.import_(tf.boolean_mask(keys, mine),
-                                               tf.boolean_mask(values, mine)))
-            return tf.group(*loads)
-        return self.import_(*self._read_files(directory, proc_size, proc_rank))
-
-    def _read_files(self, directory, proc_size, proc_rank):
-        keys, values = files.read_files(files.variable_files(directory, self._name),
-                                        self._key_dtype, self._value_dtype, self._dim)
-        if proc_size > 1:
-            mine = tf.equal(default_partition_fn(keys, proc_size), proc_rank)
-            keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
-        return keys, values
 
     def get_slot_variables(self, optimizer):
         """The slot `de.Variable`s that `optimizer` (a DynamicEmbeddingOptimizer) made for this."""
@@ -712,7 +602,7 @@ class Variable(_tf_private.AutoTrackable):
             return {}
         # Joined on the first shard's task, whose SaveV2 writes them (TF saves a tensor where it
         # lives): on a cluster the rows go PS to PS, never through the client.
-        with _task_cpu_scope(self._tables[0].device):
+        with devices_lib.task_cpu_scope(self._tables[0].device):
             keys, values = self.export()
         return {checkpoint_lib.KEYS: keys, checkpoint_lib.VALUES: values}
 
@@ -779,10 +669,10 @@ class Variable(_tf_private.AutoTrackable):
 
     # -- helpers ----------------------------------------------------------------------------
     def _keys_tensor(self, keys):
-        return typed_tensor(keys, self._key_dtype, "keys")
+        return typed_inputs.typed_tensor(keys, self._key_dtype, "keys")
 
     def _values_tensor(self, values, keys, arg):
-        values = typed_tensor(values, self._value_dtype, arg)
+        values = typed_inputs.typed_tensor(values, self._value_dtype, arg)
         expected = keys.shape.concatenate([self._dim])
         if not values.shape.is_compatible_with(expected):
             raise ShapeError(
@@ -860,121 +750,3 @@ class Variable(_tf_private.AutoTrackable):
     def __repr__(self):
         return (f"<de.Variable '{self._name}' key_dtype={self._key_dtype.name} "
                 f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>")
-
-
-# -- small helpers ----------------------------------------------------------------------------
-def _checked_dtype(dtype, allowed, arg):
-    try:
-        dtype = tf.as_dtype(dtype)
-    except TypeError as error:
-        raise DTypeError(f"{arg} must be a TensorFlow dtype; got {dtype!r}") from error
-    if dtype not in allowed:
-        raise DTypeError(f"{arg} must be one of {[d.name for d in allowed]}; got {dtype.name}")
-    return dtype
-
-
-def typed_tensor(value, dtype, arg):
-    """`value` as a tensor of `dtype`, as TFRA's `convert_to_tensor(value, dtype)` makes it: a
-    tensor (or variable) of another dtype is an error naming `arg` and both dtypes, never cast
-    (a float64 tensor into float32 rows would turn 1e300 into inf unseen); numpy values, lists
-    and numbers are converted (numpy floats to another float width, numpy integers where every
-    value fits `dtype`).
-
-    Example:
-        >>> typed_tensor(np.array([0.5]), tf.float32, "values").dtype
-        tf.float32
-        >>> typed_tensor(tf.constant([0.5], tf.float64), tf.float32, "rows")
-        Traceback (most recent call last):
-        ...
-        tfra_dynamic_embedding.variable.DTypeError: rows must have dtype float32; got float64 (...)
-    """
-    if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-        raise DTypeError(f"{arg} must be a dense tensor; got {type(value).__name__}")
-    if isinstance(value, (np.ndarray, np.generic)):
-        _check_numpy(value, dtype, arg)
-    elif hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
-        got = tf.as_dtype(value.dtype)
-        if got != dtype:
-            raise DTypeError(f"{arg} must have dtype {dtype.name}; got {got.name} (Tensor "
-                             f"conversion requested dtype {dtype.name} for Tensor with dtype "
-                             f"{got.name}; tf.cast it first)")
-    try:
-        return tf.convert_to_tensor(value, dtype=dtype)
-    except (TypeError, ValueError) as error:
-        raise DTypeError(f"{arg} must be convertible to a {dtype.name} tensor: {error}") from error
-
-
-def _check_numpy(value, dtype, arg):
-    """Whether a numpy `value` converts to `dtype` without changing kind or wrapping around:
-    numbers to floats, integers to integers that hold every value; else a DTypeError."""
-    try:
-        got = tf.as_dtype(value.dtype)
-    except TypeError:
-        return   # (e.g. an object array) as TF converts it, or says why not
-    if got == dtype or (dtype.is_floating and (got.is_floating or got.is_integer)):
-        return
-    if dtype.is_integer and got.is_integer:
-        if value.size == 0 or (value.min() >= dtype.min and value.max() <= dtype.max):
-            return
-        raise DTypeError(f"{arg} must have dtype {dtype.name}; got a numpy {got.name} array "
-                         f"with values outside its range [{dtype.min}, {dtype.max}]")
-    raise DTypeError(f"{arg} must have dtype {dtype.name}; got a numpy {got.name} array")
-
-
-def _device_list(devices):
-    if devices is None:
-        current = _current_device()
-        return [current] if current else (_ps_strategy_devices() or [current])
-    if isinstance(devices, (str, tf.DeviceSpec)):
-        devices = [devices]
-    if not isinstance(devices, collections.abc.Iterable):
-        raise ValueError(f"devices must be a device string or a non-empty list of them; "
-                         f"got {devices!r}")
-    devices = [d.to_string() if isinstance(d, tf.DeviceSpec) else d for d in devices]
-    if not devices or not all(isinstance(d, str) for d in devices):
-        raise ValueError(f"devices must be a device string or a non-empty list of them; "
-                         f"got {devices!r}")
-    for device in devices:
-        try:
-            tf.DeviceSpec.from_string(device)
-        except ValueError as error:
-            raise ValueError(f"devices: {device!r} is not a device name ({error})") from None
-    return devices
-
-
-def _ps_strategy_devices():
-    """Under a `tf.distribute.ParameterServerStrategy` (its scope or a replica of it): one
-    device per PS task of its cluster, `/job:ps/replica:0/task:<i>`; else None."""
-    if trainable_lib.current_ps_strategy() is None:
-        return None
-    # The strategy connected this process to its cluster: the PS tasks' devices are listed.
-    specs = (tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices())
-    tasks = sorted({spec.task for spec in specs if spec.job == "ps"})
-    return [f"/job:ps/replica:0/task:{i}" for i in tasks] or None
-
-
-def _task_cpu(device):
-    """The CPU of `device`'s task ('' for no device): where file, split and join ops of a shard
-    run (they have CPU kernels)."""
-    if not device:
-        return ""
-    return tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0).to_string()
-
-
-def _task_cpu_scope(device):
-    """`tf.device` of `_task_cpu(device)`, or no scope for no device."""
-    cpu = _task_cpu(device)
-    return tf.device(cpu) if cpu else contextlib.nullcontext()
-
-
-def _current_device():
-    """The device of the enclosing `tf.device` scope ('' when there is none)."""
-    if tf.executing_eagerly():
-        return _tf_private.eager_device_name()
-    return tf.no_op(name="device_probe").device  # a throwaway op picks up the device scope
-
-
-def scope_name(name):
-    """A valid name scope from a variable name (scope slashes become underscores)."""
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    return cleaned.lstrip("._-") or "de"

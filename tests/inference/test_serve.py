@@ -1,15 +1,18 @@
 """`tfra-de serve` (inference/serve.py): a sharded export served by separate processes -- sparse
-shards over TF RPC (2 replicas each), the main shard behind TF Serving's REST API. Predictions
-equal the single-process model; a dead replica is skipped, a dead shard gives HTTP 503 naming it
-in bounded time, a restarted shard is used again. Every process is killed by pid at the end."""
+shards as TF Serving gRPC PredictionServices (2 replicas each), the main shard behind TF
+Serving's REST API. Predictions equal the single-process model; a dead replica is skipped, a dead
+shard gives HTTP 503 naming it in bounded time, a restarted shard is used again. Every process is
+killed by pid at the end."""
 
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import grpc
 import keras
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 from tests.inference.lines import wait_for_line
 from tfra_dynamic_embedding import inference
 from tfra_dynamic_embedding.distributed.cluster import free_port
-from tfra_dynamic_embedding.inference import rpc, serve
+from tfra_dynamic_embedding.inference import grpc_shards, serve
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
@@ -61,20 +64,28 @@ def _instances(request):
 
 
 class Served:
-    """`tfra-de serve` as a subprocess, its shard processes' pids parsed from its output."""
+    """`tfra-de serve` as a subprocess, its shard processes' pids parsed from its output;
+    `close()` stops it (SIGTERM, then SIGKILL by pid) -- also when the start fails."""
 
-    def __init__(self, export_dir, log_path):
+    def __init__(self, export_dir, log_path, timeout=2.0):
         self.port = free_port()
         self.log_path = log_path
+        self.replicas = {}
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", "tfra_dynamic_embedding.cli", "serve", export_dir,
-                 "--port", str(self.port), "--replicas", "2", "--timeout", "2",
-                 "--model-name", "m"], stdout=log, stderr=subprocess.STDOUT, env=ENV)
-        deadline = time.monotonic() + 180
-        while serve.READY not in self.log():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()[-3000:]
-            time.sleep(0.1)
+                 "--port", str(self.port), "--replicas", "2", "--timeout", str(timeout),
+                 "--model-name", "m"], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=ENV)
+        try:
+            deadline = time.monotonic() + 180
+            while serve.READY not in self.log():
+                assert self.proc.poll() is None and time.monotonic() < deadline, \
+                    self.log()[-3000:]
+                time.sleep(0.1)
+        except BaseException:
+            self.close()
+            raise
         self.replicas = {(m[0], int(m[1])): (m[2], int(m[3])) for m in re.findall(
             r"(shard_\d+) replica (\d+) at (\S+) \(pid (\d+)\)", self.log())}
         self.url = f"http://localhost:{self.port}/v1/models/m:predict"
@@ -85,6 +96,16 @@ class Served:
 
     def predict(self, request):
         return requests.post(self.url, json={"instances": _instances(request)}, timeout=60)
+
+    def close(self):
+        """SIGTERM (the serve process takes its shard processes down), SIGKILL after 30 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -133,23 +154,173 @@ def test_serve_predicts_like_the_model_and_survives_shard_failures(setup):
             extra.append(subprocess.Popen(  # pylint: disable=consider-using-with
                 serve.shard_server_argv(os.path.join(export_dir, "shard_1"), address),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV))
-            wait_for_line(extra[-1], rpc.READY, timeout=60)
-        time.sleep(1.2)   # past the client's retry_after
+            wait_for_line(extra[-1], grpc_shards.READY, timeout=90)
+        # Found again within seconds (the client retries a set-aside replica after 1 s and
+        # reconnects at most a second apart): 503 until then, never a hang.
+        deadline = time.monotonic() + 15
         reply = served.predict(request)
+        while reply.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            reply = served.predict(request)
         assert reply.status_code == 200, reply.text
         assert np.max(np.abs(np.array(reply.json()["predictions"]).ravel() - expected)) <= 1e-6
     finally:
-        served.proc.send_signal(signal.SIGTERM)
-        try:
-            served.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            served.proc.kill()
-            served.proc.wait()
+        served.close()
         for proc in extra:
             proc.kill()
-            proc.wait()
+            proc.wait(30)
     # The serve process took its shard processes down with it.
     time.sleep(0.5)
     for _, pid in served.replicas.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# -- under load: 16 concurrent clients, a replica killed and restarted -------------------------------
+
+CLIENTS = 16
+TIMEOUT = 10.0   # the served --timeout: every request, failover included, must answer within it
+
+
+def _jobs(model, seed, count):
+    """`count` (request, the Keras model's predictions) pairs of 1-12 rows each."""
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for _ in range(count):
+        request = _request(rng, int(rng.integers(1, 13)))
+        expected = model({k: tf.constant(v) for k, v in request.items()}).numpy().ravel()
+        jobs.append((request, expected))
+    return jobs
+
+
+def _hammer(served, jobs, when=None, at=None, limit=180.0):
+    """Sends `jobs` from CLIENTS threads at once, in a closed loop (all threads released
+    together); calls `when()` once `at` requests have been answered. Returns one (HTTP status,
+    max |served - expected| or the error text, seconds) per job."""
+    results, lock, ids = [None] * len(jobs), threading.Lock(), iter(range(len(jobs)))
+    start = threading.Barrier(CLIENTS + 1)
+
+    def client():
+        start.wait(60)
+        while True:
+            with lock:
+                index = next(ids, None)
+            if index is None:
+                return
+            request, expected = jobs[index]
+            began = time.monotonic()
+            try:
+                reply = served.predict(request)
+                outcome = (float(np.max(np.abs(np.array(reply.json()["predictions"]).ravel()
+                                                - expected)))
+                           if reply.status_code == 200 else reply.text)
+                results[index] = (reply.status_code, outcome, time.monotonic() - began)
+            except (requests.RequestException, ValueError) as error:
+                results[index] = (None, repr(error), time.monotonic() - began)
+
+    # Daemon threads: a failed assertion here never leaves the test process hanging on them (and
+    # every request has its own 60 s timeout).
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    start.wait(60)
+    deadline = time.monotonic() + limit
+    while any(thread.is_alive() for thread in threads):
+        assert time.monotonic() < deadline, f"requests still running after {limit:.0f} s"
+        if when is not None and sum(r is not None for r in results) >= at:
+            when()
+            when = None
+        time.sleep(0.01)
+    return results
+
+
+def _assert_all_right(results, served, what):
+    wrong = [(i, r) for i, r in enumerate(results) if r is None or r[0] != 200 or r[1] > 1e-6]
+    assert not wrong, f"{what}: {len(wrong)} of {len(results)} wrong, e.g. {wrong[:3]}"
+    slowest = max(r[2] for r in results)
+    assert slowest < TIMEOUT, f"{what}: a request took {slowest:.1f} s"
+    assert served.proc.poll() is None, f"{what}: serve exited:\n{served.log()[-3000:]}"
+
+
+def _assert_gone(pids, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"process {pid} still running"
+            time.sleep(0.1)
+
+
+def test_16_concurrent_clients_and_a_killed_replica(setup):
+    """A fresh server's very first requests come from 16 threads at once; then one replica of
+    shard_0 is SIGKILLed under that load (every request still answers, exactly, within the
+    timeout), restarted at its address, and serves again (its twin killed in turn)."""
+    model, export_dir, work = setup
+    first, during, after = (_jobs(model, seed, count)
+                            for seed, count in ((1, 4 * CLIENTS), (2, 10 * CLIENTS),
+                                                (3, 4 * CLIENTS)))
+    served, extra = Served(export_dir, str(work / "load.log"), timeout=TIMEOUT), []
+    try:
+        _assert_all_right(_hammer(served, first), served, "first requests")
+
+        address, pid = served.replicas[("shard_0", 0)]
+        killed = []
+        results = _hammer(served, during, at=len(during) // 4,
+                          when=lambda: killed.append(os.kill(pid, signal.SIGKILL)))
+        assert killed, "the replica was not killed during the load"
+        _assert_all_right(results, served, "replica shard_0/0 killed under load")
+
+        extra.append(subprocess.Popen(  # pylint: disable=consider-using-with
+            serve.shard_server_argv(os.path.join(export_dir, "shard_0"), address),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, env=ENV))
+        wait_for_line(extra[-1], grpc_shards.READY, timeout=90)
+        os.kill(served.replicas[("shard_0", 1)][1], signal.SIGKILL)   # only the restarted one left
+        _assert_all_right(_hammer(served, after), served, "restarted shard_0/0 alone")
+    finally:
+        served.close()
+        for proc in extra:
+            proc.kill()
+            proc.wait(30)
+    _assert_gone([pid for _, pid in served.replicas.values()])
+
+
+def test_a_stock_tf_serving_client_calls_a_shard_of_the_export(setup):
+    """A shard process of `tfra-de serve` answers TF Serving's own client: model name
+    `shard_<i>`, signature serving_default, the routed inputs; the same sums as the shard
+    SavedModel in process."""
+    from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=import-outside-toplevel
+    _, export_dir, _ = setup
+    local = inference.load_sharded(export_dir)
+    routed = inference.route(local.manifest, _request(np.random.default_rng(4), 6))
+    procs = {}
+    try:
+        for shard in routed.shard_inputs:
+            address = f"localhost:{free_port()}"
+            procs[shard] = (address, subprocess.Popen(  # pylint: disable=consider-using-with
+                serve.shard_server_argv(os.path.join(export_dir, shard), address),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                text=True, env=ENV))
+        for shard, (address, proc) in procs.items():
+            wait_for_line(proc, grpc_shards.READY, timeout=90)
+            inputs = routed.shard_inputs[shard]
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = shard
+            request.model_spec.signature_name = "serving_default"
+            for key, value in inputs.items():
+                request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+            with grpc.insecure_channel(address) as channel:
+                reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+                    request, timeout=30)
+            expected = local.call_shard(shard, inputs)
+            assert sorted(reply.outputs) == sorted(expected)
+            for key, value in expected.items():
+                np.testing.assert_array_equal(tf.make_ndarray(reply.outputs[key]), value)
+    finally:
+        for _, proc in procs.values():
+            proc.kill()
+            proc.wait(30)

@@ -12,7 +12,8 @@ weights are spread over the PS tasks too) and trains it with a custom loop:
   order, one pass per epoch) and schedules one step per batch with `coordinator.schedule`,
   the batch as its argument, so the workers together see every row once per epoch (a
   per-worker dataset cannot be split between workers: ParameterServerStrategy gives every
-  worker the same input context); whichever worker is free runs the next step, asynchronously
+  worker the same input context); the first step of each worker is waited for (it builds the
+  step function there); whichever worker is free runs the next step, asynchronously
   against the PS tasks, where the optimizer's update is applied (docs/distributed.md), so
   concurrent updates of an id all count; the epoch ends with `coordinator.join()`;
 - a per-worker variable counts each worker's steps (metrics.json `worker_steps`).
@@ -26,6 +27,7 @@ The process ends with `os._exit`: the coordinator's threads may still wait on th
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -110,8 +112,17 @@ def train(args, data):
     began = time.perf_counter()
     for index in range(int(epoch), args.epochs):
         epoch_began = time.perf_counter()
-        # Every step of the epoch is queued at once; the workers take them as they get free.
-        losses = [coordinator.schedule(train_step, args=batch) for batch in train_ds]
+        batches = iter(train_ds)
+        losses = []
+        if index == int(epoch):
+            # One first step per worker, waited for: a worker builds the step function in its
+            # first step (seconds). Queued with the rest, one worker would take several steps
+            # meanwhile and the other's first gradient would arrive that many steps stale.
+            losses += [coordinator.schedule(train_step, args=batch)
+                       for batch in itertools.islice(batches, workers)]
+            coordinator.join()
+        # The epoch's other steps are queued at once; the workers take them as they get free.
+        losses += [coordinator.schedule(train_step, args=batch) for batch in batches]
         scheduled += steps_per_epoch
         last = 0
         for point in points:  # waits for that step only: the others run on meanwhile

@@ -153,7 +153,7 @@ def load_tables(path):
 # Fitted by `fit` to this repository's measured clusters (benchmarks/ps_training.py; the runs
 # and the check of the model against them are in docs/distributed.md). Re-fit them for other
 # machines and networks.
-MEASURED_COSTS = Costs(step_ms=0.0, table_ms=0.53, row_us=0.40, framing_bytes=19300.0)
+MEASURED_COSTS = Costs(step_ms=0.0, table_ms=0.17, row_us=0.47, framing_bytes=10800.0)
 
 
 def add_parser(subparsers):

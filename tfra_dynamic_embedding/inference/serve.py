@@ -5,14 +5,15 @@
          localhost:8501/v1/models/dlrm:predict
 
 Every sparse shard (`shard_<i>/` of `export_sharded`) runs in `--replicas` processes of its own
-(`inference/rpc.py`: the SavedModel's signatures over TensorFlow's RPC). This process is the main
-shard: it loads `main/`, answers TF Serving's REST predict API (`inference/rest.py`) and, per
-request, groups the ids per shard (`routing.route`), calls every shard once -- all calls in
-flight together -- sums the partial pools and runs main. A shard that does not answer fails the
-request with HTTP 503 naming it within `--timeout` seconds per replica (or a live replica
-answers); a restarted shard is used again. `--shards '{"shard_0": ["host:port", ...]}'`
-serves with shards already running elsewhere (started with
-`python -m tfra_dynamic_embedding.inference.rpc --saved-model DIR --address HOST:PORT`).
+(`inference/grpc_shards.py`: TF Serving's gRPC PredictionService, model name `shard_<i>`). This
+process is the main shard: it loads `main/`, answers TF Serving's REST predict API
+(`inference/rest.py`) and, per request, groups the ids per shard (`routing.route`), calls every
+shard once over gRPC -- all calls in flight together -- sums the partial pools and runs main. A
+replica that does not answer is skipped; a shard none of whose replicas answers fails the request
+with HTTP 503 naming it within `--timeout` seconds per replica; a restarted replica is used
+again. `--shards '{"shard_0": ["host:port", ...]}'` serves with shards already running elsewhere
+(started with `python -m tfra_dynamic_embedding.inference.grpc_shards --saved-model DIR
+--address HOST:PORT`, or a stock TF Serving serving `shard_<i>/` as model `shard_<i>`).
 """
 
 import json
@@ -23,24 +24,28 @@ READY = "tfra-de serve ready"
 
 
 class RemoteShardedModel:
-    """Main shard in this process, sparse shards behind `ShardClient`s: `predict(request)`.
+    """Main shard in this process, sparse shards behind gRPC `ShardClient`s: `predict(request)`.
+    Thread-safe: any number of threads may call `predict` at once.
 
     Args:
       export_dir: an `export_sharded` directory (its main/ and manifest.json are read here).
       shard_addresses: {shard name: ["host:port", ...]} (replicas) for every shard of it.
       timeout: seconds a replica may take to answer.
+
+    Usage (shard processes from `start_shards`, `predict` as the trained model predicts, `close`):
+    benchmarks/distributed_inference.py; docs/serving.md, "Serving in separate processes".
     """
 
     def __init__(self, export_dir, shard_addresses, timeout=5.0):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         from tfra_dynamic_embedding.inference import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
-        from tfra_dynamic_embedding.inference import rpc  # pylint: disable=import-outside-toplevel
+        from tfra_dynamic_embedding.inference import grpc_shards  # pylint: disable=import-outside-toplevel
         self.manifest = manifest_lib.Manifest.load(export_dir)
         missing = sorted(set(self.manifest.shards) - set(shard_addresses))
         if missing:
             raise ValueError(f"shard_addresses lacks shards {missing} of {export_dir}")
-        self.shards = {name: rpc.ShardClient(name, shard_addresses[name], timeout)
+        self.shards = {name: grpc_shards.ShardClient(name, shard_addresses[name], timeout)
                        for name in self.manifest.shards}
         self._main = tf.saved_model.load(os.path.join(export_dir, manifest_lib.MAIN_DIR))
         self._serve = self._main.signatures[manifest_lib.SERVING_SIGNATURE]
@@ -49,15 +54,11 @@ class RemoteShardedModel:
 
     def pooled(self, request):
         """(routed request, {feature: pooled rows}): one call per shard, all in flight at once."""
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
         from tfra_dynamic_embedding.inference import routing  # pylint: disable=import-outside-toplevel
         routed = routing.route(self.manifest, request)
-        pending = {shard: self.shards[shard].call(
-            self._signature, {k: tf.constant(v) for k, v in inputs.items()})
-            for shard, inputs in routed.shard_inputs.items()}
-        outputs = {shard: {k: v.numpy() for k, v in call.result().items()}
-                   for shard, call in pending.items()}
+        pending = {shard: self.shards[shard].call(self._signature, inputs)
+                   for shard, inputs in routed.shard_inputs.items()}
+        outputs = {shard: call.result() for shard, call in pending.items()}
         return routed, routing.combine(self.manifest, routed, outputs)
 
     def predict(self, request):
@@ -74,12 +75,17 @@ class RemoteShardedModel:
                                  for name, value in inputs.items()})
         return {name: value.numpy() for name, value in outputs.items()}
 
+    def close(self):
+        """Closes the shards' channels."""
+        for client in self.shards.values():
+            client.close()
+
 
 def start_shards(export_dir, replicas=1, log_dir=None):
     """A started LocalCluster whose job `shard_<i>` has `replicas` shard-server processes per
     sparse shard of `export_dir` (killed by pid on its `close()`)."""
     from tfra_dynamic_embedding.distributed.local import LocalCluster  # pylint: disable=import-outside-toplevel
-    from tfra_dynamic_embedding.inference import rpc  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.inference import grpc_shards  # pylint: disable=import-outside-toplevel
     with open(os.path.join(export_dir, "manifest.json"), encoding="utf-8") as f:
         shards = list(json.load(f)["shards"])
     if not isinstance(replicas, int) or replicas < 1:
@@ -92,7 +98,7 @@ def start_shards(export_dir, replicas=1, log_dir=None):
                     os.path.join(export_dir, shard), cluster.address(shard, task)))
         for shard in shards:
             for task in range(replicas):
-                cluster.wait_ready(shard, task, ready=rpc.READY)
+                cluster.wait_ready(shard, task, ready=grpc_shards.READY)
     except BaseException:
         cluster.close()
         raise
@@ -100,9 +106,11 @@ def start_shards(export_dir, replicas=1, log_dir=None):
 
 
 def shard_server_argv(saved_model_dir, address):
-    """The command line of one shard-server process (exits when this process is gone)."""
-    return [sys.executable, "-m", "tfra_dynamic_embedding.inference.rpc", "--saved-model",
-            saved_model_dir, "--address", address, "--parent-pid", str(os.getpid())]
+    """The command line of one shard-server process (exits when this process is gone); its
+    model name is the directory's name, `shard_<i>`, which the main shard sends."""
+    return [sys.executable, "-m", "tfra_dynamic_embedding.inference.grpc_shards",
+            "--saved-model", saved_model_dir, "--address", address,
+            "--parent-pid", str(os.getpid())]
 
 
 def add_parser(subparsers):
@@ -137,7 +145,14 @@ def run(args):
     cluster = None
     try:
         if args.shards:
-            addresses = json.loads(args.shards)
+            try:
+                addresses = json.loads(args.shards)
+            except ValueError as error:
+                raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
+                                 f"got {args.shards!r} ({error})") from None
+            if not isinstance(addresses, dict):
+                raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
+                                 f"got {args.shards!r}")
         else:
             cluster = start_shards(args.export_dir, args.replicas, args.log_dir)
             addresses = cluster.spec
@@ -155,8 +170,11 @@ def run(args):
                             bad_request=(tf.errors.InvalidArgumentError,))
         url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
         # run_app calls `print` once the port is bound: the ready line means requests work.
-        web.run_app(app, host=args.host, port=args.port, handle_signals=True,
-                    print=lambda _message: print(f"{READY}: {url}", flush=True))
+        try:
+            web.run_app(app, host=args.host, port=args.port, handle_signals=True,
+                        print=lambda _message: print(f"{READY}: {url}", flush=True))
+        finally:
+            model.close()
     finally:
         if cluster is not None:
             cluster.close()
