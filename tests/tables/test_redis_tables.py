@@ -273,9 +273,10 @@ def test_optimizer_slots_get_hashes_of_their_own(server, creator):
     tag = var.tables[0].kv_table.config.model_tag_runtime
     names = sorted((n.decode() for n in resp(server.port, "KEYS", f"{tag}:*")),
                    key=lambda n: n.split("{")[0])
-    # <variable>_<optimizer>_<slot>: Keras 3's Adam is "adam" with slots momentum, velocity.
-    assert [n.split("{")[0] for n in names] == [f"{tag}:slotted", f"{tag}:slotted_adam_momentum",
-                                                f"{tag}:slotted_adam_velocity"]
+    # <variable>_<optimizer name>_<slot>: Keras 3 names an Adam "adam" ("adam_<n>" when the
+    # process made others before) and its slots momentum and velocity.
+    assert [n.split("{")[0] for n in names] == [
+        f"{tag}:slotted", f"{tag}:slotted_{opt.name}_momentum", f"{tag}:slotted_{opt.name}_velocity"]
     assert all(resp(server.port, "HLEN", n) == 2 for n in names)
     slot_hashes = sorted(h.decode() for slot in var.get_slot_variables(opt)
                          for h in slot.tables[0].kv_table.hash_names)
