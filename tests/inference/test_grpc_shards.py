@@ -163,6 +163,20 @@ def test_replicas_round_robin_skip_a_dead_one_and_take_a_restarted_one_back(serv
         time.sleep(0.1)
 
 
+def test_a_replica_back_at_its_address_answers_while_its_channel_backs_off(servers):
+    """The replica's channel waits out its reconnect backoff (up to `retry_after`) after failed
+    connects; a request arriving meanwhile waits for the reconnect instead of failing."""
+    address = f"localhost:{free_port()}"
+    client = servers.client(MODEL, [address], timeout=20.0, retry_after=4.0)
+    began = time.monotonic()
+    with pytest.raises(tf.errors.UnavailableError, match=address):
+        client.call("lookup", request([5], [0], 1)).result()
+    assert time.monotonic() - began < 4.0 + 1 + 3   # one reconnect backoff, not the deadline
+    servers.start(address)
+    for _ in range(3):
+        assert client.predict("lookup", request([5], [0], 1))["pooled"].tolist() == [[3, 4]]
+
+
 def test_a_dead_shard_fails_fast_naming_itself(servers):
     address = servers.start()
     client = servers.client("shard_7", [address], timeout=2.0, model_name=MODEL)

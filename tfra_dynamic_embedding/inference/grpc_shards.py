@@ -17,9 +17,12 @@ seconds. Calls go round-robin over the replicas; a call that fails with UNAVAILA
 DEADLINE_EXCEEDED is re-issued on the next replica not yet tried, and the failed replica is set
 aside: requests skip it (unless every other one failed too) until a GetModelStatus probe finds it
 answering; a probe goes out beside the first request `retry_after` seconds or more after the
-failure (or after the last failed probe), so no request waits on it. When no replica answers,
+failure (or after the last failed probe), so no request waits on it. A replica that refused the
+connection may be back already while its channel still waits out its reconnect backoff: when
+every replica failed, those that failed with UNAVAILABLE are tried once more, waiting for their
+channel to reconnect (gRPC's wait_for_ready) for at most one backoff. When no replica answers,
 `result()` raises `tf.errors.UnavailableError` naming the shard and its addresses -- after at
-most `timeout` seconds per replica. `call` only issues the RPC, so calls to several shards are in
+most `timeout` seconds plus one backoff per replica. `call` only issues the RPC, so calls to several shards are in
 flight together; one client serves any number of threads.
 
 Example (a SavedModel served in this process, called through a client of its one replica):
@@ -250,12 +253,17 @@ def serve(saved_model_dir, address, model_name=None, threads=8, parent_pid=None)
 
 # -- the client ------------------------------------------------------------------------------------
 
+def reconnect_backoff_ms(retry_after):
+    """The longest wait between a replica channel's reconnect attempts."""
+    return max(500, int(retry_after * 1000))
+
+
 def channel_options(retry_after):
     """Options of a replica's channel: no message size limit; keepalive pings every 30 s (also
     idle: a replica whose host vanished without closing the connection is noticed between
     requests); reconnect attempts at most `retry_after` seconds apart (at least 0.5 s; gRPC's
     default backs off to 2 minutes, which would keep a restarted replica out that long)."""
-    backoff_ms = max(500, int(retry_after * 1000))
+    backoff_ms = reconnect_backoff_ms(retry_after)
     return _UNLIMITED + (
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
@@ -348,9 +356,15 @@ class ShardClient:
             live = [i for i in ring if self._failed_at[i] is None]
             return live + [i for i in ring if self._failed_at[i] is not None]
 
-    def issue(self, index, request):
-        """The gRPC future of `request` on replica `index`, with the client's deadline."""
-        return self._predict[index].future(request, timeout=self.timeout)
+    def issue(self, index, request, reconnect=False):
+        """The gRPC future of `request` on replica `index`, with the client's deadline; with
+        `reconnect`, the call waits for the channel to connect, for one reconnect backoff and
+        a second at most (within the deadline)."""
+        if not reconnect:
+            return self._predict[index].future(request, timeout=self.timeout)
+        wait = reconnect_backoff_ms(self.retry_after) / 1000 + 1.0
+        return self._predict[index].future(request, timeout=min(self.timeout, wait),
+                                           wait_for_ready=True)
 
     def answered(self, index):
         with self._lock:
@@ -386,6 +400,8 @@ class PendingCall:
     def __init__(self, shard, request):
         self._shard, self._request = shard, request
         self._tried, self._errors = [], []
+        self._refused = []         # failed UNAVAILABLE: to try again, waiting to reconnect
+        self._reconnected = set()  # tried so
         self._outputs = None
         self._current = self._next()
 
@@ -394,6 +410,10 @@ class PendingCall:
         for index in self._shard.order(self._tried):
             self._tried.append(index)
             return index, self._shard.issue(index, self._request)
+        if self._refused:
+            index = self._refused.pop(0)
+            self._reconnected.add(index)
+            return index, self._shard.issue(index, self._request, reconnect=True)
         return None
 
     def result(self):
@@ -416,6 +436,8 @@ class PendingCall:
                                           f"{details}") from None
                 shard.set_aside(index)
                 self._errors.append(f"{shard.addresses[index]}: {code.name} {details}")
+                if code == grpc.StatusCode.UNAVAILABLE and index not in self._reconnected:
+                    self._refused.append(index)
                 self._current = self._next()
                 continue
             shard.answered(index)
