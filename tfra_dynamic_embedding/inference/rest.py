@@ -1,88 +1,231 @@
-"""TensorFlow Serving's REST predict API (aiohttp) in front of any predict function.
+"""TensorFlow Serving's REST API (aiohttp) in front of predict functions, checked strictly.
 
-    POST /v1/models/<name>:predict   {"instances": [{input: value, ...}, ...]}   (row format)
-                                     {"inputs": {input: [values per example]}}  (columnar format)
-    GET  /v1/models/<name>           the model's status, as TF Serving answers it
+    POST /v1/models/<name>[/versions/<n>]:predict   {"instances": [{input: value, ...}, ...]}
+                                                    or {"inputs": {input: [values]}};
+                                                    optional "signature_name"
+    POST /v1/models/<name>[/versions/<n>]:classify  / :regress (400 unless the signature's
+                                                    method is classify / regress)
+    GET  /v1/models/<name>[/versions/<n>]           version status, as TF Serving answers it
+    GET  /v1/models/<name>[/versions/<n>]/metadata  the SignatureDefMap, as TF Serving prints it
 
-Row requests are answered `{"predictions": [...]}`, columnar ones `{"outputs": ...}`; with one
-output its values stand alone, with several they are keyed by name -- TF Serving's rules. String
-values may be sent as `{"b64": "..."}`. Errors come back as `{"error": message}`: 400 for a bad
-request, 404 for another model name, 503 when a shard behind the predictor did not answer.
+Without a version the newest loaded one answers. Every request is checked against its
+signature by `request_checks` before the predictor runs (a bad dtype, range, shape or name is a
+400 naming the input: nothing is cast). Row requests are answered `{"predictions": [...]}`,
+columnar ones `{"outputs": ...}`; with one output its values stand alone, with several they are
+keyed by name -- TF Serving's rules. Every error is JSON `{"error": message}`: 400 bad request,
+404 unknown model / version / path, 405 wrong method, 413 body over `max_body_mb`, 503 when a
+shard behind the predictor did not answer.
 
-`aiohttp.web.run_app(make_app("dlrm", predict), port=8501)` serves it; `tfra-de serve` does
-so for a sharded export: docs/serving.md, "Serving in separate processes".
+`aiohttp.web.run_app(make_app("dlrm", predict, signatures=...), port=8501)` serves one
+predictor; `tfra-de serve` serves a model directory (versions, sharded exports, plain
+SavedModels): docs/serving.md, "Serving in separate processes".
 
 Example:
+    >>> from tfra_dynamic_embedding.inference.request_checks import Signature, TensorSpec
     >>> predict = lambda inputs: {"prediction": inputs["x"] * 2}   # {input: array} -> {output}
-    >>> app = make_app("dlrm", predict)
-    >>> sorted({route.resource.canonical for route in app.router.routes()})
-    ['/v1/models/{name}', '/v1/models/{name}:predict']
-    >>> inputs, row_format = parse_request({"instances": [{"x": 1.0}, {"x": 2.5}]})
-    >>> format_response(predict(inputs), row_format)
+    >>> signatures = {"serving_default": Signature({"x": TensorSpec("float32", (None,))},
+    ...                                            {"prediction": TensorSpec("float32", (None,))})}
+    >>> app = make_app("dlrm", predict, signatures=signatures)
+    >>> sorted({route.resource.canonical for route in app.router.routes()})[:2]
+    ['/v1/models/{name}', '/v1/models/{name}/metadata']
+    >>> format_response(predict({"x": np.array([1.0, 2.5])}), row_format=True)
     {'predictions': [2.0, 5.0]}
-    >>> format_response(predict(parse_request({"inputs": {"x": [1, 2]}})[0]), False)
-    {'outputs': [2, 4]}
 """
 
 import asyncio
 import base64
 import concurrent.futures
+import dataclasses
 import json
+import threading
+from typing import Callable, Optional
 
 import numpy as np
 from aiohttp import web
 
+from tfra_dynamic_embedding.inference import request_checks
+from tfra_dynamic_embedding.inference.request_checks import BadRequest
+
+DEFAULT_MAX_BODY_MB = 64   # TF Serving sets no small limit; aiohttp's own is 1 MiB
 # Error types a predictor raises for a request it cannot answer (a 400), besides ValueError.
 _BAD_REQUEST_ERRORS = (ValueError, KeyError, TypeError)
+_METHODS = {"predict": request_checks.PREDICT_METHOD,
+            "classify": request_checks.CLASSIFY_METHOD,
+            "regress": request_checks.REGRESS_METHOD}
 
 
 class Unavailable(Exception):
     """Raised by a predictor when what it depends on (a shard) did not answer: HTTP 503."""
 
 
-def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_request=()):
-    """An aiohttp Application serving `predict` as model `name` (see the module docstring).
+@dataclasses.dataclass
+class Servable:
+    """One loaded version of a model.
+
+    `signatures`: {name: request_checks.Signature}, or None for a bare function whose inputs
+    nobody knows (requests are then passed on unchecked); `run(signature_name, inputs)` ->
+    {output: array}; `close()` releases it (shard processes, channels) once it is retired.
+    """
+
+    version: int
+    signatures: Optional[dict]
+    run: Callable
+    close: Optional[Callable] = None
+
+
+class Versions:
+    """The versions a server answers for: loaded ones (AVAILABLE) and retired or failed ones
+    (END, with the load error if any). Thread-safe: a poller loads and retires while requests
+    read.
+
+    Example:
+        >>> versions = Versions([Servable(1, None, lambda name, inputs: inputs)])
+        >>> versions.add(Servable(2, None, lambda name, inputs: inputs))
+        >>> versions.retire(1)
+        >>> sorted(versions.loaded()), versions.status()[1]["state"]
+        ([2], 'END')
+    """
+
+    def __init__(self, servables=()):
+        self._lock = threading.Lock()
+        self._loaded = {s.version: s for s in servables}
+        self._ended = {}   # version: error message ("" when retired in favour of a newer one)
+
+    def loaded(self):
+        """{version: Servable} (a snapshot)."""
+        with self._lock:
+            return dict(self._loaded)
+
+    def add(self, servable):
+        with self._lock:
+            self._loaded[servable.version] = servable
+            self._ended.pop(servable.version, None)
+
+    def retire(self, version, error=""):
+        """Stops serving `version` (closing it) or records that it failed to load (`error`)."""
+        with self._lock:
+            servable = self._loaded.pop(version, None)
+            self._ended[version] = error
+        if servable is not None and servable.close is not None:
+            servable.close()
+
+    def known(self):
+        with self._lock:
+            return set(self._loaded) | set(self._ended)
+
+    def status(self, version=None):
+        """TF Serving's `model_version_status` list, newest first (one version if given)."""
+        with self._lock:
+            rows = [(v, "AVAILABLE", "") for v in self._loaded]
+            rows += [(v, "END", e) for v, e in self._ended.items()]
+        return [{"version": str(v), "state": state,
+                 "status": {"error_code": "UNKNOWN" if error else "OK", "error_message": error}}
+                for v, state, error in sorted(rows, reverse=True)
+                if version is None or v == version]
+
+    def close(self):
+        for version in sorted(self.loaded()):
+            self.retire(version)
+
+
+VERSIONS = web.AppKey("versions", Versions)   # app[VERSIONS]: what a make_app app serves
+
+
+def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_request=(),
+             signatures=None, versions=None, max_body_mb=DEFAULT_MAX_BODY_MB):
+    """An aiohttp Application serving model `name` (see the module docstring).
 
     Args:
       name: the model name in the URL.
-      predict: {input name: np.ndarray} -> {output name: array}; runs in a thread pool of
-        `max_workers` (so that requests are served concurrently).
-      unavailable: exception types of `predict` answered with 503.
+      predict: {input name: np.ndarray} -> {output name: array}, served as version 1 with
+        `signatures` (which checks every request; None: requests pass unchecked). Or give
+        `versions` instead.
+      versions: a `Versions` (several versions, or versions loaded while serving).
+      max_workers: threads running predictors (requests are served concurrently).
+      unavailable: exception types of a predictor answered with 503.
       bad_request: further exception types answered with 400 (besides ValueError, KeyError,
         TypeError).
+      max_body_mb: the largest request body accepted (413 above it).
     """
+    if (predict is None) == (versions is None):
+        raise ValueError("make_app takes exactly one of predict and versions")
+    if versions is None:
+        versions = Versions([Servable(1, signatures, lambda _signature, inputs: predict(inputs))])
     pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="predict")
     unavailable, bad_request = tuple(unavailable), _BAD_REQUEST_ERRORS + tuple(bad_request)
 
+    def servable_for(request):
+        """The Servable a request's URL names; raises a 404 naming what is served."""
+        model, version = request.match_info["name"], request.match_info.get("version")
+        wanted = f"Latest({model})" if version is None else f"Specific({model}, {version})"
+        loaded = versions.loaded() if model == name else {}
+        servable = (loaded.get(int(version)) if version is not None else
+                    loaded[max(loaded)] if loaded else None)
+        if servable is None:
+            served = (f"model '{name}' versions {sorted(loaded)}" if model == name else
+                      f"model '{name}'")
+            raise _Error(404, f"Servable not found for request: {wanted} (this server serves "
+                              f"{served})")
+        return servable
+
     async def status(request):
         if request.match_info["name"] != name:
-            return _error(404, f"no model {request.match_info['name']!r}; this server has "
-                               f"{name!r}")
-        return web.json_response({"model_version_status": [{
-            "version": "1", "state": "AVAILABLE",
-            "status": {"error_code": "OK", "error_message": ""}}]})
+            servable_for(request)   # raises the 404
+        version = request.match_info.get("version")
+        rows = versions.status(None if version is None else int(version))
+        if not rows:
+            servable_for(request)
+        return web.json_response({"model_version_status": rows})
 
-    async def predict_handler(request):
-        if request.match_info["name"] != name:
-            return _error(404, f"no model {request.match_info['name']!r}; this server has "
-                               f"{name!r}")
-        try:
-            body = json.loads(await request.text())
+    async def metadata(request):
+        servable = servable_for(request)
+        return web.json_response(metadata_json(name, servable))
+
+    async def run(request):
+        method = request.match_info["method"]
+        if method not in _METHODS:
+            raise _Error(404, f"Malformed request: POST {request.path}: the methods are "
+                              f"{sorted(_METHODS)}")
+        servable = servable_for(request)
+        body = await _json_body(request)
+        if servable.signatures is None:   # a bare function: nothing to check against
+            if method != "predict":
+                raise _Error(400, f"model '{name}' has no signatures: only :predict is served")
+            signature_name = body.get("signature_name", "") if isinstance(body, dict) else ""
             inputs, row_format = parse_request(body)
-        except (ValueError, TypeError) as error:   # json.JSONDecodeError is a ValueError
-            return _error(400, f"bad request body: {error}")
+        else:
+            signature_name, signature = request_checks.signature_named(
+                body, servable.signatures, name)
+            if signature.method_name != _METHODS[method]:
+                raise _Error(400, f"Expected {method} signature method_name to be "
+                                  f"{_METHODS[method]}. Was: {signature.method_name} "
+                                  f"(signature '{signature_name}' of model '{name}')")
+            if method != "predict":
+                # A classify / regress signature takes serialized tf.Examples: not converted.
+                raise _Error(400, f":{method} of signature '{signature_name}' (a "
+                                  f"tf.Example input) is not supported by this server; use "
+                                  f":predict")
+            checked = request_checks.check_predict(body, servable.signatures, name)
+            signature_name, inputs, row_format = (checked.signature_name, checked.inputs,
+                                                  checked.row_format)
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(pool, predict, inputs)
+            outputs = await loop.run_in_executor(pool, servable.run, signature_name, inputs)
         except unavailable as error:
-            return _error(503, str(error))
+            raise _Error(503, str(error)) from None
         except bad_request as error:
-            return _error(400, str(error))
+            raise _Error(400, str(error)) from None
         return web.json_response(format_response(outputs, row_format))
 
-    app = web.Application()
-    app.router.add_get("/v1/models/{name}", status)
-    app.router.add_post("/v1/models/{name}:predict", predict_handler)
+    app = web.Application(client_max_size=int(max_body_mb * 2 ** 20),
+                          middlewares=[_json_errors(max_body_mb)])
+    version = r"{version:\d+}"
+    model = "{name:[^/:]+}"
+    for prefix in (f"/v1/models/{model}", f"/v1/models/{model}/versions/{version}"):
+        app.router.add_get(prefix, status)
+        app.router.add_get(prefix + "/metadata", metadata)
+        app.router.add_post(prefix + ":{method}", run)
+    app[VERSIONS] = versions
 
     async def close_pool(_app):
         pool.shutdown(wait=False)
@@ -91,22 +234,80 @@ def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_reque
     return app
 
 
+def metadata_json(name, servable):
+    """TF Serving's GetModelMetadata answer in JSON: the SignatureDefMap of `servable`, laid out
+    as protobuf's JSON mapping of the protos prints it (int64 sizes as strings, defaults shown)."""
+    def tensor(spec):
+        shape = ({"dim": [], "unknown_rank": True} if spec.shape is None else
+                 {"dim": [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape],
+                  "unknown_rank": False})
+        return {"dtype": "DT_" + spec.dtype.upper(), "tensor_shape": shape, "name": spec.name}
+
+    defs = {key: {"inputs": {k: tensor(v) for k, v in signature.inputs.items()},
+                  "outputs": {k: tensor(v) for k, v in signature.outputs.items()},
+                  "method_name": signature.method_name, "defaults": {}}
+            for key, signature in (servable.signatures or {}).items()}
+    return {"model_spec": {"name": name, "signature_name": "", "version": str(servable.version)},
+            "metadata": {"signature_def": {"signature_def": defs}}}
+
+
+class _Error(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _json_errors(max_body_mb):
+    """Middleware: every error as JSON {"error": ...} -- aiohttp's own pages are plain text."""
+
+    @web.middleware
+    async def middleware(request, handler):
+        try:
+            return await handler(request)
+        except _Error as error:
+            return _error(error.status, str(error))
+        except BadRequest as error:
+            return _error(400, str(error))
+        except web.HTTPRequestEntityTooLarge as error:
+            return _error(413, f"{error.text} (the server's --max-body-mb is {max_body_mb})")
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            message = {404: f"Malformed request: {request.method} {request.path}",
+                       405: f"Method {request.method} not allowed on {request.path}"}.get(
+                           error.status, error.text or error.reason)
+            response = _error(error.status, message)
+            if "Allow" in error.headers:
+                response.headers["Allow"] = error.headers["Allow"]
+            return response
+
+    return middleware
+
+
+async def _json_body(request):
+    try:
+        return json.loads(await request.text())
+    except ValueError as error:   # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _Error(400, f"JSON Parse error: {error}") from None
+
+
 def parse_request(body):
-    """({input name: np.ndarray}, row_format) of a TF Serving predict body."""
+    """({input name: np.ndarray}, row_format) of a predict body, unchecked (dtypes as numpy
+    infers them): for a predictor without signatures only."""
     if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
-        raise ValueError("the body must be a JSON object with exactly one of 'instances' "
+        raise BadRequest("the body must be a JSON object with exactly one of 'instances' "
                          "(row format) or 'inputs' (columnar format)")
     if "instances" in body:
         instances = body["instances"]
         if not isinstance(instances, list) or not instances:
-            raise ValueError("'instances' must be a non-empty list")
+            raise BadRequest("'instances' must be a non-empty list")
         if all(isinstance(i, dict) for i in instances):
             names = set(instances[0])
             if any(set(i) != names for i in instances):
-                raise ValueError("every instance must name the same inputs")
+                raise BadRequest("every instance must name the same inputs")
             return {n: _array([_decode(i[n]) for i in instances]) for n in sorted(names)}, True
         if any(isinstance(i, dict) for i in instances):
-            raise ValueError("'instances' must be all objects or all values")
+            raise BadRequest("'instances' must be all objects or all values")
         return {"inputs": _array([_decode(i) for i in instances])}, True
     inputs = body["inputs"]
     if isinstance(inputs, dict):
@@ -133,7 +334,7 @@ def _decode(value):
     """`{"b64": ...}` -> bytes, recursively through lists."""
     if isinstance(value, dict):
         if set(value) != {"b64"}:
-            raise ValueError(f"an object value must be {{'b64': ...}}; got keys {sorted(value)}")
+            raise BadRequest(f"an object value must be {{'b64': ...}}; got keys {sorted(value)}")
         return base64.b64decode(value["b64"])
     if isinstance(value, list):
         return [_decode(v) for v in value]
@@ -143,13 +344,16 @@ def _decode(value):
 def _array(values):
     array = np.asarray(values)
     if array.dtype == object:
-        raise ValueError("inputs must be rectangular lists of numbers or strings")
+        raise BadRequest("inputs must be rectangular lists of numbers or strings")
     return array
 
 
 def _listed(array):
     if array.dtype.kind == "S":
         return np.char.decode(array, "utf-8", errors="replace").tolist()
+    if array.dtype == object:   # strings fed as they came (bytes objects)
+        return np.vectorize(lambda b: b.decode("utf-8", errors="replace") if isinstance(
+            b, bytes) else b, otypes=[object])(array).tolist() if array.size else array.tolist()
     return array.tolist()
 
 
