@@ -1,5 +1,7 @@
-"""TF Serving's REST predict schema (inference/rest.py) over a real aiohttp server on loopback,
-in front of a numpy predictor; status codes for bad requests, other models and dead shards."""
+"""TF Serving's REST API (inference/rest.py, inference/request_checks.py) over a real aiohttp
+server on loopback, in front of numpy predictors with signatures: good requests answered as the
+predictor computes them, a table of bad requests refused with TF Serving's status codes and
+messages (JSON) before the predictor runs, metadata, versions."""
 
 import asyncio
 import base64
@@ -12,98 +14,297 @@ from aiohttp import web
 
 from tfra_dynamic_embedding.distributed.cluster import free_port
 from tfra_dynamic_embedding.inference import rest
+from tfra_dynamic_embedding.inference.request_checks import Signature, TensorSpec
+
+CALLS = []   # every predictor call: (version, signature name); bad requests must add none
 
 
-def predict(inputs):
-    if "fail" in inputs:
+def dlrm(inputs, version=1, signature="serving_default"):
+    CALLS.append((version, signature))
+    if inputs["name"].size and inputs["name"][0] == b"fail":
         raise rest.Unavailable("shard 'shard_1' did not answer")
-    dense = np.asarray(inputs["dense"], np.float32)
-    return {"score": dense.sum(axis=1), "tag": np.char.add(inputs["name"].astype(np.bytes_),
-                                                          b"!")}
+    score = inputs["dense"].sum(axis=1) + inputs["ids"].sum(axis=1) * version
+    return {"score": score, "tag": np.array([n + b"!" for n in inputs["name"]], dtype=object)}
 
 
-def single(inputs):
-    return {"y": np.asarray(inputs["inputs"], np.float64) * 2}
+def _signatures():
+    inputs = {"dense": TensorSpec("float32", (None, 2), "serving_default_dense:0"),
+              "ids": TensorSpec("int64", (None, 3), "serving_default_ids:0"),
+              "name": TensorSpec("string", (None,), "serving_default_name:0")}
+    outputs = {"score": TensorSpec("float32", (None,), "StatefulPartitionedCall:0"),
+               "tag": TensorSpec("string", (None,), "StatefulPartitionedCall:1")}
+    return {"serving_default": Signature(inputs, outputs),
+            "other": Signature(dict(inputs), dict(outputs)),
+            "labels": Signature({"inputs": TensorSpec("string", (None,), "input:0")},
+                                {"classes": TensorSpec("string", (None, 2), "classes:0")},
+                                "tensorflow/serving/classify")}
+
+
+def _servable(version):
+    return rest.Servable(version, _signatures(),
+                         lambda signature, inputs: dlrm(inputs, version, signature))
 
 
 @pytest.fixture(scope="module")
-def url():
-    """Two apps on one loopback server run by a thread with its own event loop."""
-    loop = asyncio.new_event_loop()
-    port = free_port()
-    started = threading.Event()
-    runners = []
+def urls():
+    """Apps on loopback ports, served by a thread with its own event loop: "dlrm" (versions 1
+    and 2, strict), "small" (a 10 KiB body limit), "bare" (a function without signatures)."""
+    loop, started, runners, ports = asyncio.new_event_loop(), threading.Event(), [], {}
+    apps = {"dlrm": lambda: rest.make_app("dlrm", versions=rest.Versions(
+                [_servable(1), _servable(2)])),
+            "small": lambda: rest.make_app("dlrm", dlrm, signatures=_signatures(),
+                                           max_body_mb=0.01),
+            "bare": lambda: rest.make_app(
+                "double", lambda inputs: {"y": np.asarray(inputs["inputs"], np.float64) * 2})}
 
     def run():
         asyncio.set_event_loop(loop)
-        app = web.Application()
-        app.add_subapp("/a/", rest.make_app("dlrm", predict))
-        app.add_subapp("/b/", rest.make_app("double", single))
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "localhost", port).start())
-        runners.append(runner)
+        for key, make in apps.items():
+            runner = web.AppRunner(make())
+            loop.run_until_complete(runner.setup())
+            ports[key] = free_port()
+            loop.run_until_complete(web.TCPSite(runner, "localhost", ports[key]).start())
+            runners.append(runner)
         started.set()
         loop.run_forever()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert started.wait(30)
-    yield f"http://localhost:{port}"
-    asyncio.run_coroutine_threadsafe(runners[0].cleanup(), loop).result(30)
+    yield {key: f"http://localhost:{port}" for key, port in ports.items()}
+    for runner in runners:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(30)
 
 
-def test_row_format_with_several_outputs(url):
-    body = {"instances": [{"dense": [1, 2], "name": "a"},
-                          {"dense": [3, 4.5], "name": {"b64": base64.b64encode(b"b").decode()}}]}
-    reply = requests.post(f"{url}/a/v1/models/dlrm:predict", json=body, timeout=30)
+def _row(dense=(1, 2), ids=(1, 2, 3), name="a", **extra):
+    as_list = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+    return {"dense": as_list(dense), "ids": as_list(ids), "name": name, **extra}
+
+
+def test_row_format_with_several_outputs(urls):
+    body = {"instances": [_row(), _row((3, 4.5), (0, 0, 7),
+                                       {"b64": base64.b64encode(b"b").decode()})]}
+    reply = requests.post(f"{urls['dlrm']}/v1/models/dlrm:predict", json=body, timeout=30)
     assert reply.status_code == 200, reply.text
-    assert reply.json() == {"predictions": [{"score": 3.0, "tag": "a!"},
-                                            {"score": 7.5, "tag": "b!"}]}
+    # The newest version (2) answers: ids count twice.
+    assert reply.json() == {"predictions": [{"score": 15.0, "tag": "a!"},
+                                            {"score": 21.5, "tag": "b!"}]}
 
 
-def test_columnar_format_and_a_single_output(url):
-    reply = requests.post(f"{url}/b/v1/models/double:predict",
+def test_columnar_format_signature_name_and_versions(urls):
+    body = {"inputs": {"dense": [[1, 1]], "ids": [[1, 1, 1]], "name": ["x"]},
+            "signature_name": "other"}
+    CALLS.clear()
+    reply = requests.post(f"{urls['dlrm']}/v1/models/dlrm/versions/1:predict", json=body,
+                          timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"outputs": {"score": [5.0], "tag": ["x!"]}}
+    assert CALLS == [(1, "other")]
+    reply = requests.post(f"{urls['dlrm']}/v1/models/dlrm/versions/2:predict", json=body,
+                          timeout=30)
+    assert reply.json() == {"outputs": {"score": [8.0], "tag": ["x!"]}}
+
+
+def test_a_function_without_signatures_is_served_unchecked(urls):
+    reply = requests.post(f"{urls['bare']}/v1/models/double:predict",
                           json={"inputs": [[1, 2], [3, 4]]}, timeout=30)
     assert reply.json() == {"outputs": [[2, 4], [6, 8]]}
-    reply = requests.post(f"{url}/b/v1/models/double:predict", json={"instances": [1, 2.5]},
-                          timeout=30)
+    reply = requests.post(f"{urls['bare']}/v1/models/double:predict",
+                          json={"instances": [1, 2.5]}, timeout=30)
     assert reply.json() == {"predictions": [2, 5]}
-    reply = requests.post(f"{url}/a/v1/models/dlrm:predict",
-                          json={"inputs": {"dense": [[1, 1]], "name": ["x"]}}, timeout=30)
-    assert reply.json() == {"outputs": {"score": [2.0], "tag": ["x!"]}}
 
 
-def test_status(url):
-    reply = requests.get(f"{url}/a/v1/models/dlrm", timeout=30)
-    assert reply.json()["model_version_status"][0]["state"] == "AVAILABLE"
+def test_status_lists_the_versions(urls):
+    reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm", timeout=30)
+    assert reply.json() == {"model_version_status": [
+        {"version": v, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        for v in ("2", "1")]}
+    reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm/versions/1", timeout=30)
+    assert [s["version"] for s in reply.json()["model_version_status"]] == ["1"]
 
 
-@pytest.mark.parametrize("path, body, status, message", [
-    ("a/v1/models/other:predict", {"instances": [1]}, 404, "no model 'other'"),
-    ("a/v1/models/dlrm:predict", "{not json", 400, "bad request body"),
-    ("a/v1/models/dlrm:predict", {"rows": []}, 400, "exactly one of 'instances'"),
-    ("a/v1/models/dlrm:predict", {"instances": []}, 400, "non-empty list"),
-    ("a/v1/models/dlrm:predict", {"instances": [{"dense": [1]}, {"name": "x"}]}, 400,
-     "same inputs"),
-    ("a/v1/models/dlrm:predict", {"instances": [{"dense": [1, 2]}]}, 400, "'name'"),
-    ("a/v1/models/dlrm:predict", {"instances": [{"fail": 1}]}, 503, "shard 'shard_1'"),
-])
-def test_errors(url, path, body, status, message):
+def test_metadata_is_tf_servings_signature_def_map(urls):
+    reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm/versions/1/metadata", timeout=30)
+    assert reply.status_code == 200, reply.text
+    meta = reply.json()
+    assert meta["model_spec"] == {"name": "dlrm", "signature_name": "", "version": "1"}
+    defs = meta["metadata"]["signature_def"]["signature_def"]
+    assert sorted(defs) == ["labels", "other", "serving_default"]
+    assert defs["serving_default"]["method_name"] == "tensorflow/serving/predict"
+    assert defs["labels"]["method_name"] == "tensorflow/serving/classify"
+    assert defs["serving_default"]["inputs"]["ids"] == {
+        "dtype": "DT_INT64", "name": "serving_default_ids:0", "tensor_shape": {
+            "dim": [{"size": "-1", "name": ""}, {"size": "3", "name": ""}],
+            "unknown_rank": False}}
+    assert defs["serving_default"]["outputs"]["tag"]["dtype"] == "DT_STRING"
+    latest = requests.get(f"{urls['dlrm']}/v1/models/dlrm/metadata", timeout=30).json()
+    assert latest["model_spec"]["version"] == "2"
+
+
+B64_B = base64.b64encode(b"b").decode()
+PREDICT = "v1/models/dlrm:predict"
+BAD = [
+    # (name, path, body (a str is sent as it is), status, text the error must contain)
+    ("float for int64", PREDICT, {"instances": [_row(ids=(1.5, 2, 3))]}, 400,
+     "input 'ids': JSON Value: 1.5 Type: Number is not of expected type: int64"),
+    ("integral float for int64", PREDICT, {"instances": [_row(ids=(1.0, 2, 3))]}, 400,
+     "JSON Value: 1.0 Type: Number is not of expected type: int64"),
+    ("bool for int64", PREDICT, {"instances": [_row(ids=(True, 2, 3))]}, 400,
+     "input 'ids': JSON Value: true Type: True is not of expected type: int64"),
+    ("string for int64", PREDICT, {"instances": [_row(ids=("1", 2, 3))]}, 400,
+     "JSON Value: \"1\" Type: String is not of expected type: int64"),
+    ("null for int64", PREDICT, {"instances": [_row(ids=(None, 2, 3))]}, 400,
+     "JSON Value: null Type: Null is not of expected type: int64"),
+    ("2^63 for int64", PREDICT, {"instances": [_row(ids=(2 ** 63, 2, 3))]}, 400,
+     "JSON Value: 9223372036854775808 Type: Number is not of expected type: int64 (out of its "
+     "range [-9223372036854775808, 9223372036854775807])"),
+    ("1e30 for int64", PREDICT, {"instances": [_row(ids=(1e30, 2, 3))]}, 400,
+     "JSON Value: 1e+30 Type: Number is not of expected type: int64"),
+    ("string for float32", PREDICT, {"instances": [_row(dense=("1", 2))]}, 400,
+     "input 'dense': JSON Value: \"1\" Type: String is not of expected type: float32"),
+    ("bool for float32", PREDICT, {"instances": [_row(dense=(False, 2))]}, 400,
+     "JSON Value: false Type: False is not of expected type: float32"),
+    ("1e300 for float32", PREDICT, {"instances": [_row(dense=(1e300, 2))]}, 400,
+     "input 'dense': Cannot convert JSON value: 1e+300 to float without loss of precision."),
+    ("2^24+1 for float32", PREDICT, {"instances": [_row(dense=(2 ** 24 + 1, 2))]}, 400,
+     "Cannot convert JSON value: 16777217 to float without loss of precision."),
+    ("number for string", PREDICT, {"instances": [_row(name=5)]}, 400,
+     "input 'name': JSON Value: 5 Type: Number is not of expected type: string"),
+    ("bad base64", PREDICT, {"instances": [_row(name={"b64": "%%%"})]}, 400,
+     "input 'name': Unable to base64 decode \"%%%\""),
+    ("b64 object of a number", PREDICT, {"instances": [_row(name={"b64": 1})]}, 400,
+     "input 'name': JSON Value: {\"b64\": 1} not formatted correctly for base64 data"),
+    ("b64 for int64", PREDICT, {"instances": [_row(ids=({"b64": B64_B}, 2, 3))]}, 400,
+     "Type: Object is not of expected type: int64"),
+    ("unknown input", PREDICT, {"instances": [_row(extra=1)]}, 400,
+     "item 0 of 'instances': input tensor alias not found in signature: extra. Inputs expected "
+     "to be in the set {dense,ids,name}."),
+    ("unknown input, columnar", PREDICT,
+     {"inputs": {"dense": [[1, 2]], "ids": [[1, 2, 3]], "name": ["a"], "nope": [1]}}, 400,
+     "input tensor alias not found in signature: nope. Inputs expected to be in the set "
+     "{dense,ids,name}."),
+    ("missing input", PREDICT, {"instances": [{"dense": [1, 2], "ids": [1, 2, 3]}]}, 400,
+     "Request inputs do not match required inputs for model `dlrm`. Send extra: {}. Missing "
+     "but required: {name}."),
+    ("missing input in one instance", PREDICT,
+     {"instances": [_row(), {"dense": [1, 2], "name": "a"}]}, 400,
+     "item 1 of 'instances': Request inputs do not match required inputs for model `dlrm`. "
+     "Send extra: {}. Missing but required: {ids}."),
+    ("2 columns where 3", PREDICT, {"instances": [_row(ids=(1, 2))]}, 400,
+     "input 'ids': got shape [1,2] (the batch of 'instances', then the instance's value); the "
+     "signature expects int64 of shape [-1,3]"),
+    ("wrong rank", PREDICT, {"instances": [_row(ids=7)]}, 400,
+     "input 'ids': got shape [1] (the batch of 'instances', then the instance's value); the "
+     "signature expects int64 of shape [-1,3]"),
+    ("wrong rank, columnar", PREDICT,
+     {"inputs": {"dense": [[1, 2]], "ids": [[[1, 2, 3]]], "name": ["a"]}}, 400,
+     "input 'ids': got shape [1,1,3]; the signature expects int64 of shape [-1,3]"),
+    ("ragged instances", PREDICT, {"instances": [_row(), _row(ids=[1, 2, 3, 4])]}, 400,
+     "input 'ids': Encountered list at unexpected size: 4 at level: 1 expected size: 3"),
+    ("list where a scalar", PREDICT, {"instances": [_row(name=["a"])]}, 400,
+     "input 'name': got shape [1,1]"),
+    ("values for a signature of several inputs", PREDICT, {"instances": [1, 2]}, 400,
+     "every item of 'instances' must be an object naming the inputs {dense,ids,name}"),
+    ("objects and values mixed", PREDICT, {"instances": [_row(), 2]}, 400,
+     "item 1 of 'instances' is 2"),
+    ("empty instances", PREDICT, {"instances": []}, 400, "'instances' must be a non-empty list"),
+    ("instances and inputs", PREDICT, {"instances": [_row()], "inputs": {}}, 400,
+     "exactly one of 'instances'"),
+    ("no instances nor inputs", PREDICT, {"rows": []}, 400, "exactly one of 'instances'"),
+    ("body not an object", PREDICT, [1, 2], 400, "JSON Value: [1, 2] is not a JSON object"),
+    ("nosuch signature", PREDICT, {"instances": [_row()], "signature_name": "nosuch"}, 400,
+     "Serving signature name: \"nosuch\" not found in signature def (model 'dlrm' has "
+     "{labels,other,serving_default})"),
+    ("signature_name not a string", PREDICT, {"instances": [_row()], "signature_name": 3},
+     400, "JSON Value: 3 not formatted correctly. 'signature_name' key must be a string value."),
+    ("non-JSON", PREDICT, "{not json", 400, "JSON Parse error: "),
+    ("unknown model", "v1/models/other:predict", {"instances": [_row()]}, 404,
+     "Servable not found for request: Latest(other) (this server serves model 'dlrm')"),
+    ("unknown version", "v1/models/dlrm/versions/7:predict", {"instances": [_row()]}, 404,
+     "Servable not found for request: Specific(dlrm, 7) (this server serves model 'dlrm' "
+     "versions [1, 2])"),
+    ("version not a number", "v1/models/dlrm/versions/x:predict", {"instances": [_row()]}, 404,
+     "Malformed request: POST /v1/models/dlrm/versions/x:predict"),
+    ("unknown method", "v1/models/dlrm:explain", {"instances": [_row()]}, 404,
+     "Malformed request: POST /v1/models/dlrm:explain: the methods are "
+     "['classify', 'predict', 'regress']"),
+    ("unknown path", "v2/models/dlrm:predict", {"instances": [_row()]}, 404,
+     "Malformed request: POST /v2/models/dlrm:predict"),
+    ("regress on a predict signature", "v1/models/dlrm:regress", {"examples": [{}]}, 400,
+     "Expected regress signature method_name to be tensorflow/serving/regress. Was: "
+     "tensorflow/serving/predict (signature 'serving_default' of model 'dlrm')"),
+    ("classify on a predict signature", "v1/models/dlrm:classify",
+     {"examples": [{}], "signature_name": "other"}, 400,
+     "Expected classify signature method_name to be tensorflow/serving/classify. Was: "
+     "tensorflow/serving/predict (signature 'other' of model 'dlrm')"),
+    ("classify on a classify signature", "v1/models/dlrm:classify",
+     {"examples": [{}], "signature_name": "labels"}, 400,
+     ":classify of signature 'labels' (a tf.Example input) is not supported"),
+    ("predict on a classify signature", PREDICT,
+     {"instances": ["a"], "signature_name": "labels"}, 400,
+     "Expected predict signature method_name to be tensorflow/serving/predict. Was: "
+     "tensorflow/serving/classify"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, message", [row[1:] for row in BAD],
+                         ids=[row[0] for row in BAD])
+def test_bad_requests_are_refused_before_the_predictor_runs(urls, path, body, status, message):
+    CALLS.clear()
     if isinstance(body, str):
-        reply = requests.post(f"{url}/{path}", data=body, timeout=30)
+        reply = requests.post(f"{urls['dlrm']}/{path}", data=body, timeout=30)
     else:
-        reply = requests.post(f"{url}/{path}", json=body, timeout=30)
+        reply = requests.post(f"{urls['dlrm']}/{path}", json=body, timeout=30)
     assert reply.status_code == status, reply.text
-    assert message in reply.json()["error"]
+    assert reply.headers["Content-Type"].startswith("application/json")
+    assert message in reply.json()["error"], reply.json()["error"]
+    assert not CALLS
 
 
-def test_concurrent_requests_are_answered(url):
+def test_wrong_http_method_body_too_big_and_a_dead_shard(urls):
+    reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm:predict", timeout=30)
+    assert reply.status_code == 405, reply.text
+    assert reply.json() == {"error": "Method GET not allowed on /v1/models/dlrm:predict"}
+    assert reply.headers["Allow"] == "POST"
+
+    CALLS.clear()
+    big = {"instances": [_row(name="x" * 20000)]}
+    reply = requests.post(f"{urls['small']}/{PREDICT}", json=big, timeout=30)
+    assert reply.status_code == 413, reply.text
+    assert "Maximum request body size 10485 exceeded" in reply.json()["error"]
+    assert "--max-body-mb is 0.01" in reply.json()["error"]
+    assert not CALLS
+    reply = requests.post(f"{urls['small']}/{PREDICT}", json={"instances": [_row()]}, timeout=30)
+    assert reply.status_code == 200, reply.text
+
+    reply = requests.post(f"{urls['dlrm']}/{PREDICT}", json={"instances": [_row(name="fail")]},
+                          timeout=30)
+    assert reply.status_code == 503, reply.text
+    assert reply.json() == {"error": "shard 'shard_1' did not answer"}
+
+
+def test_a_retired_version_is_not_found_and_listed_as_ended():
+    versions = rest.Versions([_servable(1), _servable(2)])
+    closed = []
+    versions.add(rest.Servable(3, None, lambda s, i: i, close=lambda: closed.append(3)))
+    versions.retire(3)
+    versions.retire(4, error="could not load: no saved_model.pb")
+    assert closed == [3] and sorted(versions.loaded()) == [1, 2]
+    assert versions.status() == [
+        {"version": "4", "state": "END",
+         "status": {"error_code": "UNKNOWN", "error_message": "could not load: no saved_model.pb"}},
+        {"version": "3", "state": "END", "status": {"error_code": "OK", "error_message": ""}},
+        {"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}},
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]
+
+
+def test_concurrent_requests_are_answered(urls):
     def one(i):
-        return requests.post(f"{url}/b/v1/models/double:predict", json={"instances": [i]},
-                             timeout=30).json()["predictions"][0]
+        return requests.post(f"{urls['dlrm']}/v1/models/dlrm/versions/1:predict",
+                             json={"instances": [_row(ids=(i, 0, 0))]},
+                             timeout=30).json()["predictions"][0]["score"]
 
     results = {}
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, one(i)))
@@ -112,4 +313,4 @@ def test_concurrent_requests_are_answered(url):
         t.start()
     for t in threads:
         t.join(60)
-    assert results == {i: 2 * i for i in range(16)}
+    assert results == {i: 3.0 + i for i in range(16)}
