@@ -1,8 +1,16 @@
-"""`tfra-de serve EXPORT_DIR`: a sharded export served by separate processes on loopback.
+"""`tfra-de serve MODEL_DIR`: a sharded export served by separate processes on loopback.
 
     tfra-de serve /tmp/sharded --port 8501 [--replicas 2] [--model-name dlrm]
     curl -d '{"instances": [{"dense": [...], "ids": [...]}]}' \\
          localhost:8501/v1/models/dlrm:predict
+
+MODEL_DIR is a sharded export (manifest.json), a plain SavedModel (saved_model.pb: served in
+this process as one model, no shards), or TF Serving's version layout: numbered directories
+`MODEL_DIR/1/`, `MODEL_DIR/2/`, ... each either of those. The newest version is served; every
+`--poll-seconds` the directory is read again and a newer complete version (its manifest.json or
+saved_model.pb present) is loaded -- its shards started -- and served, then the older one
+retired, without a restart. Requests are checked against the signature before any shard is
+called (`inference/request_checks.py`).
 
 Every sparse shard (`shard_<i>/` of `export_sharded`) runs in `--replicas` processes of its own
 (`inference/grpc_shards.py`: TF Serving's gRPC PredictionService, model name `shard_<i>`). This
@@ -51,6 +59,7 @@ class RemoteShardedModel:
         self._serve = self._main.signatures[manifest_lib.SERVING_SIGNATURE]
         self._main_specs = self._serve.structured_input_signature[1]
         self._signature = manifest_lib.SERVING_SIGNATURE
+        self.signatures = request_signatures(export_dir, self.manifest)
 
     def pooled(self, request):
         """(routed request, {feature: pooled rows}): one call per shard, all in flight at once."""
@@ -79,6 +88,139 @@ class RemoteShardedModel:
         """Closes the shards' channels."""
         for client in self.shards.values():
             client.close()
+
+
+def request_signatures(export_dir, manifest):
+    """{serving_default: request_checks.Signature} of a sharded export as clients call it: the
+    trained model's inputs (`manifest.request_inputs`), main's outputs; None for a manifest that
+    does not record its request inputs (requests then pass unchecked)."""
+    from tfra_dynamic_embedding.inference import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.inference import request_checks  # pylint: disable=import-outside-toplevel
+    if not manifest.request_inputs:
+        return None
+    main = saved_model_signatures(os.path.join(export_dir, manifest_lib.MAIN_DIR))
+    outputs = main[manifest_lib.SERVING_SIGNATURE].outputs
+    inputs = {name: request_checks.TensorSpec(
+        spec["dtype"], None if spec.get("shape") is None else tuple(spec["shape"]))
+        for name, spec in manifest.request_inputs.items()}
+    return {manifest_lib.SERVING_SIGNATURE: request_checks.Signature(inputs, outputs)}
+
+
+def saved_model_signatures(saved_model_dir):
+    """{name: request_checks.Signature} read from a SavedModel's saved_model.pb."""
+    from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
+
+    from tfra_dynamic_embedding.inference import request_checks  # pylint: disable=import-outside-toplevel
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    return {name: request_checks.Signature.from_signature_def(signature_def)
+            for name, signature_def in saved.meta_graphs[0].signature_def.items()
+            if not name.startswith("__")}   # __saved_model_init_op is no signature to call
+
+
+def model_versions(model_dir):
+    """{version: directory} of a model directory: its numbered subdirectories that are complete
+    (a sharded export's manifest.json, written last, or a SavedModel's saved_model.pb); a
+    directory that is itself one of those is version 1.
+
+    Example:
+        >>> import tempfile
+        >>> root = tempfile.TemporaryDirectory()
+        >>> for path in ("1/saved_model.pb", "2/manifest.json", "3/half_written",
+        ...              "x/saved_model.pb"):
+        ...     os.makedirs(os.path.dirname(os.path.join(root.name, path)), exist_ok=True)
+        ...     open(os.path.join(root.name, path), "w").close()
+        >>> {v: os.path.basename(d) for v, d in model_versions(root.name).items()}
+        {1: '1', 2: '2'}
+        >>> root.cleanup()
+    """
+    if _servable_kind(model_dir):
+        return {1: model_dir}
+    versions = {}
+    for entry in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, entry)
+        if entry.isdigit() and os.path.isdir(path) and _servable_kind(path):
+            versions[int(entry)] = path
+    return versions
+
+
+def _servable_kind(path):
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        return "sharded"
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return "saved_model"
+    return None
+
+
+def load_version(version, path, args, addresses=None):
+    """A `rest.Servable` of one version directory: a sharded export (its shard processes
+    started here unless `addresses` are given) or a plain SavedModel loaded in this process."""
+    from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
+    if _servable_kind(path) == "saved_model":
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        loaded = tf.saved_model.load(path)
+        signatures = saved_model_signatures(path)
+
+        def run(signature_name, inputs):
+            function = loaded.signatures[signature_name]
+            specs = signatures[signature_name].inputs
+            outputs = function(**{k: tf.constant(v, dtype=specs[k].dtype)
+                                  for k, v in inputs.items()})
+            return {k: v.numpy() for k, v in outputs.items()}
+
+        print(f"   version {version}: SavedModel {path} (in process)", flush=True)
+        return rest.Servable(version, signatures, run, close=lambda: None)
+    cluster = None
+    try:
+        if addresses is None:
+            log_dir = args.log_dir and (args.log_dir if path == args.export_dir else
+                                        os.path.join(args.log_dir, str(version)))
+            cluster = start_shards(path, args.replicas, log_dir)
+            addresses = cluster.spec
+            for (shard, task), proc in sorted(cluster.processes.items()):
+                print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
+                      f"(pid {proc.pid})", flush=True)
+        model = RemoteShardedModel(path, addresses, args.timeout)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+
+    def close():
+        model.close()
+        if cluster is not None:
+            cluster.close()
+
+    print(f"   version {version}: sharded export {path}", flush=True)
+    return rest.Servable(version, model.signatures,
+                         lambda _signature, inputs: model.predict(inputs), close=close)
+
+
+def poll_versions(model_dir, versions, load, seconds, stop):
+    """Every `seconds` until `stop` is set: loads a version of `model_dir` newer than any
+    `versions` knows (`load(version, path)` -> Servable), serves it and retires the older ones.
+    A version that fails to load is listed as END with its error and not tried again."""
+    while not stop.wait(seconds):
+        try:
+            found = model_versions(model_dir)
+        except OSError as error:   # the directory moved away: keep serving what is loaded
+            print(f"   cannot read {model_dir}: {error}", flush=True)
+            continue
+        newest = max(found, default=None)
+        if newest is None or newest <= max(versions.known(), default=0):
+            continue
+        try:
+            servable = load(newest, found[newest])
+        except Exception as error:  # pylint: disable=broad-except
+            versions.retire(newest, error=f"{type(error).__name__}: {error}")
+            print(f"   version {newest} failed to load: {error}", flush=True)
+            continue
+        versions.add(servable)
+        for version in sorted(versions.loaded()):
+            if version < newest:
+                versions.retire(version)
+        print(f"   serving version {newest}", flush=True)
 
 
 def start_shards(export_dir, replicas=1, log_dir=None):
@@ -118,7 +260,9 @@ def add_parser(subparsers):
     parser = subparsers.add_parser(
         "serve", help="serve a sharded export: shard processes + a REST main server",
         description=__doc__.split("\n\n")[2])
-    parser.add_argument("export_dir", help="a directory written by export_sharded")
+    parser.add_argument("export_dir", metavar="MODEL_DIR",
+                        help="a directory written by export_sharded, a plain SavedModel, or "
+                             "numbered version directories of either (the newest served)")
     parser.add_argument("--port", type=int, default=8501, help="REST port (default 8501)")
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--model-name", default=None,
@@ -131,51 +275,81 @@ def add_parser(subparsers):
     parser.add_argument("--log-dir", default=None,
                         help="keep the shard processes' logs here, made if missing (default: "
                              "a temporary directory, removed at exit)")
+    parser.add_argument("--poll-seconds", type=float, default=5.0,
+                        help="read MODEL_DIR for a newer version every this many seconds "
+                             "(0: never; default 5)")
+    parser.add_argument("--max-body-mb", type=float, default=None,
+                        help="the largest request body accepted, in MiB (default 64; larger: "
+                             "HTTP 413)")
     parser.set_defaults(run=run)
     return parser
 
 
 def run(args):
-    """Starts the shards (unless --shards) and serves REST until SIGTERM/Ctrl-C."""
-    if not os.path.isfile(os.path.join(args.export_dir, "manifest.json")):
-        raise ValueError(f"export_dir {args.export_dir!r} has no manifest.json: not a sharded "
-                         f"export")
+    """Loads the newest version (starting its shards unless --shards), serves REST until
+    SIGTERM/Ctrl-C, loading newer versions as they appear."""
+    import threading  # pylint: disable=import-outside-toplevel
+    if not os.path.isdir(args.export_dir):
+        raise ValueError(f"MODEL_DIR {args.export_dir!r} is not a directory")
+    found = model_versions(args.export_dir)
+    if not found:
+        raise ValueError(f"MODEL_DIR {args.export_dir!r} is neither a sharded export "
+                         f"(manifest.json) nor a SavedModel (saved_model.pb), nor holds numbered "
+                         f"version directories of those")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535; got {args.port}")
-    cluster = None
-    try:
-        if args.shards:
-            try:
-                addresses = json.loads(args.shards)
-            except ValueError as error:
-                raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
-                                 f"got {args.shards!r} ({error})") from None
-            if not isinstance(addresses, dict):
-                raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
-                                 f"got {args.shards!r}")
-        else:
-            cluster = start_shards(args.export_dir, args.replicas, args.log_dir)
-            addresses = cluster.spec
-            for (shard, task), proc in sorted(cluster.processes.items()):
-                print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
-                      f"(pid {proc.pid})", flush=True)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        from aiohttp import web  # pylint: disable=import-outside-toplevel
+    if args.poll_seconds < 0:
+        raise ValueError(f"--poll-seconds must be >= 0; got {args.poll_seconds}")
+    from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
+    max_body_mb = rest.DEFAULT_MAX_BODY_MB if args.max_body_mb is None else args.max_body_mb
+    if max_body_mb <= 0:
+        raise ValueError(f"--max-body-mb must be > 0; got {args.max_body_mb}")
+    addresses = None
+    if args.shards:
+        try:
+            addresses = json.loads(args.shards)
+        except ValueError as error:
+            raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
+                             f"got {args.shards!r} ({error})") from None
+        if not isinstance(addresses, dict):
+            raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
+                             f"got {args.shards!r}")
+    newest = max(found)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from aiohttp import web  # pylint: disable=import-outside-toplevel
 
-        from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
-        model = RemoteShardedModel(args.export_dir, addresses, args.timeout)
-        name = args.model_name or model.manifest.model or "model"
-        app = rest.make_app(name, model.predict, unavailable=(tf.errors.UnavailableError,),
-                            bad_request=(tf.errors.InvalidArgumentError,))
+    versions = rest.Versions([load_version(newest, found[newest], args, addresses)])
+    stop, poller = threading.Event(), None
+    try:
+        name = args.model_name or _model_name(found[newest])
+        app = rest.make_app(name, versions=versions, unavailable=(tf.errors.UnavailableError,),
+                            bad_request=(tf.errors.InvalidArgumentError,),
+                            max_body_mb=max_body_mb)
+        # --shards names one version's shards: a newer version would need its own.
+        if args.poll_seconds > 0 and addresses is None:
+            poller = threading.Thread(
+                target=poll_versions, name="poll-versions", daemon=True,
+                args=(args.export_dir, versions,
+                      lambda version, path: load_version(version, path, args),
+                      args.poll_seconds, stop))
+            poller.start()
         url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
         # run_app calls `print` once the port is bound: the ready line means requests work.
-        try:
-            web.run_app(app, host=args.host, port=args.port, handle_signals=True,
-                        print=lambda _message: print(f"{READY}: {url}", flush=True))
-        finally:
-            model.close()
+        web.run_app(app, host=args.host, port=args.port, handle_signals=True,
+                    print=lambda _message: print(f"{READY}: {url}", flush=True))
     finally:
-        if cluster is not None:
-            cluster.close()
+        stop.set()
+        if poller is not None:
+            poller.join(60)   # a load in progress finishes (or fails) before shutting down
+        versions.close()
     return 0
+
+
+def _model_name(path):
+    """The default model name: a sharded export's recorded model name, else "model"."""
+    manifest_path = os.path.join(path, "manifest.json")
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, encoding="utf-8") as f:
+            return json.load(f).get("model") or "model"
+    return "model"
