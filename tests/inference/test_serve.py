@@ -6,6 +6,7 @@ killed by pid at the end."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,7 +68,7 @@ class Served:
     """`tfra-de serve` as a subprocess, its shard processes' pids parsed from its output;
     `close()` stops it (SIGTERM, then SIGKILL by pid) -- also when the start fails."""
 
-    def __init__(self, export_dir, log_path, timeout=2.0):
+    def __init__(self, export_dir, log_path, timeout=2.0, extra=()):
         self.port = free_port()
         self.log_path = log_path
         self.replicas = {}
@@ -75,7 +76,7 @@ class Served:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", "tfra_dynamic_embedding.cli", "serve", export_dir,
                  "--port", str(self.port), "--replicas", "2", "--timeout", str(timeout),
-                 "--model-name", "m"], stdout=log, stderr=subprocess.STDOUT,
+                 "--model-name", "m", *extra], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=ENV)
         try:
             deadline = time.monotonic() + 180
@@ -324,3 +325,89 @@ def test_a_stock_tf_serving_client_calls_a_shard_of_the_export(setup):
         for _, proc in procs.values():
             proc.kill()
             proc.wait(30)
+
+
+# -- strict requests, metadata, versions, a plain SavedModel ----------------------------------------
+
+
+class _Doubler(tf.Module):
+    """A plain SavedModel with the request signature of `_model`: prediction = 10 * sum(x)."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="user"),
+                                  tf.TensorSpec([None, 2], tf.string, name="tags"),
+                                  tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(self, user, tags, x):
+        del user, tags
+        return {"prediction": tf.reduce_sum(x, axis=1, keepdims=True) * 10.0}
+
+
+def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
+    """Version 1 (a sharded export) serves; bad requests are 400s before any shard is called;
+    metadata is TF Serving's SignatureDefMap; a plain SavedModel copied in as version 2 is served
+    within seconds, no restart: answers change to its predictions and version 1's shard
+    processes are gone."""
+    model, export_dir, work = setup
+    root = work / "versions"
+    root.mkdir()
+    shutil.copytree(export_dir, root / "1")
+    served = Served(str(root), str(work / "versions.log"), extra=("--poll-seconds", "1"))
+    base = f"http://localhost:{served.port}/v1/models/m"
+    try:
+        rng = np.random.default_rng(5)
+        request = _request(rng, 4)
+        expected = model({k: tf.constant(v) for k, v in request.items()}).numpy().ravel()
+        reply = served.predict(request)
+        assert reply.status_code == 200, reply.text
+        assert np.max(np.abs(np.array(reply.json()["predictions"]).ravel() - expected)) <= 1e-6
+
+        good = _instances(request)[0]
+        bad = [({**good, "user": 1.5}, "input 'user': JSON Value: 1.5 Type: Number is not of "
+                                       "expected type: int64"),
+               ({**good, "user": 2 ** 63}, "is not of expected type: int64 (out of its range"),
+               ({**good, "tags": [1, 2]}, "input 'tags': JSON Value: 1 Type: Number is not of "
+                                          "expected type: string"),
+               ({**good, "tags": ["t1"]}, "input 'tags': got shape [1,1]"),
+               ({**good, "extra": 1}, "input tensor alias not found in signature: extra. "
+                                      "Inputs expected to be in the set {tags,user,x}.")]
+        for instance, message in bad:
+            reply = requests.post(served.url, json={"instances": [instance]}, timeout=60)
+            assert reply.status_code == 400, reply.text
+            assert message in reply.json()["error"]
+        reply = requests.post(served.url, json={"instances": [good], "signature_name": "nosuch"},
+                              timeout=60)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == ("Serving signature name: \"nosuch\" not found in "
+                                         "signature def (model 'm' has {serving_default})")
+        # (That no shard is called for them is test_rest's: its predictor counts its calls.)
+        meta = requests.get(f"{base}/metadata", timeout=60).json()
+        signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert signature["inputs"]["tags"]["dtype"] == "DT_STRING"
+        assert signature["inputs"]["tags"]["tensor_shape"] == {
+            "dim": [{"size": "-1", "name": ""}, {"size": "2", "name": ""}], "unknown_rank": False}
+        assert signature["method_name"] == "tensorflow/serving/predict"
+        assert sorted(signature["outputs"]) == ["prediction"]
+
+        # Version 2: a plain SavedModel, written aside and renamed in (complete when seen).
+        tf.saved_model.save(_Doubler(), str(work / "v2"),
+                            signatures={"serving_default": _Doubler().serve.get_concrete_function()})
+        os.rename(work / "v2", root / "2")
+        doubled = 10.0 * request["x"].sum(axis=1)
+        deadline = time.monotonic() + 60
+        while True:
+            reply = served.predict(request)
+            assert reply.status_code == 200, reply.text
+            got = np.array(reply.json()["predictions"]).ravel()
+            if np.max(np.abs(got - doubled)) <= 1e-4:
+                break
+            assert time.monotonic() < deadline, served.log()[-3000:]
+            time.sleep(0.5)
+        status = requests.get(base, timeout=60).json()["model_version_status"]
+        assert [(s["version"], s["state"]) for s in status] == [("2", "AVAILABLE"), ("1", "END")]
+        reply = requests.post(f"{base}/versions/1:predict",
+                              json={"instances": _instances(request)}, timeout=60)
+        assert reply.status_code == 404, reply.text
+        assert "Servable not found for request: Specific(m, 1)" in reply.json()["error"]
+        _assert_gone([pid for _, pid in served.replicas.values()])
+    finally:
+        served.close()
+    _assert_gone([pid for _, pid in served.replicas.values()])
