@@ -4,6 +4,7 @@ Serving's REST API. Predictions equal the single-process model; a dead replica i
 shard gives HTTP 503 naming it in bounded time, a restarted shard is used again. Every process is
 killed by pid at the end."""
 
+import argparse
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 from tests.inference.lines import wait_for_line
 from tfra_dynamic_embedding import inference
 from tfra_dynamic_embedding.distributed.cluster import free_port
-from tfra_dynamic_embedding.inference import grpc_shards, serve
+from tfra_dynamic_embedding.inference import grpc_shards, request_checks, serve
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
@@ -411,3 +412,20 @@ def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
     finally:
         served.close()
     _assert_gone([pid for _, pid in served.replicas.values()])
+
+
+def test_a_plain_saved_model_directory_is_version_1_served_in_process(tmp_path):
+    """`tfra-de serve SAVED_MODEL_DIR`: no manifest, no shards: the SavedModel itself is
+    version 1, its signatures read from saved_model.pb, run in this process."""
+    module = _Doubler()
+    tf.saved_model.save(module, str(tmp_path),
+                        signatures={"serving_default": module.serve.get_concrete_function()})
+    assert serve.model_versions(str(tmp_path)) == {1: str(tmp_path)}
+    servable = serve.load_version(1, str(tmp_path), argparse.Namespace())
+    signature = servable.signatures["serving_default"]
+    assert {k: (v.dtype, v.shape) for k, v in signature.inputs.items()} == {
+        "user": ("int64", (None,)), "tags": ("string", (None, 2)), "x": ("float32", (None, 2))}
+    checked = request_checks.check_predict(
+        {"instances": [{"user": 1, "tags": ["a", "b"], "x": [0.5, 2]}]}, servable.signatures)
+    outputs = servable.run(checked.signature_name, checked.inputs)
+    np.testing.assert_allclose(outputs["prediction"], [[25.0]])
