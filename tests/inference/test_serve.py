@@ -389,8 +389,9 @@ def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
         assert sorted(signature["outputs"]) == ["prediction"]
 
         # Version 2: a plain SavedModel, written aside and renamed in (complete when seen).
-        tf.saved_model.save(_Doubler(), str(work / "v2"),
-                            signatures={"serving_default": _Doubler().serve.get_concrete_function()})
+        doubler = _Doubler()
+        tf.saved_model.save(doubler, str(work / "v2"),
+                            signatures={"serving_default": doubler.serve.get_concrete_function()})
         os.rename(work / "v2", root / "2")
         doubled = 10.0 * request["x"].sum(axis=1)
         deadline = time.monotonic() + 60
