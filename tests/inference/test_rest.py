@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import requests
+import tensorflow as tf
 from aiohttp import web
 
 from tfra_dynamic_embedding.distributed.cluster import free_port
@@ -21,6 +22,13 @@ CALLS = []   # every predictor call: (version, signature name); bad requests mus
 
 def dlrm(inputs, version=1, signature="serving_default"):
     CALLS.append((version, signature))
+    if signature in ("labels", "price"):   # serialized tf.Examples with a float feature "age"
+        examples = [tf.train.Example.FromString(e) for e in inputs["inputs"]]
+        ages = np.array([e.features.feature["age"].float_list.value[0] for e in examples])
+        if signature == "price":
+            return {"outputs": (ages * version)[:, None]}
+        return {"classes": np.array([[b"young", b"old"]] * len(ages), dtype=object),
+                "scores": np.stack([1 - ages / 100, ages / 100], axis=1)}
     if inputs["name"].size and inputs["name"][0] == b"fail":
         raise rest.Unavailable("shard 'shard_1' did not answer")
     score = inputs["dense"].sum(axis=1) + inputs["ids"].sum(axis=1) * version
@@ -36,8 +44,12 @@ def _signatures():
     return {"serving_default": Signature(inputs, outputs),
             "other": Signature(dict(inputs), dict(outputs)),
             "labels": Signature({"inputs": TensorSpec("string", (None,), "input:0")},
-                                {"classes": TensorSpec("string", (None, 2), "classes:0")},
-                                "tensorflow/serving/classify")}
+                                {"classes": TensorSpec("string", (None, 2), "classes:0"),
+                                 "scores": TensorSpec("float32", (None, 2), "scores:0")},
+                                "tensorflow/serving/classify"),
+            "price": Signature({"inputs": TensorSpec("string", (None,), "input:0")},
+                               {"outputs": TensorSpec("float32", (None, 1), "outputs:0")},
+                               "tensorflow/serving/regress")}
 
 
 def _servable(version):
@@ -116,6 +128,20 @@ def test_a_function_without_signatures_is_served_unchecked(urls):
     assert reply.json() == {"predictions": [2, 5]}
 
 
+def test_classify_and_regress_where_the_signature_fits(urls):
+    body = {"examples": [{"age": 20.0}, {"age": 60.5, "name": "x"}], "context": {"k": [1, 2]},
+            "signature_name": "labels"}
+    reply = requests.post(f"{urls['dlrm']}/v1/models/dlrm:classify", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"results": [[["young", 0.8], ["old", 0.2]],
+                                        [["young", 0.395], ["old", 0.605]]]}
+    body["signature_name"] = "price"
+    reply = requests.post(f"{urls['dlrm']}/v1/models/dlrm/versions/2:regress", json=body,
+                          timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"results": [40.0, 121.0]}
+
+
 def test_status_lists_the_versions(urls):
     reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm", timeout=30)
     assert reply.json() == {"model_version_status": [
@@ -131,7 +157,7 @@ def test_metadata_is_tf_servings_signature_def_map(urls):
     meta = reply.json()
     assert meta["model_spec"] == {"name": "dlrm", "signature_name": "", "version": "1"}
     defs = meta["metadata"]["signature_def"]["signature_def"]
-    assert sorted(defs) == ["labels", "other", "serving_default"]
+    assert sorted(defs) == ["labels", "other", "price", "serving_default"]
     assert defs["serving_default"]["method_name"] == "tensorflow/serving/predict"
     assert defs["labels"]["method_name"] == "tensorflow/serving/classify"
     assert defs["serving_default"]["inputs"]["ids"] == {
@@ -216,7 +242,7 @@ BAD = [
     ("body not an object", PREDICT, [1, 2], 400, "JSON Value: [1, 2] is not a JSON object"),
     ("nosuch signature", PREDICT, {"instances": [_row()], "signature_name": "nosuch"}, 400,
      "Serving signature name: \"nosuch\" not found in signature def (model 'dlrm' has "
-     "{labels,other,serving_default})"),
+     "{labels,other,price,serving_default})"),
     ("signature_name not a string", PREDICT, {"instances": [_row()], "signature_name": 3},
      400, "JSON Value: 3 not formatted correctly. 'signature_name' key must be a string value."),
     ("non-JSON", PREDICT, "{not json", 400, "JSON Parse error: "),
@@ -239,9 +265,19 @@ BAD = [
      {"examples": [{}], "signature_name": "other"}, 400,
      "Expected classify signature method_name to be tensorflow/serving/classify. Was: "
      "tensorflow/serving/predict (signature 'other' of model 'dlrm')"),
-    ("classify on a classify signature", "v1/models/dlrm:classify",
-     {"examples": [{}], "signature_name": "labels"}, 400,
-     ":classify of signature 'labels' (a tf.Example input) is not supported"),
+    ("classify without examples", "v1/models/dlrm:classify",
+     {"instances": [{}], "signature_name": "labels"}, 400,
+     ":classify takes a JSON object whose 'examples' is a non-empty list of objects"),
+    ("classify with a bool feature", "v1/models/dlrm:classify",
+     {"examples": [{"age": True}], "signature_name": "labels"}, 400,
+     "feature 'age': JSON Value: true must be integers, decimals or strings"),
+    ("classify with mixed kinds", "v1/models/dlrm:classify",
+     {"examples": [{"age": [1, "a"]}], "signature_name": "labels"}, 400,
+     "one kind per feature"),
+    ("regress on a classify signature", "v1/models/dlrm:regress",
+     {"examples": [{"age": 1.0}], "signature_name": "labels"}, 400,
+     "Expected regress signature method_name to be tensorflow/serving/regress. Was: "
+     "tensorflow/serving/classify"),
     ("predict on a classify signature", PREDICT,
      {"instances": ["a"], "signature_name": "labels"}, 400,
      "Expected predict signature method_name to be tensorflow/serving/predict. Was: "

@@ -200,14 +200,13 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
                 raise _Error(400, f"Expected {method} signature method_name to be "
                                   f"{_METHODS[method]}. Was: {signature.method_name} "
                                   f"(signature '{signature_name}' of model '{name}')")
-            if method != "predict":
-                # A classify / regress signature takes serialized tf.Examples: not converted.
-                raise _Error(400, f":{method} of signature '{signature_name}' (a "
-                                  f"tf.Example input) is not supported by this server; use "
-                                  f":predict")
-            checked = request_checks.check_predict(body, servable.signatures, name)
-            signature_name, inputs, row_format = (checked.signature_name, checked.inputs,
-                                                  checked.row_format)
+            if method == "predict":
+                checked = request_checks.check_predict(body, servable.signatures, name)
+                inputs, row_format = checked.inputs, checked.row_format
+            else:   # classify / regress: the signature's one input takes serialized tf.Examples
+                inputs = {next(iter(signature.inputs)): request_checks.check_examples(
+                    body, signature, method)}
+                row_format = None
         loop = asyncio.get_running_loop()
         try:
             outputs = await loop.run_in_executor(pool, servable.run, signature_name, inputs)
@@ -215,6 +214,8 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
             raise _Error(503, str(error)) from None
         except bad_request as error:
             raise _Error(400, str(error)) from None
+        if method != "predict":
+            return web.json_response(format_results(outputs, method))
         return web.json_response(format_response(outputs, row_format))
 
     app = web.Application(client_max_size=int(max_body_mb * 2 ** 20),
@@ -328,6 +329,29 @@ def format_response(outputs, row_format):
         raise ValueError(f"outputs differ in their first dimension: "
                          f"{ {k: len(v) for k, v in lists.items()} }")
     return {"predictions": [{k: v[i] for k, v in lists.items()} for i in range(rows.pop())]}
+
+
+def format_results(outputs, method):
+    """TF Serving's :classify / :regress answer: `{"results": ...}`, per example a list of
+    [label, score] (classify: the signature's "classes" and "scores", a missing one as "" / 0)
+    or one value (regress: the signature's "outputs")."""
+    outputs = {k: np.asarray(v) for k, v in outputs.items()}
+    if method == "regress":
+        if "outputs" not in outputs:
+            raise BadRequest(f"a regress signature returns 'outputs'; this one returns "
+                             f"{sorted(outputs)}")
+        return {"results": outputs["outputs"].reshape(len(outputs["outputs"]), -1)[:, 0].tolist()}
+    if "classes" not in outputs and "scores" not in outputs:
+        raise BadRequest(f"a classify signature returns 'classes' and/or 'scores'; this one "
+                         f"returns {sorted(outputs)}")
+    reference = outputs.get("scores", outputs.get("classes"))
+    rows, per_row = reference.shape[0], int(np.prod(reference.shape[1:], dtype=np.int64))
+    classes = (np.asarray(_listed(outputs["classes"].reshape(rows, per_row)), dtype=object)
+               if "classes" in outputs else np.full((rows, per_row), "", dtype=object))
+    scores = (outputs["scores"].reshape(rows, per_row).tolist() if "scores" in outputs
+              else [[0.0] * per_row] * rows)
+    return {"results": [[[classes[r][c], scores[r][c]] for c in range(per_row)]
+                        for r in range(rows)]}
 
 
 def _decode(value):
