@@ -336,6 +336,21 @@ def test_a_retired_version_is_not_found_and_listed_as_ended():
         {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]
 
 
+def test_a_retired_version_closes_once_its_requests_are_done():
+    closed = []
+    versions = rest.Versions([rest.Servable(1, None, None, close=lambda: closed.append(1)),
+                              _servable(2)])
+    held = versions.acquire(1)
+    retiring = threading.Thread(target=versions.retire, args=(1,))
+    retiring.start()
+    retiring.join(0.5)
+    # No longer served, but not closed while a request holds it.
+    assert retiring.is_alive() and not closed and versions.acquire(1) is None
+    versions.release(held)
+    retiring.join(30)
+    assert closed == [1] and versions.acquire().version == 2
+
+
 def test_concurrent_requests_are_answered(urls):
     def one(i):
         return requests.post(f"{urls['dlrm']}/v1/models/dlrm/versions/1:predict",

@@ -76,7 +76,9 @@ class Servable:
 class Versions:
     """The versions a server answers for: loaded ones (AVAILABLE) and retired or failed ones
     (END, with the load error if any). Thread-safe: a poller loads and retires while requests
-    read.
+    run. A request holds its version (`acquire` / `release`) while it runs, and `retire` closes
+    a version only once the requests that hold it are done -- as TF Serving drains a version
+    before unloading it -- so that a version switch under load fails no request.
 
     Example:
         >>> versions = Versions([Servable(1, None, lambda name, inputs: inputs)])
@@ -87,9 +89,26 @@ class Versions:
     """
 
     def __init__(self, servables=()):
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._loaded = {s.version: s for s in servables}
         self._ended = {}   # version: error message ("" when retired in favour of a newer one)
+        self._holders = {}   # version: requests running on it
+
+    def acquire(self, version=None):
+        """The Servable of `version` (None: the newest), held until `release`; None if not
+        loaded."""
+        with self._lock:
+            if version is None:
+                version = max(self._loaded, default=None)
+            servable = self._loaded.get(version)
+            if servable is not None:
+                self._holders[version] = self._holders.get(version, 0) + 1
+            return servable
+
+    def release(self, servable):
+        with self._lock:
+            self._holders[servable.version] -= 1
+            self._lock.notify_all()
 
     def loaded(self):
         """{version: Servable} (a snapshot)."""
@@ -101,11 +120,13 @@ class Versions:
             self._loaded[servable.version] = servable
             self._ended.pop(servable.version, None)
 
-    def retire(self, version, error=""):
-        """Stops serving `version` (closing it) or records that it failed to load (`error`)."""
+    def retire(self, version, error="", drain_seconds=60.0):
+        """Stops serving `version` and closes it once no request holds it (at most
+        `drain_seconds` later), or records that it failed to load (`error`)."""
         with self._lock:
             servable = self._loaded.pop(version, None)
             self._ended[version] = error
+            self._lock.wait_for(lambda: not self._holders.get(version), drain_seconds)
         if servable is not None and servable.close is not None:
             servable.close()
 
@@ -154,16 +175,20 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
     pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="predict")
     unavailable, bad_request = tuple(unavailable), _BAD_REQUEST_ERRORS + tuple(bad_request)
 
-    def servable_for(request):
-        """The Servable a request's URL names; raises a 404 naming what is served."""
+    def servable_for(request, hold=False):
+        """The Servable a request's URL names (held: `versions.release` it); raises a 404
+        naming what is served."""
         model, version = request.match_info["name"], request.match_info.get("version")
-        wanted = f"Latest({model})" if version is None else f"Specific({model}, {version})"
-        loaded = versions.loaded() if model == name else {}
-        servable = (loaded.get(int(version)) if version is not None else
-                    loaded[max(loaded)] if loaded else None)
+        version = None if version is None else int(version)
+        servable = None
+        if model == name:
+            servable = (versions.acquire(version) if hold else
+                        versions.loaded().get(version if version is not None else
+                                              max(versions.loaded(), default=None)))
         if servable is None:
-            served = (f"model '{name}' versions {sorted(loaded)}" if model == name else
-                      f"model '{name}'")
+            wanted = f"Latest({model})" if version is None else f"Specific({model}, {version})"
+            served = (f"model '{name}' versions {sorted(versions.loaded())}" if model == name
+                      else f"model '{name}'")
             raise _Error(404, f"Servable not found for request: {wanted} (this server serves "
                               f"{served})")
         return servable
@@ -186,7 +211,23 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
         if method not in _METHODS:
             raise _Error(404, f"Malformed request: POST {request.path}: the methods are "
                               f"{sorted(_METHODS)}")
-        servable = servable_for(request)
+        servable = servable_for(request, hold=True)
+        held = [servable]   # emptied once the predictor thread has taken the hold over
+        try:
+            return await answer(request, method, servable, held)
+        finally:
+            if held:
+                versions.release(servable)
+
+    def run_held(servable, signature_name, inputs):
+        """servable.run in a predictor thread, releasing the hold when it is done: a request
+        cancelled meanwhile (client gone) must not let its version close under the thread."""
+        try:
+            return servable.run(signature_name, inputs)
+        finally:
+            versions.release(servable)
+
+    async def answer(request, method, servable, held):
         body = await _json_body(request)
         if servable.signatures is None:   # a bare function: nothing to check against
             if method != "predict":
@@ -208,8 +249,9 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
                     body, signature, method)}
                 row_format = None
         loop = asyncio.get_running_loop()
+        held.clear()
         try:
-            outputs = await loop.run_in_executor(pool, servable.run, signature_name, inputs)
+            outputs = await loop.run_in_executor(pool, run_held, servable, signature_name, inputs)
         except unavailable as error:
             raise _Error(503, str(error)) from None
         except bad_request as error:
