@@ -392,17 +392,40 @@ def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
         doubler = _Doubler()
         tf.saved_model.save(doubler, str(work / "v2"),
                             signatures={"serving_default": doubler.serve.get_concrete_function()})
-        os.rename(work / "v2", root / "2")
         doubled = 10.0 * request["x"].sum(axis=1)
+        # 4 clients keep sending through the switch: every answer is version 1's or version 2's.
+        answers, stop = [], threading.Event()
+
+        def client():
+            while not stop.is_set():
+                reply = served.predict(request)
+                answers.append((reply.status_code, reply.text if reply.status_code != 200 else
+                                np.array(reply.json()["predictions"]).ravel()))
+
+        clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        os.rename(work / "v2", root / "2")
         deadline = time.monotonic() + 60
-        while True:
-            reply = served.predict(request)
-            assert reply.status_code == 200, reply.text
-            got = np.array(reply.json()["predictions"]).ravel()
-            if np.max(np.abs(got - doubled)) <= 1e-4:
-                break
-            assert time.monotonic() < deadline, served.log()[-3000:]
-            time.sleep(0.5)
+        try:
+            while True:
+                reply = served.predict(request)
+                assert reply.status_code == 200, reply.text
+                got = np.array(reply.json()["predictions"]).ravel()
+                if np.max(np.abs(got - doubled)) <= 1e-4:
+                    break
+                assert time.monotonic() < deadline, served.log()[-3000:]
+                time.sleep(0.2)
+            time.sleep(2)   # version 1 retires (its shards stop) while the clients still send
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join(60)
+        failed = [a for a in answers if a[0] != 200]
+        assert not failed, failed[:3]
+        old = sum(np.max(np.abs(a[1] - expected)) <= 1e-6 for a in answers)
+        new = sum(np.max(np.abs(a[1] - doubled)) <= 1e-4 for a in answers)
+        assert old + new == len(answers) and old > 0 and new > 0, (old, new, len(answers))
         status = requests.get(base, timeout=60).json()["model_version_status"]
         assert [(s["version"], s["state"]) for s in status] == [("2", "AVAILABLE"), ("1", "END")]
         reply = requests.post(f"{base}/versions/1:predict",
