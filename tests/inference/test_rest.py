@@ -14,7 +14,7 @@ import tensorflow as tf
 from aiohttp import web
 
 from tfra_dynamic_embedding.distributed.cluster import free_port
-from tfra_dynamic_embedding.inference import rest
+from tfra_dynamic_embedding.inference import request_checks, rest
 from tfra_dynamic_embedding.inference.request_checks import Signature, TensorSpec
 
 CALLS = []   # every predictor call: (version, signature name); bad requests must add none
@@ -365,3 +365,34 @@ def test_concurrent_requests_are_answered(urls):
     for t in threads:
         t.join(60)
     assert results == {i: 3.0 + i for i in range(16)}
+
+
+@pytest.mark.parametrize("dtype, value, expected", [
+    ("int32", [[2 ** 31 - 1, -2 ** 31]], "ok"),
+    ("int32", [[2 ** 31, 0]], "(out of its range [-2147483648, 2147483647])"),
+    ("uint64", [[2 ** 64 - 1, 0]], "ok"),
+    ("uint64", [[-1, 0]], "JSON Value: -1 Type: Number is not of expected type: uint64"),
+    ("int64", [[2 ** 70, 0]], "JSON Value: 1180591620717411303424 Type: Number"),
+    ("float32", [[2 ** 24 - 1, -0.5]], "ok"),
+    ("float32", [[2 ** 24, 0]], "Cannot convert JSON value: 16777216 to float"),
+    ("float32", [[float("nan"), 3.4e38]], "ok"),
+    ("float32", [[3.5e38, 0]], "Cannot convert JSON value: 3.5e+38 to float"),
+    ("float64", [[2 ** 53 + 1, 0]], "to double without loss of precision"),
+    ("bool", [[True, False]], "ok"),
+    ("bool", [[1, False]], "JSON Value: 1 Type: Number is not of expected type: bool"),
+])
+def test_dtype_edges(dtype, value, expected, monkeypatch):
+    """The edges of every dtype's range, through the one-type-at-a-time path and the
+    value-by-value one: both give the same array or the same refusal."""
+    spec = TensorSpec(dtype, (None, 2))
+    for path in ("fast", "slow"):
+        if path == "slow":
+            monkeypatch.setattr(request_checks, "_fast_array", lambda *args: None)
+        if expected != "ok":
+            with pytest.raises(request_checks.BadRequest) as error:
+                request_checks.to_array(value, spec, "v")
+            assert expected in str(error.value)
+            continue
+        array = request_checks.to_array(value, spec, "v")
+        assert array.dtype == np.dtype(dtype) and array.shape == (1, 2)
+        np.testing.assert_array_equal(array, np.array(value, dtype=dtype))
