@@ -165,6 +165,7 @@ def test_metadata_is_tf_servings_signature_def_map(urls):
             "dim": [{"size": "-1", "name": ""}, {"size": "3", "name": ""}],
             "unknown_rank": False}}
     assert defs["serving_default"]["outputs"]["tag"]["dtype"] == "DT_STRING"
+    assert defs["serving_default"]["inputs"]["dense"]["dtype"] == "DT_FLOAT"
     latest = requests.get(f"{urls['dlrm']}/v1/models/dlrm/metadata", timeout=30).json()
     assert latest["model_spec"]["version"] == "2"
 

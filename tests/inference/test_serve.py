@@ -382,7 +382,8 @@ def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
         # (That no shard is called for them is test_rest's: its predictor counts its calls.)
         meta = requests.get(f"{base}/metadata", timeout=60).json()
         signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
-        assert signature["inputs"]["tags"]["dtype"] == "DT_STRING"
+        assert {k: v["dtype"] for k, v in signature["inputs"].items()} == {
+            "user": "DT_INT64", "tags": "DT_STRING", "x": "DT_FLOAT"}
         assert signature["inputs"]["tags"]["tensor_shape"] == {
             "dim": [{"size": "-1", "name": ""}, {"size": "2", "name": ""}], "unknown_rank": False}
         assert signature["method_name"] == "tensorflow/serving/predict"

@@ -49,6 +49,8 @@ from tfra_dynamic_embedding.inference.request_checks import BadRequest
 DEFAULT_MAX_BODY_MB = 64   # TF Serving sets no small limit; aiohttp's own is 1 MiB
 # Error types a predictor raises for a request it cannot answer (a 400), besides ValueError.
 _BAD_REQUEST_ERRORS = (ValueError, KeyError, TypeError)
+# TensorFlow's DataType enum names where they are not DT_ + the dtype's name.
+_DT_NAMES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF"}
 _METHODS = {"predict": request_checks.PREDICT_METHOD,
             "classify": request_checks.CLASSIFY_METHOD,
             "regress": request_checks.REGRESS_METHOD}
@@ -284,7 +286,8 @@ def metadata_json(name, servable):
         shape = ({"dim": [], "unknown_rank": True} if spec.shape is None else
                  {"dim": [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape],
                   "unknown_rank": False})
-        return {"dtype": "DT_" + spec.dtype.upper(), "tensor_shape": shape, "name": spec.name}
+        return {"dtype": _DT_NAMES.get(spec.dtype, "DT_" + spec.dtype.upper()),
+                "tensor_shape": shape, "name": spec.name}
 
     defs = {key: {"inputs": {k: tensor(v) for k, v in signature.inputs.items()},
                   "outputs": {k: tensor(v) for k, v in signature.outputs.items()},
