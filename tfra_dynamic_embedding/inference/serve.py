@@ -316,12 +316,13 @@ def run(args):
                              f"got {args.shards!r}")
     newest = max(found)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from aiohttp import web  # pylint: disable=import-outside-toplevel
-
+    # The shard processes start before this process imports TensorFlow: both load at once.
     versions = rest.Versions([load_version(newest, found[newest], args, addresses)])
     stop, poller = threading.Event(), None
-    try:
+    try:  # (from here on, the loaded versions are closed -- their shards stopped -- at exit)
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from aiohttp import web  # pylint: disable=import-outside-toplevel
+
         name = args.model_name or _model_name(found[newest])
         app = rest.make_app(name, versions=versions, unavailable=(tf.errors.UnavailableError,),
                             bad_request=(tf.errors.InvalidArgumentError,),
