@@ -25,7 +25,7 @@ import tensorflow_recommenders_addons.dynamic_embedding as de
 from tests.inference.lines import wait_for_line
 from tfra_dynamic_embedding import inference
 from tfra_dynamic_embedding.distributed.cluster import free_port
-from tfra_dynamic_embedding.inference import grpc_shards, request_checks, serve
+from tfra_dynamic_embedding.inference import grpc_shards, request_checks, rest, serve
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
@@ -454,3 +454,35 @@ def test_a_plain_saved_model_directory_is_version_1_served_in_process(tmp_path):
         {"instances": [{"user": 1, "tags": ["a", "b"], "x": [0.5, 2]}]}, servable.signatures)
     outputs = servable.run(checked.signature_name, checked.inputs)
     np.testing.assert_allclose(outputs["prediction"], [[25.0]])
+
+
+def test_classify_and_regress_signatures_of_a_plain_saved_model(tmp_path):
+    """A TF1-style SavedModel with classify and regress signatures (serialized tf.Examples in):
+    :classify / :regress bodies become its examples; TF Serving's results come back."""
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="tf_example")
+        age = tf.io.parse_example(
+            serialized, {"age": tf.io.FixedLenFeature([1], tf.float32)})["age"]
+        scores = tf.concat([1.0 - age / 100.0, age / 100.0], axis=1)
+        classes = tf.tile(tf.constant([["young", "old"]]), [tf.shape(scores)[0], 1])
+        builder = tf.compat.v1.saved_model.Builder(str(tmp_path / "m"))
+        builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+            "serving_default": tf.compat.v1.saved_model.classification_signature_def(
+                serialized, classes, scores),
+            "twice": tf.compat.v1.saved_model.regression_signature_def(serialized, age * 2.0)})
+        builder.save()
+    servable = serve.load_version(1, str(tmp_path / "m"), argparse.Namespace())
+    body = {"examples": [{"age": 20.0}, {"age": 70.0}]}
+    for signature_name, method, expected in (
+            ("serving_default", "classify",
+             [[["young", 0.8], ["old", 0.2]], [["young", 0.3], ["old", 0.7]]]),
+            ("twice", "regress", [40.0, 140.0])):
+        signature = servable.signatures[signature_name]
+        assert signature.method_name == f"tensorflow/serving/{method}"
+        inputs = {"inputs": request_checks.check_examples(body, signature, method)}
+        results = rest.format_results(servable.run(signature_name, inputs), method)["results"]
+        if method == "classify":
+            assert [[c for c, _ in row] for row in results] == [["young", "old"]] * 2
+            results = [[s for _, s in row] for row in results]
+            expected = [[s for _, s in row] for row in expected]
+        np.testing.assert_allclose(results, expected, rtol=1e-6)

@@ -258,7 +258,7 @@ def _fast_array(value, shape, dtype):
         else:
             exact = _FLOAT_DTYPES[dtype][0]
             if not kinds <= {int, float} or (int in kinds and max(
-                    abs(v) for v in items if type(v) is int) > exact):  # pylint: disable=unidiomatic-typecheck
+                    abs(v) for v in items if isinstance(v, int)) > exact):   # (no bools here)
                 return None
             array = np.array(items, dtype=np.float64)
             limit = float(np.finfo(np.float32 if dtype == "bfloat16" else dtype).max)

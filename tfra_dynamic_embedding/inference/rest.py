@@ -418,6 +418,10 @@ def _array(values):
 
 
 def _listed(array):
+    if array.dtype in (np.float16, np.float32):
+        # As TF Serving writes them: the shortest decimal that reads back as the same float32
+        # (0.8, not float64's 0.800000011920929).
+        return array.astype(str).astype(np.float64).tolist()
     if array.dtype.kind == "S":
         return np.char.decode(array, "utf-8", errors="replace").tolist()
     if array.dtype == object:   # strings fed as they came (bytes objects)
