@@ -149,6 +149,12 @@ def test_status_lists_the_versions(urls):
         for v in ("2", "1")]}
     reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm/versions/1", timeout=30)
     assert [s["version"] for s in reply.json()["model_version_status"]] == ["1"]
+    for path, message in (("dlrm/versions/7", "Specific(dlrm, 7)"), ("other", "Latest(other)"),
+                          ("other/metadata", "Latest(other)"),
+                          ("dlrm/versions/7/metadata", "Specific(dlrm, 7)")):
+        reply = requests.get(f"{urls['dlrm']}/v1/models/{path}", timeout=30)
+        assert reply.status_code == 404, reply.text
+        assert f"Servable not found for request: {message}" in reply.json()["error"]
 
 
 def test_metadata_is_tf_servings_signature_def_map(urls):
