@@ -81,9 +81,10 @@ class RemoteShardedModel:
             client.close()
 
 
-def start_shards(export_dir, replicas=1, log_dir=None):
+def start_shards(export_dir, replicas=1, log_dir=None, watch=None, poll_seconds=1.0):
     """A started LocalCluster whose job `shard_<i>` has `replicas` shard-server processes per
-    sparse shard of `export_dir` (killed by pid on its `close()`)."""
+    sparse shard of `export_dir` (killed by pid on its `close()`); with `watch`, each follows
+    that delta directory (`live_deltas.py`)."""
     from tfra_dynamic_embedding.distributed.local import LocalCluster  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.inference import grpc_shards  # pylint: disable=import-outside-toplevel
     with open(os.path.join(export_dir, "manifest.json"), encoding="utf-8") as f:
@@ -95,7 +96,8 @@ def start_shards(export_dir, replicas=1, log_dir=None):
         for shard in shards:
             for task in range(replicas):
                 cluster.run(shard, task, shard_server_argv(
-                    os.path.join(export_dir, shard), cluster.address(shard, task)))
+                    os.path.join(export_dir, shard), cluster.address(shard, task), watch,
+                    poll_seconds))
         for shard in shards:
             for task in range(replicas):
                 cluster.wait_ready(shard, task, ready=grpc_shards.READY)
@@ -105,12 +107,13 @@ def start_shards(export_dir, replicas=1, log_dir=None):
     return cluster
 
 
-def shard_server_argv(saved_model_dir, address):
+def shard_server_argv(saved_model_dir, address, watch=None, poll_seconds=1.0):
     """The command line of one shard-server process (exits when this process is gone); its
     model name is the directory's name, `shard_<i>`, which the main shard sends."""
+    watching = ["--watch", watch, "--poll-seconds", str(poll_seconds)] if watch else []
     return [sys.executable, "-m", "tfra_dynamic_embedding.inference.grpc_shards",
             "--saved-model", saved_model_dir, "--address", address,
-            "--parent-pid", str(os.getpid())]
+            "--parent-pid", str(os.getpid())] + watching
 
 
 def add_parser(subparsers):
@@ -128,6 +131,11 @@ def add_parser(subparsers):
                         help="seconds a shard replica may take to answer")
     parser.add_argument("--shards", metavar="JSON", default=None,
                         help="shards already running: {shard: [host:port, ...]} (none started)")
+    parser.add_argument("--watch", metavar="DIR", default=None,
+                        help="a DeltaExporter directory of online training: its full export "
+                             "and deltas are applied to the shards in place as they appear")
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often --watch looks for new exports (default 1)")
     parser.add_argument("--log-dir", default=None,
                         help="keep the shard processes' logs here, made if missing (default: "
                              "a temporary directory, removed at exit)")
@@ -142,6 +150,10 @@ def run(args):
                          f"export")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535; got {args.port}")
+    if args.watch is not None and not os.path.isdir(args.watch):
+        raise ValueError(f"--watch {args.watch!r} is not a directory")
+    if not args.poll_seconds > 0:
+        raise ValueError(f"--poll-seconds must be > 0; got {args.poll_seconds}")
     cluster = None
     try:
         if args.shards:
@@ -154,7 +166,8 @@ def run(args):
                 raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
                                  f"got {args.shards!r}")
         else:
-            cluster = start_shards(args.export_dir, args.replicas, args.log_dir)
+            cluster = start_shards(args.export_dir, args.replicas, args.log_dir, args.watch,
+                                   args.poll_seconds)
             addresses = cluster.spec
             for (shard, task), proc in sorted(cluster.processes.items()):
                 print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
