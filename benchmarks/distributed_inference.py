@@ -70,6 +70,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -274,6 +275,92 @@ def run_config(predict, requests, pids, args, reference=None):
     return result, outputs
 
 
+def measure_live_deltas(model, layers, layout, requests, export_dir, work, args):
+    """`tfra-de serve --watch`'s path: shard processes following a delta directory while 8
+    clients load them; `args.delta_rows` rows (spread over the tables by size, a probe
+    request's ids among them) get new values and one delta is exported. Returns the seconds
+    from the delta's DONE marker to the first probe answered with the new rows (probing every
+    10 ms), the apply time the shards log, and the P99 of requests before and while it applies."""
+    # pylint: disable=import-outside-toplevel
+    import numpy as np
+    import tensorflow as tf
+
+    from tfra_dynamic_embedding.inference import serve
+    from tfra_dynamic_embedding.online import delta
+
+    directory = os.path.join(work, "deltas")
+    exporter = delta.DeltaExporter([layer.params for layer in layers], directory)
+    exporter.export()                                  # 000000: replayed at the shards' start
+    cluster = serve.start_shards(export_dir, 1, log_dir=log_dir(work, "live_deltas"),
+                                 watch=directory, poll_seconds=args.poll_seconds)
+    remote = serve.RemoteShardedModel(export_dir, cluster.spec, timeout=60)
+    probe = requests[0]
+    stop, samples = threading.Event(), []              # (began, latency)
+
+    def client(offset):
+        for k in range(offset, 10 ** 9, CLIENTS):
+            if stop.is_set():
+                return
+            began = time.perf_counter()
+            remote.predict(requests[k % len(requests)])
+            samples.append((began, time.perf_counter() - began))
+
+    try:
+        old = next(iter(remote.predict(probe).values()))
+        total_rows = sum(rows for _, _, rows, *_ in layout)
+        rng = np.random.default_rng(args.seed + 7)
+        changes = []
+        for k, ((name, _, rows, dim, _, _), layer) in enumerate(zip(layout, layers)):
+            count = min(rows, max(1, round(args.delta_rows * rows / total_rows)))
+            ids = rng.choice(rows, count, replace=False)
+            keys = np.union1d(keys_of(ids, k), probe[f"{name}_ids"].reshape(-1))
+            keys = keys[np.isin(keys, keys_of(np.arange(rows), k))]    # held ids only
+            changes.append((layer, keys, rng.normal(0, 0.5, (len(keys), dim)).astype(np.float32)))
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        time.sleep(args.delta_steady_seconds)
+        for layer, keys, values in changes:
+            layer.params.upsert(tf.constant(keys), tf.constant(values))
+        new = model(probe, training=False).numpy()
+        info = exporter.export()                       # 000001: the delta
+        done = os.path.getmtime(os.path.join(info.path, delta.DONE))
+        done_perf = time.perf_counter() - (time.time() - done)
+        while True:
+            answer = next(iter(remote.predict(probe).values()))
+            if np.allclose(answer, new, atol=1e-5):
+                seen = time.time()
+                break
+            if time.time() - done > 120:
+                raise RuntimeError("the delta was not served within 120 s")
+            time.sleep(0.01)
+        seen_perf = time.perf_counter()
+        time.sleep(1.0)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        remote.close()
+        cluster.close()
+    logged = []
+    for name in os.listdir(log_dir(work, "live_deltas")):
+        with open(os.path.join(log_dir(work, "live_deltas"), name), encoding="utf-8",
+                  errors="replace") as f:
+            logged += [float(m) for m in re.findall(r"applied delta .* ([0-9.]+) s after its DONE",
+                                                    f.read())]
+    steady = [lat for began, lat in samples if began < done_perf]
+    during = [lat for began, lat in samples if done_perf <= began <= seen_perf]
+    return {"rows": int(info.upserts), "delta_bytes": info.bytes,
+            "poll_seconds": args.poll_seconds,
+            "staleness_s": round(seen - done, 2),
+            "shard_apply_after_done_s": [round(x, 2) for x in logged],
+            "probe_changed": bool(not np.allclose(old, new, atol=1e-5)),
+            "steady": {**percentiles(steady), "requests": len(steady)},
+            "while_applying": {**percentiles(during), "requests": len(during)}
+            if during else None}
+
+
 def plot(results, path):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
@@ -319,6 +406,15 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default=None, help="PNG path (default: in the work dir)")
     parser.add_argument("--work-dir", default=None, help="exports and logs (default: temp)")
+    parser.add_argument("--delta-rows", type=int, default=100_000,
+                        help="rows changed by the live delta measured on the capacity-balanced "
+                             "2-shard export (0: not measured)")
+    parser.add_argument("--poll-seconds", type=float, default=0.5,
+                        help="how often the shards look for a new delta")
+    parser.add_argument("--delta-steady-seconds", type=float, default=3.0,
+                        help="seconds of load measured before the delta")
+    parser.add_argument("--only-live-deltas", action="store_true",
+                        help="measure the live delta alone (no latency configurations)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shards, args.requests, args.serial, args.scale = "2", 160, 80, args.scale * 0.5
@@ -349,6 +445,12 @@ def main(argv=None):
           f"median {int(np.median(items))}, P99 {int(np.percentile(items, 99))}, max "
           f"{max(items)}; {args.serial} serial + {args.requests} concurrent ({CLIENTS} clients) "
           f"requests per configuration; {os.cpu_count()} CPUs; work dir {work}", flush=True)
+
+    if args.only_live_deltas:
+        live = run_live_deltas(model, layers, layout, requests, work, args)
+        print(json.dumps({"benchmark": "distributed_inference", "live_deltas": live,
+                          "goals": {"delta_staleness": live_delta_goal(live)}}))
+        return 0
 
     configs = [("1-shard", "capacity-balanced", 1)] + [
         (f"{s}/{n}", s, n) for n in shard_counts for s in STRATEGIES]
@@ -417,12 +519,38 @@ def main(argv=None):
             clusters.remove(cluster)
             del remote
             _print_progress(label, result)
+        live = (run_live_deltas(model, layers, layout, requests, work, args)
+                if args.delta_rows else None)
     finally:
         for cluster in clusters:
             cluster.close()
 
-    report(results, baseline, raw, plot_path, args, time.perf_counter() - began)
+    report(results, baseline, raw, plot_path, args, time.perf_counter() - began, live)
     return 0
+
+
+def run_live_deltas(model, layers, layout, requests, work, args):
+    """`measure_live_deltas` on the capacity-balanced 2-shard export (written if missing);
+    prints its line."""
+    from tfra_dynamic_embedding.inference import export  # pylint: disable=import-outside-toplevel
+    export_dir = os.path.join(work, "capacity-balanced_2")
+    if not os.path.exists(os.path.join(export_dir, "manifest.json")):
+        export.export_sharded(model, make_plan(layout, layers, 2, "capacity-balanced")[0],
+                              export_dir, overwrite=True)
+    live = measure_live_deltas(model, layers, layout, requests, export_dir, work, args)
+    during = live["while_applying"] or {}
+    print(f"live delta of {live['rows']:,} rows ({live['delta_bytes'] / 2**20:.1f} MiB), shards "
+          f"polling every {live['poll_seconds']:g} s: served {live['staleness_s']:.2f} s after "
+          f"its DONE (shards applied it {live['shard_apply_after_done_s']} s after) -> "
+          f"{'met' if live_delta_goal(live)['met'] else 'NOT met'} (<= 5 s); P99 "
+          f"{live['steady']['p99_ms']:.1f} ms before, {during.get('p99_ms', float('nan')):.1f} "
+          f"ms while applying ({during.get('requests', 0)} requests)", flush=True)
+    return live
+
+
+def live_delta_goal(live):
+    return {"staleness_s": live["staleness_s"], "rows": live["rows"],
+            "met": live["staleness_s"] <= 5.0 and live["rows"] >= 100_000}
 
 
 def log_dir(work, label):
@@ -437,7 +565,7 @@ def _print_progress(label, result):
           flush=True)
 
 
-def report(results, baseline, raw, plot_path, args, wall):
+def report(results, baseline, raw, plot_path, args, wall, live=None):
     single = results["single"]
     header = (f"{'config':22} {'shards':>6} | {'serial P50':>10} {'P90':>6} {'P99':>6} "
               f"{'cpu ms':>6} | {'conc P50':>8} {'P90':>6} {'P99':>6} {'cpu ms':>6} "
@@ -492,7 +620,9 @@ def report(results, baseline, raw, plot_path, args, wall):
                       "cpus": os.cpu_count(), "clients": CLIENTS,
                       "serial_requests": args.serial, "concurrent_requests": args.requests,
                       "raw_table_mb": round(raw / 2**20, 1), "baseline_rss_mb": round(baseline, 1),
-                      "goals": goals}))
+                      "live_deltas": live,
+                      "goals": {**goals, **({"delta_staleness": live_delta_goal(live)}
+                                            if live else {})}}))
 
 
 if __name__ == "__main__":

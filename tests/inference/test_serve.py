@@ -351,7 +351,7 @@ def test_strict_requests_metadata_and_a_new_version_without_restart(setup):
     root = work / "versions"
     root.mkdir()
     shutil.copytree(export_dir, root / "1")
-    served = Served(str(root), str(work / "versions.log"), extra=("--poll-seconds", "1"))
+    served = Served(str(root), str(work / "versions.log"), extra=("--version-poll-seconds", "1"))
     base = f"http://localhost:{served.port}/v1/models/m"
     try:
         rng = np.random.default_rng(5)

@@ -8,9 +8,10 @@
 Modules: manifest (the format and row-split rule), model_cut (the model's sparse / dense parts),
 export (writing SavedModels), routing (plain functions: ids per shard, combining partial pools),
 compose (loading and serving in one process), grpc_shards (a shard's process: TF Serving's gRPC
-PredictionService, and the main shard's client of its replicas), rest (TF Serving's REST API),
-request_checks (a REST request checked against its signature),
-serve (`tfra-de serve`: all of it on loopback). See docs/serving.md. Names load on first use: `tfra-de` imports this package without TensorFlow.
+PredictionService, and the main shard's client of its replicas), live_deltas (online
+training's delta exports applied to running shards), rest (TF Serving's REST API),
+request_checks (a REST request checked against its signature), serve
+(`tfra-de serve`: all of it on loopback). See docs/serving.md. Names load on first use: `tfra-de` imports this package without TensorFlow.
 """
 
 import importlib

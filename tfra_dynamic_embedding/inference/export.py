@@ -15,7 +15,9 @@ splits row-wise is split by key with `manifest.slice_of`, the rule of training a
                                the overhead is per key, see docs/serving.md for the RSS
                                measured); signatures serving_default
                                (per piece: <key>_ids, <key>_segments, <key>_num_segments
-                               -> <key>: partial sums per cell), table_sizes, table_keys
+                               -> <key>: partial sums per cell), table_sizes, table_keys,
+                               apply_delta (per piece: <key>_upsert_keys, _upsert_rows,
+                               _removed, _replace -> <key>: keys held; live_deltas.py)
 
 Every SavedModel uses built-in TF ops only: stock TensorFlow (and TF Serving) loads it without
 this package. Ids a table does not hold embed as zero rows (the table's default row), as in the
@@ -206,40 +208,71 @@ def _spec_dict(spec):
 
 class _PieceTable(tf.Module):
     """One piece as a compact, stock-TF table: a `DenseHashTable` from key to row number (open
-    addressing in two flat arrays, sized once so it never grows) and the rows in one variable,
-    plus a zero row last -- the default row of keys it does not hold.
+    addressing in two flat arrays) and the rows in one variable whose row 0 is the zero row --
+    the default row of keys it does not hold (the index's default number is 0).
 
-    The hash table reserves two keys (empty and deleted buckets); they are chosen among values the
-    piece does not hold, and a request id equal to one of them is looked up as a third such value.
+    `apply` takes a delta in place (live deltas, `inference/live_deltas.py`): rows of held keys
+    are overwritten, new keys get rows appended, removed keys leave the index (their rows stay
+    until a replacing apply rebuilds the variable). The hash table reserves two keys (empty and
+    deleted buckets), chosen among values the piece does not hold; a request id equal to one of
+    them is looked up as a third such value, and `apply` skips such keys.
     """
 
     def __init__(self, key, key_dtype, value_dtype, dim, keys, values):
         super().__init__(name=key)
-        self.num_keys = len(keys)
+        num_keys = len(keys)
         empty, deleted, absent = _unused_keys(keys, key_dtype, 3)
         self.reserved = tf.constant([empty, deleted], key_dtype)
         self.absent = tf.constant(absent, key_dtype)
-        buckets = 1 << max(3, int(np.ceil(np.log2(max(1, self.num_keys) / 0.8))))
+        buckets = 1 << max(3, int(np.ceil(np.log2(max(1, num_keys) / 0.8))))
         self.index = tf.lookup.experimental.DenseHashTable(
-            key_dtype, tf.int64, default_value=-1, empty_key=empty, deleted_key=deleted,
+            key_dtype, tf.int64, default_value=0, empty_key=empty, deleted_key=deleted,
             initial_num_buckets=buckets, name=key + "_index")
-        if self.num_keys:
+        if num_keys:
             self.index.insert(tf.constant(keys, key_dtype),
-                              tf.range(self.num_keys, dtype=tf.int64))
-        rows = np.concatenate([np.asarray(values).reshape(-1, dim),
-                               np.zeros([1, dim], value_dtype.as_numpy_dtype)])
-        self.rows = tf.Variable(rows, trainable=False, name=key + "_rows")
+                              tf.range(1, num_keys + 1, dtype=tf.int64))
+        rows = np.concatenate([np.zeros([1, dim], value_dtype.as_numpy_dtype),
+                               np.asarray(values).reshape(-1, dim)])
+        self.rows = tf.Variable(rows, trainable=False, shape=tf.TensorShape([None, dim]),
+                                name=key + "_rows")
+
+    def _is_reserved(self, ids):
+        return tf.reduce_any(tf.equal(ids[:, None], self.reserved[None, :]), axis=1)
 
     def lookup(self, ids):
-        reserved = tf.reduce_any(tf.equal(ids[:, None], self.reserved[None, :]), axis=1)
-        position = self.index.lookup(tf.where(reserved, self.absent, ids))
-        return tf.gather(self.rows, tf.where(position < 0, tf.cast(self.num_keys, tf.int64),
-                                             position))
+        return tf.gather(self.rows, self.index.lookup(
+            tf.where(self._is_reserved(ids), self.absent, ids)))
 
     def keys(self):
         keys = tf.reshape(self.index.export()[0], [-1])
-        held = tf.reduce_all(tf.not_equal(keys[:, None], self.reserved[None, :]), axis=1)
-        return tf.boolean_mask(keys, held)
+        return tf.boolean_mask(keys, tf.logical_not(self._is_reserved(keys)))
+
+    def apply(self, keys, values, removed, replace):
+        """Upserts distinct `keys` with `values`, removes `removed`; with `replace` (a full
+        export) every key held before goes first. Returns the number of keys held after."""
+        usable = tf.logical_not(self._is_reserved(keys))
+        keys, values = tf.boolean_mask(keys, usable), tf.boolean_mask(values, usable)
+        removed = tf.boolean_mask(removed, tf.logical_not(self._is_reserved(removed)))
+        dropped = tf.cond(replace, self.keys, lambda: tf.zeros([0], keys.dtype))
+        erased = self.index.erase(tf.concat([dropped, removed], 0))
+        with tf.control_dependencies([erased]):
+            base = tf.cond(replace, lambda: self.rows[:1], self.rows.read_value)
+            position = tf.reshape(self.index.lookup(keys), [-1])
+        held = position > 0
+        fresh = tf.logical_not(held)
+        updated = tf.tensor_scatter_nd_update(
+            base, tf.boolean_mask(position, held)[:, None], tf.boolean_mask(values, held))
+        new_keys = tf.boolean_mask(keys, fresh)
+        new_rows = tf.range(tf.shape(base, out_type=tf.int64)[0],
+                            tf.shape(base, out_type=tf.int64)[0] + tf.size(
+                                new_keys, out_type=tf.int64))
+        # Rows first, index second: a lookup in between sees the old rows, never a number past
+        # the end of the variable.
+        assigned = self.rows.assign(tf.concat([updated, tf.boolean_mask(values, fresh)], 0))
+        with tf.control_dependencies([assigned]):
+            inserted = self.index.insert(new_keys, new_rows)
+        with tf.control_dependencies([inserted]):
+            return self.index.size()
 
 
 def _unused_keys(keys, key_dtype, count):
@@ -288,6 +321,19 @@ def _save_shard(path, held):
                 inputs[key + manifest_lib.NUM_SEGMENTS_SUFFIX])
         return out
 
+    delta_signature = {}
+    for piece, params, _, _ in held:
+        for suffix, spec in manifest_lib.delta_input_specs(params.key_dtype, params.value_dtype,
+                                                           params.dim).items():
+            delta_signature[piece.key + suffix] = tf.TensorSpec(
+                spec.shape, spec.dtype, name=piece.key + suffix)
+
+    @tf.function(input_signature=[delta_signature])
+    def apply_delta(inputs):
+        return {key: table.apply(*(inputs[key + suffix]
+                                   for suffix in manifest_lib.DELTA_SUFFIXES))
+                for key, table in zip(names, tables)}
+
     @tf.function(input_signature=[])
     def sizes():
         return {key: table.index.size() for key, table in zip(names, tables)}
@@ -300,7 +346,8 @@ def _save_shard(path, held):
     tf.saved_model.save(module, path, signatures={
         manifest_lib.SERVING_SIGNATURE: serve.get_concrete_function(),
         manifest_lib.SIZES_SIGNATURE: sizes.get_concrete_function(),
-        manifest_lib.KEYS_SIGNATURE: table_keys.get_concrete_function()})
+        manifest_lib.KEYS_SIGNATURE: table_keys.get_concrete_function(),
+        manifest_lib.DELTA_SIGNATURE: apply_delta.get_concrete_function()})
 
 
 def _save_main(path, cut):

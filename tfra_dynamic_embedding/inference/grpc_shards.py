@@ -215,10 +215,11 @@ def add_to_server(servicer, server):
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
 
 
-def start_server(saved_model_dir, address, model_name=None, threads=8):
+def start_server(saved_model_dir, address, model_name=None, threads=8, start=True):
     """A started gRPC server serving the SavedModel in `saved_model_dir` at `address`
     ("host:port"; port 0 picks a free one: `server.port`); the model name defaults to the
-    directory's name (e.g. "shard_0"): `server.model_name`."""
+    directory's name (e.g. "shard_0"): `server.model_name`. `start=False`: bound, not yet
+    answering (`server.start()` does)."""
     model_name = model_name or os.path.basename(os.path.normpath(saved_model_dir))
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer; got {threads!r}")
@@ -232,19 +233,29 @@ def start_server(saved_model_dir, address, model_name=None, threads=8):
         raise ValueError(f"address {address!r}: cannot listen there ({error})") from error
     if not port:
         raise ValueError(f"address {address!r}: cannot listen there")
-    server.start()
+    if start:
+        server.start()
     server.port = port
     server.model_name = model_name
     server.servicer = servicer   # keeps the loaded SavedModel alive with the server
     return server
 
 
-def serve(saved_model_dir, address, model_name=None, threads=8, parent_pid=None):
-    """Serves until SIGTERM/SIGINT (or until process `parent_pid` is gone)."""
+def serve(saved_model_dir, address, model_name=None, threads=8, parent_pid=None, watch=None,
+          poll_seconds=1.0):
+    """Serves until SIGTERM/SIGINT (or until process `parent_pid` is gone); with `watch`, a
+    delta directory followed every `poll_seconds` (`live_deltas.follow_shard`), caught up with
+    before the first request is answered."""
     from tfra_dynamic_embedding.distributed import server as server_lib  # pylint: disable=import-outside-toplevel
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     server_lib.exit_on_stop_signals(parent_pid)
-    server = start_server(saved_model_dir, address, model_name, threads)
+    server = start_server(saved_model_dir, address, model_name, threads, start=not watch)
+    if watch:
+        from tfra_dynamic_embedding.inference import live_deltas  # pylint: disable=import-outside-toplevel
+        server.follower = live_deltas.follow_shard(
+            server.servicer.model, saved_model_dir, watch, poll_seconds,
+            log=lambda line: print(line, flush=True))
+        server.start()
     print(f"{READY}: {saved_model_dir} as model {server.model_name!r} at {address} "
           f"(PredictionService, ModelService)", flush=True)
     while True:
@@ -480,12 +491,19 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=8, help="requests served at once")
     parser.add_argument("--parent-pid", type=int, metavar="PID",
                         help="exit when process PID is gone")
+    parser.add_argument("--watch", metavar="DIR", default=None,
+                        help="apply the delta exports of online training in DIR in place "
+                             "(inference/live_deltas.py; the shard's export needs its "
+                             "manifest.json in the parent directory)")
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often --watch looks for new exports (default 1)")
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
         print(f"error: --saved-model {args.saved_model!r} is not a SavedModel directory "
               f"(no saved_model.pb)", file=sys.stderr)
         return 2
-    serve(args.saved_model, args.address, args.model_name, args.threads, args.parent_pid)
+    serve(args.saved_model, args.address, args.model_name, args.threads, args.parent_pid,
+          args.watch, args.poll_seconds)
     return 0
 
 

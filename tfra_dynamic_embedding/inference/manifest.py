@@ -42,7 +42,11 @@ MAIN_DIR = "main"
 SERVING_SIGNATURE = "serving_default"
 SIZES_SIGNATURE = "table_sizes"   # shard: {piece key: number of keys} (no inputs)
 KEYS_SIGNATURE = "table_keys"     # shard: {piece key: its keys} (no inputs)
+DELTA_SIGNATURE = "apply_delta"   # shard: a delta applied in place (inference/live_deltas.py)
 IDS_SUFFIX, SEGMENTS_SUFFIX, NUM_SEGMENTS_SUFFIX = "_ids", "_segments", "_num_segments"
+# apply_delta's inputs per piece, in `_PieceTable.apply`'s order: distinct keys to upsert, their
+# rows, keys to remove, and whether every key held before goes first (a full export).
+DELTA_SUFFIXES = ("_upsert_keys", "_upsert_rows", "_removed", "_replace")
 KEY_DTYPES = ("int32", "int64", "string")
 COMBINERS = (None, "sum", "mean", "sqrtn")
 
@@ -71,6 +75,14 @@ def slice_of(keys, num_slices, key_dtype):
         return tf.strings.to_hash_bucket_fast(flat, num_slices).numpy().astype(
             np.int32).reshape(keys.shape)
     return np.mod(keys.astype(np.int64), np.int64(num_slices)).astype(np.int32)
+
+
+def delta_input_specs(key_dtype, value_dtype, dim):
+    """{suffix: tf.TensorSpec} of one piece's `apply_delta` inputs (see DELTA_SUFFIXES)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    keys = tf.TensorSpec([None], key_dtype)
+    return dict(zip(DELTA_SUFFIXES, (keys, tf.TensorSpec([None, dim], value_dtype), keys,
+                                     tf.TensorSpec([], tf.bool))))
 
 
 def piece_key(table_index, table_name, slice_index):
@@ -147,7 +159,8 @@ class Manifest:
     def to_dict(self):
         data = dataclasses.asdict(self)
         data["signatures"] = {"main": SERVING_SIGNATURE, "shard": SERVING_SIGNATURE,
-                              "shard_sizes": SIZES_SIGNATURE, "shard_keys": KEYS_SIGNATURE}
+                              "shard_sizes": SIZES_SIGNATURE, "shard_keys": KEYS_SIGNATURE,
+                              "shard_apply_delta": DELTA_SIGNATURE}
         return data
 
     @classmethod

@@ -7,9 +7,9 @@
 MODEL_DIR is a sharded export (manifest.json), a plain SavedModel (saved_model.pb: served in
 this process as one model, no shards), or TF Serving's version layout: numbered directories
 `MODEL_DIR/1/`, `MODEL_DIR/2/`, ... each either of those. The newest version is served; every
-`--poll-seconds` the directory is read again and a newer complete version (its manifest.json or
-saved_model.pb present) is loaded -- its shards started -- and served, then the older one
-retired, without a restart. Requests are checked against the signature before any shard is
+`--version-poll-seconds` the directory is read again and a newer complete version (its
+manifest.json or saved_model.pb present) is loaded -- its shards started -- and served, then the
+older one retired, without a restart. Requests are checked against the signature before any shard is
 called (`inference/request_checks.py`).
 
 Every sparse shard (`shard_<i>/` of `export_sharded`) runs in `--replicas` processes of its own
@@ -176,7 +176,7 @@ def load_version(version, path, args, addresses=None):
         if addresses is None:
             log_dir = args.log_dir and (args.log_dir if path == args.export_dir else
                                         os.path.join(args.log_dir, str(version)))
-            cluster = start_shards(path, args.replicas, log_dir)
+            cluster = start_shards(path, args.replicas, log_dir, args.watch, args.poll_seconds)
             addresses = cluster.spec
             for (shard, task), proc in sorted(cluster.processes.items()):
                 print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
@@ -223,9 +223,10 @@ def poll_versions(model_dir, versions, load, seconds, stop):
         print(f"   serving version {newest}", flush=True)
 
 
-def start_shards(export_dir, replicas=1, log_dir=None):
+def start_shards(export_dir, replicas=1, log_dir=None, watch=None, poll_seconds=1.0):
     """A started LocalCluster whose job `shard_<i>` has `replicas` shard-server processes per
-    sparse shard of `export_dir` (killed by pid on its `close()`)."""
+    sparse shard of `export_dir` (killed by pid on its `close()`); with `watch`, each follows
+    that delta directory (`live_deltas.py`)."""
     from tfra_dynamic_embedding.distributed.local import LocalCluster  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.inference import grpc_shards  # pylint: disable=import-outside-toplevel
     with open(os.path.join(export_dir, "manifest.json"), encoding="utf-8") as f:
@@ -237,7 +238,8 @@ def start_shards(export_dir, replicas=1, log_dir=None):
         for shard in shards:
             for task in range(replicas):
                 cluster.run(shard, task, shard_server_argv(
-                    os.path.join(export_dir, shard), cluster.address(shard, task)))
+                    os.path.join(export_dir, shard), cluster.address(shard, task), watch,
+                    poll_seconds))
         for shard in shards:
             for task in range(replicas):
                 cluster.wait_ready(shard, task, ready=grpc_shards.READY)
@@ -247,12 +249,13 @@ def start_shards(export_dir, replicas=1, log_dir=None):
     return cluster
 
 
-def shard_server_argv(saved_model_dir, address):
+def shard_server_argv(saved_model_dir, address, watch=None, poll_seconds=1.0):
     """The command line of one shard-server process (exits when this process is gone); its
     model name is the directory's name, `shard_<i>`, which the main shard sends."""
+    watching = ["--watch", watch, "--poll-seconds", str(poll_seconds)] if watch else []
     return [sys.executable, "-m", "tfra_dynamic_embedding.inference.grpc_shards",
             "--saved-model", saved_model_dir, "--address", address,
-            "--parent-pid", str(os.getpid())]
+            "--parent-pid", str(os.getpid())] + watching
 
 
 def add_parser(subparsers):
@@ -272,10 +275,15 @@ def add_parser(subparsers):
                         help="seconds a shard replica may take to answer")
     parser.add_argument("--shards", metavar="JSON", default=None,
                         help="shards already running: {shard: [host:port, ...]} (none started)")
+    parser.add_argument("--watch", metavar="DIR", default=None,
+                        help="a DeltaExporter directory of online training: its full export "
+                             "and deltas are applied to the shards in place as they appear")
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often --watch looks for new exports (default 1)")
     parser.add_argument("--log-dir", default=None,
                         help="keep the shard processes' logs here, made if missing (default: "
                              "a temporary directory, removed at exit)")
-    parser.add_argument("--poll-seconds", type=float, default=5.0,
+    parser.add_argument("--version-poll-seconds", type=float, default=5.0,
                         help="read MODEL_DIR for a newer version every this many seconds "
                              "(0: never; default 5)")
     parser.add_argument("--max-body-mb", type=float, default=None,
@@ -298,8 +306,12 @@ def run(args):
                          f"version directories of those")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535; got {args.port}")
-    if args.poll_seconds < 0:
-        raise ValueError(f"--poll-seconds must be >= 0; got {args.poll_seconds}")
+    if args.version_poll_seconds < 0:
+        raise ValueError(f"--version-poll-seconds must be >= 0; got {args.version_poll_seconds}")
+    if args.watch is not None and not os.path.isdir(args.watch):
+        raise ValueError(f"--watch {args.watch!r} is not a directory")
+    if not args.poll_seconds > 0:
+        raise ValueError(f"--poll-seconds must be > 0; got {args.poll_seconds}")
     from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
     max_body_mb = rest.DEFAULT_MAX_BODY_MB if args.max_body_mb is None else args.max_body_mb
     if max_body_mb <= 0:
@@ -328,12 +340,12 @@ def run(args):
                             bad_request=(tf.errors.InvalidArgumentError,),
                             max_body_mb=max_body_mb)
         # --shards names one version's shards: a newer version would need its own.
-        if args.poll_seconds > 0 and addresses is None:
+        if args.version_poll_seconds > 0 and addresses is None:
             poller = threading.Thread(
                 target=poll_versions, name="poll-versions", daemon=True,
                 args=(args.export_dir, versions,
                       lambda version, path: load_version(version, path, args),
-                      args.poll_seconds, stop))
+                      args.version_poll_seconds, stop))
             poller.start()
         url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
         # run_app calls `print` once the port is bound: the ready line means requests work.
