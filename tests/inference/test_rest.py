@@ -328,6 +328,39 @@ def test_wrong_http_method_body_too_big_and_a_dead_shard(urls):
     assert reply.json() == {"error": "shard 'shard_1' did not answer"}
 
 
+def test_model_status_sets_the_newest_versions_state():
+    """`model_status` (e.g. shard health) is the newest version's state; not AVAILABLE: 503."""
+    health = [("AVAILABLE", "OK", "")]
+
+    async def check():
+        app = rest.make_app("dlrm", versions=rest.Versions([_servable(1), _servable(2)]),
+                            model_status=lambda: health[0])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "localhost", port).start()
+        loop = asyncio.get_running_loop()
+        try:
+            replies = []
+            for state in (("AVAILABLE", "OK", ""), ("UNAVAILABLE", "UNAVAILABLE",
+                                                      "shard 'shard_1' has no live replica")):
+                health[0] = state
+                replies.append(await loop.run_in_executor(None, lambda: requests.get(
+                    f"http://localhost:{port}/v1/models/dlrm", timeout=30)))
+            return replies
+        finally:
+            await runner.cleanup()
+
+    ready, unready = asyncio.run(check())
+    assert ready.status_code == 200, ready.text
+    assert unready.status_code == 503, unready.text
+    assert unready.json()["model_version_status"] == [
+        {"version": "2", "state": "UNAVAILABLE", "status": {
+            "error_code": "UNAVAILABLE", "error_message": "shard 'shard_1' has no live replica"}},
+        {"version": "1", "state": "AVAILABLE",
+         "status": {"error_code": "OK", "error_message": ""}}]
+
+
 def test_a_retired_version_is_not_found_and_listed_as_ended():
     versions = rest.Versions([_servable(1), _servable(2)])
     closed = []

@@ -155,7 +155,8 @@ VERSIONS = web.AppKey("versions", Versions)   # app[VERSIONS]: what a make_app a
 
 
 def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_request=(),
-             signatures=None, versions=None, max_body_mb=DEFAULT_MAX_BODY_MB):
+             signatures=None, versions=None, max_body_mb=DEFAULT_MAX_BODY_MB,
+             model_status=None):
     """An aiohttp Application serving model `name` (see the module docstring).
 
     Args:
@@ -169,6 +170,9 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
       bad_request: further exception types answered with 400 (besides ValueError, KeyError,
         TypeError).
       max_body_mb: the largest request body accepted (413 above it).
+      model_status: () -> (state, error code, message) of the newest loaded version in
+        `GET /v1/models/<name>` (e.g. its shards' health; default: AVAILABLE while loaded);
+        any state but AVAILABLE is answered with 503 (readiness).
     """
     if (predict is None) == (versions is None):
         raise ValueError("make_app takes exactly one of predict and versions")
@@ -202,7 +206,15 @@ def make_app(name, predict=None, max_workers=8, unavailable=(Unavailable,), bad_
         rows = versions.status(None if version is None else int(version))
         if not rows:
             servable_for(request)
-        return web.json_response({"model_version_status": rows})
+        newest = str(max(versions.loaded(), default=-1))
+        ready = True
+        if model_status is not None:
+            for row in rows:
+                if row["version"] == newest:
+                    state, code, message = model_status()
+                    row.update(state=state, status={"error_code": code, "error_message": message})
+                    ready = state == "AVAILABLE"
+        return web.json_response({"model_version_status": rows}, status=200 if ready else 503)
 
     async def metadata(request):
         servable = servable_for(request)
