@@ -31,6 +31,8 @@ def dlrm(inputs, version=1, signature="serving_default"):
                 "scores": np.stack([1 - ages / 100, ages / 100], axis=1)}
     if inputs["name"].size and inputs["name"][0] == b"fail":
         raise rest.Unavailable("shard 'shard_1' did not answer")
+    if inputs["name"].size and inputs["name"][0] == b"crash":
+        raise RuntimeError("the predictor broke")
     score = inputs["dense"].sum(axis=1) + inputs["ids"].sum(axis=1) * version
     return {"score": score, "tag": np.array([n + b"!" for n in inputs["name"]], dtype=object)}
 
@@ -306,7 +308,7 @@ def test_bad_requests_are_refused_before_the_predictor_runs(urls, path, body, st
     assert not CALLS
 
 
-def test_wrong_http_method_body_too_big_and_a_dead_shard(urls):
+def test_wrong_http_method_body_too_big_a_dead_shard_and_a_broken_predictor(urls):
     reply = requests.get(f"{urls['dlrm']}/v1/models/dlrm:predict", timeout=30)
     assert reply.status_code == 405, reply.text
     assert reply.json() == {"error": "Method GET not allowed on /v1/models/dlrm:predict"}
@@ -326,6 +328,10 @@ def test_wrong_http_method_body_too_big_and_a_dead_shard(urls):
                           timeout=30)
     assert reply.status_code == 503, reply.text
     assert reply.json() == {"error": "shard 'shard_1' did not answer"}
+    reply = requests.post(f"{urls['dlrm']}/{PREDICT}", json={"instances": [_row(name="crash")]},
+                          timeout=30)
+    assert reply.status_code == 500, reply.text
+    assert reply.json() == {"error": "RuntimeError: the predictor broke"}
 
 
 def test_model_status_sets_the_newest_versions_state():

@@ -14,7 +14,7 @@ signature by `request_checks` before the predictor runs (a bad dtype, range, sha
 columnar ones `{"outputs": ...}`; with one output its values stand alone, with several they are
 keyed by name -- TF Serving's rules. Every error is JSON `{"error": message}`: 400 bad request,
 404 unknown model / version / path, 405 wrong method, 413 body over `max_body_mb`, 503 when a
-shard behind the predictor did not answer.
+shard behind the predictor did not answer, 500 for any other failure of the predictor.
 
 `aiohttp.web.run_app(make_app("dlrm", predict, signatures=...), port=8501)` serves one
 predictor; `tfra-de serve` serves a model directory (versions, sharded exports, plain
@@ -338,6 +338,9 @@ def _json_errors(max_body_mb):
             if "Allow" in error.headers:
                 response.headers["Allow"] = error.headers["Allow"]
             return response
+        except Exception as error:  # pylint: disable=broad-except
+            # A predictor's own failure: still JSON (aiohttp's 500 page is plain text).
+            return _error(500, f"{type(error).__name__}: {error}")
 
     return middleware
 
