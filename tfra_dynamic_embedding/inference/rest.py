@@ -40,7 +40,8 @@ class Unavailable(Exception):
     """Raised by a predictor when what it depends on (a shard) did not answer: HTTP 503."""
 
 
-def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_request=()):
+def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_request=(),
+             model_status=None):
     """An aiohttp Application serving `predict` as model `name` (see the module docstring).
 
     Args:
@@ -50,6 +51,8 @@ def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_reque
       unavailable: exception types of `predict` answered with 503.
       bad_request: further exception types answered with 400 (besides ValueError, KeyError,
         TypeError).
+      model_status: () -> (state, error code, message) of `GET /v1/models/<name>` (default
+        always ("AVAILABLE", "OK", "")); any other state is answered with 503 (readiness).
     """
     pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="predict")
     unavailable, bad_request = tuple(unavailable), _BAD_REQUEST_ERRORS + tuple(bad_request)
@@ -58,9 +61,11 @@ def make_app(name, predict, max_workers=8, unavailable=(Unavailable,), bad_reque
         if request.match_info["name"] != name:
             return _error(404, f"no model {request.match_info['name']!r}; this server has "
                                f"{name!r}")
+        state, code, message = model_status() if model_status else ("AVAILABLE", "OK", "")
         return web.json_response({"model_version_status": [{
-            "version": "1", "state": "AVAILABLE",
-            "status": {"error_code": "OK", "error_message": ""}}]})
+            "version": "1", "state": state,
+            "status": {"error_code": code, "error_message": message}}]},
+            status=200 if state == "AVAILABLE" else 503)
 
     async def predict_handler(request):
         if request.match_info["name"] != name:

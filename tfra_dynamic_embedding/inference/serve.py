@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from tfra_dynamic_embedding.inference import operate
+
 READY = "tfra-de serve ready"
 
 
@@ -31,12 +33,13 @@ class RemoteShardedModel:
       export_dir: an `export_sharded` directory (its main/ and manifest.json are read here).
       shard_addresses: {shard name: ["host:port", ...]} (replicas) for every shard of it.
       timeout: seconds a replica may take to answer.
+      observer: passed to every `ShardClient` (e.g. a metrics.ServingMetrics).
 
     Usage (shard processes from `start_shards`, `predict` as the trained model predicts, `close`):
     benchmarks/distributed_inference.py; docs/serving.md, "Serving in separate processes".
     """
 
-    def __init__(self, export_dir, shard_addresses, timeout=5.0):
+    def __init__(self, export_dir, shard_addresses, timeout=5.0, observer=None):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         from tfra_dynamic_embedding.inference import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
@@ -45,7 +48,8 @@ class RemoteShardedModel:
         missing = sorted(set(self.manifest.shards) - set(shard_addresses))
         if missing:
             raise ValueError(f"shard_addresses lacks shards {missing} of {export_dir}")
-        self.shards = {name: grpc_shards.ShardClient(name, shard_addresses[name], timeout)
+        self.shards = {name: grpc_shards.ShardClient(name, shard_addresses[name], timeout,
+                                                     observer=observer)
                        for name in self.manifest.shards}
         self._main = tf.saved_model.load(os.path.join(export_dir, manifest_lib.MAIN_DIR))
         self._serve = self._main.signatures[manifest_lib.SERVING_SIGNATURE]
@@ -131,6 +135,7 @@ def add_parser(subparsers):
     parser.add_argument("--log-dir", default=None,
                         help="keep the shard processes' logs here, made if missing (default: "
                              "a temporary directory, removed at exit)")
+    operate.add_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -164,17 +169,29 @@ def run(args):
         from aiohttp import web  # pylint: disable=import-outside-toplevel
 
         from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
-        model = RemoteShardedModel(args.export_dir, addresses, args.timeout)
-        name = args.model_name or model.manifest.model or "model"
-        app = rest.make_app(name, model.predict, unavailable=(tf.errors.UnavailableError,),
-                            bad_request=(tf.errors.InvalidArgumentError,))
-        url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
-        # run_app calls `print` once the port is bound: the ready line means requests work.
+        ops = operate.Operations(args, cluster, argv_of=lambda shard, task: shard_server_argv(
+            os.path.join(args.export_dir, shard), cluster.address(shard, task)))
+        model = None
         try:
+            model = RemoteShardedModel(args.export_dir, addresses, args.timeout,
+                                       observer=ops.metrics)
+            name = args.model_name or model.manifest.model or "model"
+            ops.start(model, name)
+            app = rest.make_app(name, ops.predict, unavailable=(tf.errors.UnavailableError,),
+                                bad_request=(tf.errors.InvalidArgumentError,),
+                                model_status=ops.health.status)
+            ops.serve_rest(app)
+            url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
+            # run_app calls `print` once the port is bound: the ready line means requests work.
+            # SIGTERM: it stops listening, answers the requests in flight (for at most
+            # --drain-timeout seconds) and returns; `ops` drains the gRPC front alongside.
             web.run_app(app, host=args.host, port=args.port, handle_signals=True,
+                        shutdown_timeout=args.drain_timeout,
                         print=lambda _message: print(f"{READY}: {url}", flush=True))
         finally:
-            model.close()
+            ops.close()   # before the shards go: the supervisor must not restart them
+            if model is not None:
+                model.close()
     finally:
         if cluster is not None:
             cluster.close()
