@@ -12,7 +12,8 @@ Errors are gRPC codes: INVALID_ARGUMENT for a bad input, UNAVAILABLE when a shar
 answer, NOT_FOUND for another model name (or version). The servicer is
 `grpc_shards.function_servicer` -- the shard servers' own -- over the model's `predict`.
 
-Example (a client; `tfra-de serve EXPORT --grpc-port 8500 --model-name dlrm` serving):
+A stock TF Serving client against `tfra-de serve EXPORT --grpc-port 8500 --model-name dlrm`
+(docs/serving.md, "Operating it"; tests/inference/test_serve_ops.py):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "dlrm"
     request.inputs["user"].CopyFrom(tf.make_tensor_proto(np.array([7, 14])))   # every input

@@ -116,8 +116,8 @@ def function_servicer(model_name, signatures, signature_defs, version=MODEL_VERS
       status: () -> (state name, error code name, message) for GetModelStatus, e.g.
         ("AVAILABLE", "OK", ""); None: always available.
 
-    Example: `function_servicer("m", {"serving_default": (lambda x: {"y": 2 * x},
-    {"x": tf.TensorSpec([None], tf.float32)})}, {})` answers Predict of model "m".
+    Usage: `make_servicer` above (a SavedModel's signatures); `grpc_front.make_servicer` (the
+    sharded model's predict, `{"serving_default": (lambda **inputs: predict(inputs), specs)}`).
     """
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -4,12 +4,22 @@ reconnect to it), after an exponential backoff per replica -- `initial_backoff` 
 its first exit, doubling per exit up to `max_backoff`, back to `initial_backoff` once a restart
 stayed up `stable_after` seconds -- so a replica that crashes at start does not spin.
 
-Example (with `serve.start_shards` and `serve.shard_server_argv`; see `tfra-de serve`):
-    cluster = serve.start_shards(export_dir, replicas=2)
-    supervisor = Supervisor(cluster, lambda shard, task: serve.shard_server_argv(
-        os.path.join(export_dir, shard), cluster.address(shard, task))).start()
-    ...                                   # a replica killed is back within a second or so
-    supervisor.stop(); cluster.close()    # stop first: nothing restarts during the close
+`tfra-de serve` supervises its shard processes so (inference/operate.py).
+
+Example (a process that sleeps, killed and restarted):
+    >>> import io, os, signal
+    >>> from tfra_dynamic_embedding.distributed.local import LocalCluster
+    >>> cluster = LocalCluster(servers=(), sleeper=1)
+    >>> argv = lambda job, task: [sys.executable, "-c", "import time; time.sleep(60)"]
+    >>> first = cluster.run("sleeper", 0, argv("sleeper", 0))
+    >>> supervisor = Supervisor(cluster, argv, initial_backoff=0.1, log=io.StringIO()).start()
+    >>> os.kill(first.pid, signal.SIGKILL)
+    >>> deadline = time.monotonic() + 30
+    >>> while supervisor.restarts[("sleeper", 0)] == 0 and time.monotonic() < deadline:
+    ...     time.sleep(0.05)
+    >>> cluster.processes[("sleeper", 0)].pid != first.pid
+    True
+    >>> supervisor.stop(); cluster.close()   # stop first: nothing restarts during the close
 """
 
 import sys
