@@ -47,19 +47,31 @@ tables also has a smaller graph than the 26-table empty baseline) then dominates
 Correctness: for every configuration the first requests are predicted again and compared with
 "single" ("max_abs_diff", which must be <= 1e-6); "single" is compared with the Keras model.
 
+Front ends (issue 60): for the first multi-shard configuration (capacity-balanced/2) two
+`tfra-de serve --shards ...` processes are started against its shard processes, one with
+Prometheus metrics and an access log of every request on (`--access-log FILE
+--access-log-max-rate 0`), one with both off (`--no-metrics --access-log off`), both with
+`--grpc-port`. Each is sent --front-requests requests from 8 client threads (closed loop) over
+REST (JSON bodies encoded before the clock starts) and over gRPC (TF Serving's PredictRequest),
+alternating between the two servers for --front-rounds rounds, so that the machine's load falls
+on both alike. Reported under "fronts": P50/P90/P99 and requests/s per server and API, the
+ratio of P99 with metrics + access log to without (goal <= 1.05) and gRPC's requests/s over
+REST's. `--fronts-only` runs just that (the 2-shard export, no other configuration).
+
 Goals (issue 20): with concurrent load on loopback, the best multi-shard configuration's P99
 <= 1.10 x single's; each shard's RSS <= 1.10 x (tables' bytes + baseline). Both are printed as
 measured, met or not.
 
     python benchmarks/distributed_inference.py [--quick] [--requests 1000] [--serial 400]
-        [--scale 1.0] [--plot /tmp/distributed_inference.png]
+        [--scale 1.0] [--plot /tmp/distributed_inference.png] [--front-requests 400]
+        [--front-rounds 3] [--fronts-only]
 
 --quick: single, 1-shard and 2 shards x 3 strategies, tables at half size, fewer requests.
 Prints a table, the PNG's path and one JSON line last:
     {"configs": {"single": {"p50_ms", "p90_ms", "p99_ms", "cpu_ms", "serial": {...},
                             "concurrent": {...}, ...},
                  "capacity-balanced/2": {..., "shards": 2, "shard_rss_mb": [...]}, ...},
-     "baseline_rss_mb": ..., "goals": {...}, ...}
+     "baseline_rss_mb": ..., "goals": {...}, "fronts": {...}, ...}
 The top-level p50/p90/p99/cpu_ms of a configuration are those of its concurrent run; "serial"
 and "concurrent" hold both runs (p50_ms, p90_ms, p99_ms, cpu_ms, requests_per_s). Timings from a
 shared 2-core machine are noisy: shard processes, the main shard and the client threads all
@@ -257,6 +269,156 @@ def timed(predict, requests, pids, clients):
             "requests_per_s": round(len(requests) / wall, 1)}
 
 
+def timed_client(call, payloads, clients):
+    """Closed loop of `clients` threads sending `payloads` with `call(payload)` (which raises
+    on a failed request): latency percentiles and requests/s."""
+    latencies, errors = [None] * len(payloads), []
+    counter, lock = iter(range(len(payloads))), threading.Lock()
+
+    def client():
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            began = time.perf_counter()
+            try:
+                call(payloads[index])
+            except Exception as error:  # pylint: disable=broad-except
+                errors.append(error)
+                return
+            latencies[index] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return latencies, len(payloads) / wall
+
+
+class FrontServer:
+    """`tfra-de serve EXPORT --shards SPEC` with REST and gRPC ports and `flags`; `close()`
+    stops it by pid."""
+
+    def __init__(self, export_dir, spec, flags, log_path):
+        import subprocess  # pylint: disable=import-outside-toplevel
+
+        from tfra_dynamic_embedding.distributed.cluster import free_port  # pylint: disable=import-outside-toplevel
+        from tfra_dynamic_embedding.inference import serve  # pylint: disable=import-outside-toplevel
+        self.port, self.grpc_port, self.log_path = free_port(), free_port(), log_path
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "tfra_dynamic_embedding.cli", "serve", export_dir,
+                 "--shards", json.dumps(spec), "--port", str(self.port), "--grpc-port",
+                 str(self.grpc_port), "--model-name", "dlrm", "--timeout", "60"] + flags,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 180
+        while serve.READY not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"tfra-de serve did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def log(self):
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except Exception:  # pylint: disable=broad-except
+                self.proc.kill()
+                self.proc.wait(60)
+
+
+def run_fronts(export_dir, spec, requests, args, work):
+    """The front-end measurement of the module docstring: {"rest_ops_on": {...}, ...}."""
+    # pylint: disable=import-outside-toplevel
+    import grpc
+    import numpy as np
+    import requests as http
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    payloads = requests[:args.front_requests]
+    bodies = [json.dumps({"inputs": {k: v.tolist() for k, v in r.items()}}) for r in payloads]
+    messages = []
+    for request in payloads:
+        message = predict_pb2.PredictRequest()
+        message.model_spec.name = "dlrm"
+        for key, value in request.items():
+            message.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        messages.append(message)
+    servers = {
+        "ops_on": FrontServer(export_dir, spec, [
+            "--access-log", os.path.join(work, "access.log"), "--access-log-max-rate", "0"],
+            os.path.join(work, "front_ops_on.log")),
+        "ops_off": FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
+                               os.path.join(work, "front_ops_off.log"))}
+    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in servers}
+    rates = {key: [] for key in latencies}
+    try:
+        local = threading.local()
+        for name, server in servers.items():   # warm-up, and the answers checked once
+            url = f"http://localhost:{server.port}/v1/models/dlrm:predict"
+            reply = http.post(url, data=bodies[0], timeout=60)
+            reply.raise_for_status()
+            channel = grpc.insecure_channel(f"localhost:{server.grpc_port}")
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            out = next(iter(stub.Predict(messages[0], timeout=60).outputs.values()))
+            diff = np.max(np.abs(np.ravel(reply.json()["outputs"]) - tf.make_ndarray(out).ravel()))
+            assert diff <= 1e-6, f"{name}: REST and gRPC differ by {diff}"
+            server.stub = stub
+            server.url = url
+        for _ in range(args.front_rounds):
+            for name, server in servers.items():
+                def rest_call(body, url=server.url):
+                    session = getattr(local, "session", None) or http.Session()
+                    local.session = session
+                    session.post(url, data=body, timeout=60).raise_for_status()
+                lat, rate = timed_client(rest_call, bodies, CLIENTS)
+                latencies[f"rest_{name}"] += lat
+                rates[f"rest_{name}"].append(rate)
+                lat, rate = timed_client(lambda m, stub=server.stub: stub.Predict(m, timeout=60),
+                                         messages, CLIENTS)
+                latencies[f"grpc_{name}"] += lat
+                rates[f"grpc_{name}"].append(rate)
+    finally:
+        for server in servers.values():
+            server.close()
+    out = {key: {**percentiles(lat), "requests_per_s": round(float(np.median(rates[key])), 1)}
+           for key, lat in latencies.items()}
+    out["p99_ratio_ops_on_over_off"] = {
+        api: round(out[f"{api}_ops_on"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
+        for api in ("rest", "grpc")}
+    out["grpc_over_rest_requests_per_s"] = round(
+        out["grpc_ops_on"]["requests_per_s"] / out["rest_ops_on"]["requests_per_s"], 2)
+    out["requests"], out["rounds"], out["clients"] = len(payloads), args.front_rounds, CLIENTS
+    out["goal_met"] = all(r <= 1.05 for r in out["p99_ratio_ops_on_over_off"].values())
+    return out
+
+
+def print_fronts(fronts):
+    print(f"front ends ({fronts['requests']} requests x {fronts['rounds']} rounds per server "
+          f"and API, {fronts['clients']} clients):")
+    for key in ("rest_ops_off", "rest_ops_on", "grpc_ops_off", "grpc_ops_on"):
+        r = fronts[key]
+        print(f"  {key:13} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
+              f"ms  {r['requests_per_s']:6.1f} req/s")
+    ratio = fronts["p99_ratio_ops_on_over_off"]
+    print(f"  P99 with metrics + access log / without: REST {ratio['rest']:.3f}, gRPC "
+          f"{ratio['grpc']:.3f} -> {'met' if fronts['goal_met'] else 'NOT met'} (<= 1.05); "
+          f"gRPC req/s / REST req/s {fronts['grpc_over_rest_requests_per_s']:.2f}")
+
+
 def run_config(predict, requests, pids, args, reference=None):
     """Warm-up, the equality check against `reference` outputs, serial and concurrent runs."""
     import numpy as np  # pylint: disable=import-outside-toplevel
@@ -319,9 +481,16 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default=None, help="PNG path (default: in the work dir)")
     parser.add_argument("--work-dir", default=None, help="exports and logs (default: temp)")
+    parser.add_argument("--front-requests", type=int, default=400,
+                        help="requests per round, server and API of the front-end measurement "
+                             "(0: none)")
+    parser.add_argument("--front-rounds", type=int, default=3)
+    parser.add_argument("--fronts-only", action="store_true",
+                        help="only the front-end measurement (on the 2-shard export)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shards, args.requests, args.serial, args.scale = "2", 160, 80, args.scale * 0.5
+        args.front_requests = min(args.front_requests, 100)
     shard_counts = [int(s) for s in args.shards.split(",") if s]
     if args.requests < 10 or args.serial < 10 or args.serial > args.requests:
         parser.error("--requests and --serial must be >= 10 and --serial <= --requests")
@@ -340,7 +509,8 @@ def main(argv=None):
     layout = table_layout(args.scale, args.seed)
     model, layers = build_model(layout, fill=True, seed=args.seed)
     raw = sum(rows * (8 + 4 * dim) for _, _, rows, dim, _, _ in layout)
-    requests = make_requests(layout, args.check + args.warmup + args.requests, args.seed + 1)
+    requests = make_requests(layout, max(args.check + args.warmup + args.requests,
+                                         args.front_requests), args.seed + 1)
     items = [len(r["dense"]) for r in requests]
     print(f"Distributed inference: {NUM_TABLES} tables ({NUM_USER} user, multi-hot), "
           f"{sum(r for _, _, r, *_ in layout):,} rows, {raw / 2**20:.1f} MiB raw keys+values; "
@@ -350,9 +520,24 @@ def main(argv=None):
           f"{max(items)}; {args.serial} serial + {args.requests} concurrent ({CLIENTS} clients) "
           f"requests per configuration; {os.cpu_count()} CPUs; work dir {work}", flush=True)
 
+    if args.fronts_only:
+        export_dir = os.path.join(work, "capacity-balanced_2")
+        export.export_sharded(model, make_plan(layout, layers, 2, "capacity-balanced")[0],
+                              export_dir, overwrite=True)
+        cluster = serve.start_shards(export_dir, 1, log_dir=log_dir(work, "fronts"))
+        try:
+            fronts = run_fronts(export_dir, cluster.spec, requests, args, work)
+        finally:
+            cluster.close()
+        print_fronts(fronts)
+        print(f"wall time {time.perf_counter() - began:.0f} s")
+        print(json.dumps({"benchmark": "distributed_inference", "fronts_only": True,
+                          "cpus": os.cpu_count(), "fronts": fronts}))
+        return 0
+
     configs = [("1-shard", "capacity-balanced", 1)] + [
         (f"{s}/{n}", s, n) for n in shard_counts for s in STRATEGIES]
-    results, clusters = {}, []
+    results, clusters, fronts = {}, [], None
     try:
         # Empty-process baseline: a shard process serving the same model with empty tables.
         empty_model, empty_layers = build_model(layout, fill=False)
@@ -412,6 +597,9 @@ def main(argv=None):
                 tables_per_shard=[sum(p.shard == s for f in manifest.features
                                       for p in f.pieces) for s in shards])
             results[label] = result
+            if num > 1 and fronts is None and args.front_requests:
+                fronts = run_fronts(export_dir, cluster.spec, requests, args, work)
+                print_fronts(fronts)
             remote.close()
             cluster.close()
             clusters.remove(cluster)
@@ -421,7 +609,7 @@ def main(argv=None):
         for cluster in clusters:
             cluster.close()
 
-    report(results, baseline, raw, plot_path, args, time.perf_counter() - began)
+    report(results, baseline, raw, plot_path, args, time.perf_counter() - began, fronts)
     return 0
 
 
@@ -437,7 +625,7 @@ def _print_progress(label, result):
           flush=True)
 
 
-def report(results, baseline, raw, plot_path, args, wall):
+def report(results, baseline, raw, plot_path, args, wall, fronts=None):
     single = results["single"]
     header = (f"{'config':22} {'shards':>6} | {'serial P50':>10} {'P90':>6} {'P99':>6} "
               f"{'cpu ms':>6} | {'conc P50':>8} {'P90':>6} {'P99':>6} {'cpu ms':>6} "
@@ -492,7 +680,7 @@ def report(results, baseline, raw, plot_path, args, wall):
                       "cpus": os.cpu_count(), "clients": CLIENTS,
                       "serial_requests": args.serial, "concurrent_requests": args.requests,
                       "raw_table_mb": round(raw / 2**20, 1), "baseline_rss_mb": round(baseline, 1),
-                      "goals": goals}))
+                      "goals": goals, "fronts": fronts}))
 
 
 if __name__ == "__main__":
