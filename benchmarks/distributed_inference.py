@@ -348,8 +348,18 @@ def run_fronts(export_dir, spec, requests, args, work):
     import requests as http
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-    payloads = requests[:args.front_requests]
-    bodies = [json.dumps({"inputs": {k: v.tolist() for k, v in r.items()}}) for r in payloads]
+    # The REST server takes bodies up to aiohttp's default 1 MiB: larger requests (the
+    # lognormal's tail, ~ 500+ items) are left out of both APIs alike, and counted.
+    bodies, payloads, skipped = [], [], 0
+    for request in requests:
+        body = json.dumps({"inputs": {k: v.tolist() for k, v in request.items()}})
+        if len(body) >= 2**20:
+            skipped += 1
+            continue
+        bodies.append(body)
+        payloads.append(request)
+        if len(payloads) == args.front_requests:
+            break
     messages = []
     for request in payloads:
         message = predict_pb2.PredictRequest()
@@ -402,6 +412,7 @@ def run_fronts(export_dir, spec, requests, args, work):
     out["grpc_over_rest_requests_per_s"] = round(
         out["grpc_ops_on"]["requests_per_s"] / out["rest_ops_on"]["requests_per_s"], 2)
     out["requests"], out["rounds"], out["clients"] = len(payloads), args.front_rounds, CLIENTS
+    out["skipped_over_1mib"] = skipped
     out["goal_met"] = all(r <= 1.05 for r in out["p99_ratio_ops_on_over_off"].values())
     return out
 
