@@ -14,6 +14,10 @@ with HTTP 503 naming it within `--timeout` seconds per replica; a restarted repl
 again. `--shards '{"shard_0": ["host:port", ...]}'` serves with shards already running elsewhere
 (started with `python -m tfra_dynamic_embedding.inference.grpc_shards --saved-model DIR
 --address HOST:PORT`, or a stock TF Serving serving `shard_<i>/` as model `shard_<i>`).
+
+Operating it (inference/operate.py; docs/serving.md, "Operating it"): TF Serving's gRPC API for
+the model with `--grpc-port`, readiness from the shards' health, Prometheus metrics, an access
+log, shard processes restarted when they exit, SIGTERM answering the requests in flight.
 """
 
 import json
@@ -141,7 +145,8 @@ def add_parser(subparsers):
 
 
 def run(args):
-    """Starts the shards (unless --shards) and serves REST until SIGTERM/Ctrl-C."""
+    """Starts the shards (unless --shards) and serves REST (and gRPC with --grpc-port) until
+    SIGTERM/Ctrl-C, then answers the requests in flight and stops the shards."""
     if not os.path.isfile(os.path.join(args.export_dir, "manifest.json")):
         raise ValueError(f"export_dir {args.export_dir!r} has no manifest.json: not a sharded "
                          f"export")
