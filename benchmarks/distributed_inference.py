@@ -54,9 +54,11 @@ Prometheus metrics and an access log of every request on (`--access-log FILE
 `--grpc-port`. Each is sent --front-requests requests from 8 client threads (closed loop) over
 REST (JSON bodies encoded before the clock starts) and over gRPC (TF Serving's PredictRequest),
 alternating between the two servers for --front-rounds rounds, so that the machine's load falls
-on both alike. Reported under "fronts": P50/P90/P99 and requests/s per server and API, the
-ratio of P99 with metrics + access log to without (goal <= 1.05) and gRPC's requests/s over
-REST's. `--fronts-only` runs just that (the 2-shard export, no other configuration).
+on both alike (the first server alternating per round). Reported under "fronts": P50/P90/P99,
+requests/s and the serve process's CPU per request per server and API, the ratio of P99 with
+metrics + access log to without (goal <= 1.05), gRPC's requests/s over REST's, and
+"instrumentation_us_per_request": what metrics + access log cost per request timed alone (in
+this process) -- the CPU that P99 on a busy shared machine cannot resolve. `--fronts-only` runs just that (the 2-shard export, no other configuration).
 
 Goals (issue 20): with concurrent load on loopback, the best multi-shard configuration's P99
 <= 1.10 x single's; each shard's RSS <= 1.10 x (tables' bytes + baseline). Both are printed as
@@ -375,6 +377,7 @@ def run_fronts(export_dir, spec, requests, args, work):
                                os.path.join(work, "front_ops_off.log"))}
     latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in servers}
     rates = {key: [] for key in latencies}
+    cpu = {key: 0.0 for key in latencies}   # the serve process's CPU seconds
     try:
         local = threading.local()
         for name, server in servers.items():   # warm-up, and the answers checked once
@@ -388,24 +391,33 @@ def run_fronts(export_dir, spec, requests, args, work):
             assert diff <= 1e-6, f"{name}: REST and gRPC differ by {diff}"
             server.stub = stub
             server.url = url
-        for _ in range(args.front_rounds):
-            for name, server in servers.items():
+        for round_index in range(args.front_rounds):
+            # Alternating which server goes first, so that neither always follows the other.
+            order = list(servers) if round_index % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                server = servers[name]
+
                 def rest_call(body, url=server.url):
                     session = getattr(local, "session", None) or http.Session()
                     local.session = session
                     session.post(url, data=body, timeout=60).raise_for_status()
-                lat, rate = timed_client(rest_call, bodies, CLIENTS)
-                latencies[f"rest_{name}"] += lat
-                rates[f"rest_{name}"].append(rate)
-                lat, rate = timed_client(lambda m, stub=server.stub: stub.Predict(m, timeout=60),
-                                         messages, CLIENTS)
-                latencies[f"grpc_{name}"] += lat
-                rates[f"grpc_{name}"].append(rate)
+
+                for api, call, sent in (
+                        ("rest", rest_call, bodies),
+                        ("grpc", lambda m, stub=server.stub: stub.Predict(m, timeout=60),
+                         messages)):
+                    before = cpu_seconds(server.proc.pid)
+                    lat, rate = timed_client(call, sent, CLIENTS)
+                    cpu[f"{api}_{name}"] += cpu_seconds(server.proc.pid) - before
+                    latencies[f"{api}_{name}"] += lat
+                    rates[f"{api}_{name}"].append(rate)
     finally:
         for server in servers.values():
             server.close()
-    out = {key: {**percentiles(lat), "requests_per_s": round(float(np.median(rates[key])), 1)}
+    out = {key: {**percentiles(lat), "requests_per_s": round(float(np.median(rates[key])), 1),
+                 "serve_cpu_ms": round(cpu[key] / len(lat) * 1e3, 2)}
            for key, lat in latencies.items()}
+    out["instrumentation_us_per_request"] = instrumentation_cost(work)
     out["p99_ratio_ops_on_over_off"] = {
         api: round(out[f"{api}_ops_on"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
         for api in ("rest", "grpc")}
@@ -417,17 +429,44 @@ def run_fronts(export_dir, spec, requests, args, work):
     return out
 
 
+def instrumentation_cost(work, count=20000):
+    """Microseconds per request of what metrics + access log add (a request's counter and
+    histogram, the rows counter, two shard calls observed, an access-log line to a file),
+    timed alone in this process: the CPU the P99 comparison cannot resolve on a busy machine."""
+    # pylint: disable=import-outside-toplevel
+    import numpy as np
+
+    from tfra_dynamic_embedding.inference import access_log as access_log_lib
+    from tfra_dynamic_embedding.inference import metrics as metrics_lib
+    metrics = metrics_lib.ServingMetrics()
+    log = access_log_lib.AccessLog.open(os.path.join(work, "access_cost.log"), 0)
+    predict = metrics.counting_rows("dlrm", lambda inputs: inputs)
+    outputs = {"y": np.zeros(64)}
+    began = time.perf_counter()
+    for _ in range(count):
+        predict(outputs)
+        metrics.shard_call("shard_0", "OK", 0.004)
+        metrics.shard_call("shard_1", "OK", 0.004)
+        metrics.request("dlrm", "rest:predict", 200, 0.05)
+        log.write("rest", "POST /v1/models/dlrm:predict", 200, 0.05, peer="127.0.0.1")
+    log.close()
+    return round((time.perf_counter() - began) / count * 1e6, 1)
+
+
 def print_fronts(fronts):
     print(f"front ends ({fronts['requests']} requests x {fronts['rounds']} rounds per server "
           f"and API, {fronts['clients']} clients):")
     for key in ("rest_ops_off", "rest_ops_on", "grpc_ops_off", "grpc_ops_on"):
         r = fronts[key]
         print(f"  {key:13} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
-              f"ms  {r['requests_per_s']:6.1f} req/s")
+              f"ms  {r['requests_per_s']:6.1f} req/s"
+              f"  serve CPU {r['serve_cpu_ms']:6.2f} ms/request")
     ratio = fronts["p99_ratio_ops_on_over_off"]
     print(f"  P99 with metrics + access log / without: REST {ratio['rest']:.3f}, gRPC "
           f"{ratio['grpc']:.3f} -> {'met' if fronts['goal_met'] else 'NOT met'} (<= 1.05); "
-          f"gRPC req/s / REST req/s {fronts['grpc_over_rest_requests_per_s']:.2f}")
+          f"gRPC req/s / REST req/s {fronts['grpc_over_rest_requests_per_s']:.2f}; "
+          f"metrics + access log alone: {fronts['instrumentation_us_per_request']:.1f} us per "
+          f"request")
 
 
 def run_config(predict, requests, pids, args, reference=None):

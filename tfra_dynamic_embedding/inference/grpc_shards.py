@@ -23,7 +23,9 @@ every replica failed, those that failed with UNAVAILABLE are tried once more, wa
 channel to reconnect (gRPC's wait_for_ready) for at most one backoff. When no replica answers,
 `result()` raises `tf.errors.UnavailableError` naming the shard and its addresses -- after at
 most `timeout` seconds plus one backoff per replica. `call` only issues the RPC, so calls to several shards are in
-flight together; one client serves any number of threads.
+flight together; one client serves any number of threads. `check()` probes every replica at once
+(the health monitor's round, inference/health.py); an `observer` sees each call's outcome and
+latency (inference/metrics.py).
 
 Example (a SavedModel served in this process, called through a client of its one replica):
     >>> import tempfile
