@@ -51,14 +51,15 @@ Front ends (issue 60): for the first multi-shard configuration (capacity-balance
 `tfra-de serve --shards ...` processes are started against its shard processes, one with
 Prometheus metrics and an access log of every request on (`--access-log FILE
 --access-log-max-rate 0`), one with both off (`--no-metrics --access-log off`), both with
-`--grpc-port`. Each is sent --front-requests requests from 8 client threads (closed loop) over
-REST (JSON bodies encoded before the clock starts) and over gRPC (TF Serving's PredictRequest),
-alternating between the two servers for --front-rounds rounds, so that the machine's load falls
-on both alike (the first server alternating per round). Reported under "fronts": P50/P90/P99,
-requests/s and the serve process's CPU per request per server and API, the ratio of P99 with
-metrics + access log to without (goal <= 1.05), gRPC's requests/s over REST's, and
-"instrumentation_us_per_request": what metrics + access log cost per request timed alone (in
-this process) -- the CPU that P99 on a busy shared machine cannot resolve. `--fronts-only` runs just that (the 2-shard export, no other configuration).
+`--grpc-port`. Per round, --front-requests requests go from 8 client threads (closed loop)
+over REST (JSON bodies encoded before the clock starts), then over gRPC (TF Serving's
+PredictRequest), alternating request by request between the two servers, so that the machine's
+load (other jobs' bursts) falls on both alike; --front-rounds rounds. Reported under "fronts":
+P50/P90/P99 and the serve process's CPU per request per server and API, requests/s per API (both
+servers together), the ratio of P99 with metrics + access log to without (goal <= 1.05),
+gRPC's requests/s over REST's, and "instrumentation_us_per_request": what metrics + access log
+cost per request timed alone (in this process) -- the CPU that P99 on a busy shared machine
+cannot resolve. `--fronts-only` runs just that (the 2-shard export, no other configuration).
 
 Goals (issue 20): with concurrent load on loopback, the best multi-shard configuration's P99
 <= 1.10 x single's; each shard's RSS <= 1.10 x (tables' bytes + baseline). Both are printed as
@@ -369,16 +370,16 @@ def run_fronts(export_dir, spec, requests, args, work):
         for key, value in request.items():
             message.inputs[key].CopyFrom(tf.make_tensor_proto(value))
         messages.append(message)
-    servers = {
-        "ops_on": FrontServer(export_dir, spec, [
-            "--access-log", os.path.join(work, "access.log"), "--access-log-max-rate", "0"],
-            os.path.join(work, "front_ops_on.log")),
-        "ops_off": FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
-                               os.path.join(work, "front_ops_off.log"))}
-    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in servers}
+    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in ("ops_on", "ops_off")}
     rates = {key: [] for key in latencies}
     cpu = {key: 0.0 for key in latencies}   # the serve process's CPU seconds
+    servers = {}
     try:
+        servers["ops_on"] = FrontServer(export_dir, spec, [
+            "--access-log", os.path.join(work, "access.log"), "--access-log-max-rate", "0"],
+            os.path.join(work, "front_ops_on.log"))
+        servers["ops_off"] = FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
+                                         os.path.join(work, "front_ops_off.log"))
         local = threading.local()
         for name, server in servers.items():   # warm-up, and the answers checked once
             url = f"http://localhost:{server.port}/v1/models/dlrm:predict"
@@ -391,38 +392,44 @@ def run_fronts(export_dir, spec, requests, args, work):
             assert diff <= 1e-6, f"{name}: REST and gRPC differ by {diff}"
             server.stub = stub
             server.url = url
+        names = list(servers)
+
+        def rest_call(item):
+            name, index = item
+            session = getattr(local, "session", None) or http.Session()
+            local.session = session
+            session.post(servers[name].url, data=bodies[index], timeout=60).raise_for_status()
+
+        def grpc_call(item):
+            name, index = item
+            servers[name].stub.Predict(messages[index], timeout=60)
+
         for round_index in range(args.front_rounds):
-            # Alternating which server goes first, so that neither always follows the other.
-            order = list(servers) if round_index % 2 == 0 else list(servers)[::-1]
-            for name in order:
-                server = servers[name]
-
-                def rest_call(body, url=server.url):
-                    session = getattr(local, "session", None) or http.Session()
-                    local.session = session
-                    session.post(url, data=body, timeout=60).raise_for_status()
-
-                for api, call, sent in (
-                        ("rest", rest_call, bodies),
-                        ("grpc", lambda m, stub=server.stub: stub.Predict(m, timeout=60),
-                         messages)):
-                    before = cpu_seconds(server.proc.pid)
-                    lat, rate = timed_client(call, sent, CLIENTS)
-                    cpu[f"{api}_{name}"] += cpu_seconds(server.proc.pid) - before
-                    latencies[f"{api}_{name}"] += lat
-                    rates[f"{api}_{name}"].append(rate)
+            # Requests alternate between the two servers (request i of round r to server
+            # (i + r) % 2), so both see the same moments of the machine's load -- other jobs'
+            # bursts fall on both alike -- and each request goes to each server over 2 rounds.
+            items = [(names[(i + round_index) % 2], i) for i in range(len(payloads))]
+            for api, call in (("rest", rest_call), ("grpc", grpc_call)):
+                before = {n: cpu_seconds(servers[n].proc.pid) for n in names}
+                lat, rate = timed_client(call, items, CLIENTS)
+                for name in names:
+                    key = f"{api}_{name}"
+                    cpu[key] += cpu_seconds(servers[name].proc.pid) - before[name]
+                    latencies[key] += [t for (n, _), t in zip(items, lat) if n == name]
+                    rates[key].append(rate)   # both servers together
     finally:
         for server in servers.values():
             server.close()
-    out = {key: {**percentiles(lat), "requests_per_s": round(float(np.median(rates[key])), 1),
-                 "serve_cpu_ms": round(cpu[key] / len(lat) * 1e3, 2)}
+    out = {key: {**percentiles(lat), "serve_cpu_ms": round(cpu[key] / len(lat) * 1e3, 2)}
            for key, lat in latencies.items()}
+    for api in ("rest", "grpc"):
+        out[f"{api}_requests_per_s"] = round(float(np.median(rates[f"{api}_ops_on"])), 1)
     out["instrumentation_us_per_request"] = instrumentation_cost(work)
     out["p99_ratio_ops_on_over_off"] = {
         api: round(out[f"{api}_ops_on"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
         for api in ("rest", "grpc")}
     out["grpc_over_rest_requests_per_s"] = round(
-        out["grpc_ops_on"]["requests_per_s"] / out["rest_ops_on"]["requests_per_s"], 2)
+        out["grpc_requests_per_s"] / out["rest_requests_per_s"], 2)
     out["requests"], out["rounds"], out["clients"] = len(payloads), args.front_rounds, CLIENTS
     out["skipped_over_1mib"] = skipped
     out["goal_met"] = all(r <= 1.05 for r in out["p99_ratio_ops_on_over_off"].values())
@@ -459,12 +466,12 @@ def print_fronts(fronts):
     for key in ("rest_ops_off", "rest_ops_on", "grpc_ops_off", "grpc_ops_on"):
         r = fronts[key]
         print(f"  {key:13} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
-              f"ms  {r['requests_per_s']:6.1f} req/s"
-              f"  serve CPU {r['serve_cpu_ms']:6.2f} ms/request")
+              f"ms  serve CPU {r['serve_cpu_ms']:6.2f} ms/request")
     ratio = fronts["p99_ratio_ops_on_over_off"]
     print(f"  P99 with metrics + access log / without: REST {ratio['rest']:.3f}, gRPC "
           f"{ratio['grpc']:.3f} -> {'met' if fronts['goal_met'] else 'NOT met'} (<= 1.05); "
-          f"gRPC req/s / REST req/s {fronts['grpc_over_rest_requests_per_s']:.2f}; "
+          f"gRPC {fronts['grpc_requests_per_s']:.1f} req/s / REST "
+          f"{fronts['rest_requests_per_s']:.1f} = {fronts['grpc_over_rest_requests_per_s']:.2f}; "
           f"metrics + access log alone: {fronts['instrumentation_us_per_request']:.1f} us per "
           f"request")
 
