@@ -47,19 +47,21 @@ tables also has a smaller graph than the 26-table empty baseline) then dominates
 Correctness: for every configuration the first requests are predicted again and compared with
 "single" ("max_abs_diff", which must be <= 1e-6); "single" is compared with the Keras model.
 
-Front ends (issue 60): for the first multi-shard configuration (capacity-balanced/2) two
-`tfra-de serve --shards ...` processes are started against its shard processes, one with
-Prometheus metrics and an access log of every request on (`--access-log FILE
---access-log-max-rate 0`), one with both off (`--no-metrics --access-log off`), both with
-`--grpc-port`. Per round, --front-requests requests go from 8 client threads (closed loop)
-over REST (JSON bodies encoded before the clock starts), then over gRPC (TF Serving's
-PredictRequest), alternating request by request between the two servers, so that the machine's
-load (other jobs' bursts) falls on both alike; --front-rounds rounds. Reported under "fronts":
-P50/P90/P99 and the serve process's CPU per request per server and API, requests/s per API (both
-servers together), the ratio of P99 with metrics + access log to without (goal <= 1.05),
-gRPC's requests/s over REST's, and "instrumentation_us_per_request": what metrics + access log
-cost per request timed alone (in this process) -- the CPU that P99 on a busy shared machine
-cannot resolve. `--fronts-only` runs just that (the 2-shard export, no other configuration).
+Front ends (issue 60): for the first multi-shard configuration (capacity-balanced/2) three
+`tfra-de serve --shards ...` processes are started against its shard processes, all with
+`--grpc-port`: "ops_on" with Prometheus metrics and an access log of every request
+(`--access-log FILE --access-log-max-rate 0`), "ops_off" with both off (`--no-metrics
+--access-log off`), and "ops_off_control", a second server like ops_off, whose P99 next to
+ops_off's shows how far apart two identical servers measure here. Per round, --front-requests
+requests go from 8 client threads (closed loop) over REST (JSON bodies encoded before the clock
+starts), then over gRPC (TF Serving's PredictRequest), alternating request by request between
+the three servers, so that the machine's load (other jobs' bursts) falls on each alike;
+--front-rounds rounds. Reported under "fronts": P50/P90/P99 and the serve process's CPU per
+request per server and API, requests/s per API (all servers together), the ratio of P99 with
+metrics + access log to without (goal <= 1.05) and the control's, gRPC's requests/s over REST's,
+and "instrumentation_us_per_request": what metrics + access log cost per request timed alone
+(in this process) -- the CPU that P99 on a busy shared machine cannot resolve. `--fronts-only`
+runs just that (the 2-shard export, no other configuration).
 
 Goals (issue 20): with concurrent load on loopback, the best multi-shard configuration's P99
 <= 1.10 x single's; each shard's RSS <= 1.10 x (tables' bytes + baseline). Both are printed as
@@ -370,7 +372,8 @@ def run_fronts(export_dir, spec, requests, args, work):
         for key, value in request.items():
             message.inputs[key].CopyFrom(tf.make_tensor_proto(value))
         messages.append(message)
-    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in ("ops_on", "ops_off")}
+    kinds = ("ops_on", "ops_off", "ops_off_control")
+    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in kinds}
     rates = {key: [] for key in latencies}
     cpu = {key: 0.0 for key in latencies}   # the serve process's CPU seconds
     servers = {}
@@ -378,8 +381,9 @@ def run_fronts(export_dir, spec, requests, args, work):
         servers["ops_on"] = FrontServer(export_dir, spec, [
             "--access-log", os.path.join(work, "access.log"), "--access-log-max-rate", "0"],
             os.path.join(work, "front_ops_on.log"))
-        servers["ops_off"] = FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
-                                         os.path.join(work, "front_ops_off.log"))
+        for name in kinds[1:]:   # the control: a second server like ops_off (the noise floor)
+            servers[name] = FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
+                                        os.path.join(work, f"front_{name}.log"))
         local = threading.local()
         for name, server in servers.items():   # warm-up, and the answers checked once
             url = f"http://localhost:{server.port}/v1/models/dlrm:predict"
@@ -405,10 +409,10 @@ def run_fronts(export_dir, spec, requests, args, work):
             servers[name].stub.Predict(messages[index], timeout=60)
 
         for round_index in range(args.front_rounds):
-            # Requests alternate between the two servers (request i of round r to server
-            # (i + r) % 2), so both see the same moments of the machine's load -- other jobs'
-            # bursts fall on both alike -- and each request goes to each server over 2 rounds.
-            items = [(names[(i + round_index) % 2], i) for i in range(len(payloads))]
+            # Requests alternate between the servers (request i of round r to server
+            # (i + r) % 3), so all see the same moments of the machine's load -- other jobs'
+            # bursts fall on each alike -- and each request goes to each server over 3 rounds.
+            items = [(names[(i + round_index) % len(names)], i) for i in range(len(payloads))]
             for api, call in (("rest", rest_call), ("grpc", grpc_call)):
                 before = {n: cpu_seconds(servers[n].proc.pid) for n in names}
                 lat, rate = timed_client(call, items, CLIENTS)
@@ -427,6 +431,10 @@ def run_fronts(export_dir, spec, requests, args, work):
     out["instrumentation_us_per_request"] = instrumentation_cost(work)
     out["p99_ratio_ops_on_over_off"] = {
         api: round(out[f"{api}_ops_on"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
+        for api in ("rest", "grpc")}
+    # Two identical servers' ratio: how far apart P99s are here with nothing different.
+    out["p99_ratio_control_over_off"] = {
+        api: round(out[f"{api}_ops_off_control"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
         for api in ("rest", "grpc")}
     out["grpc_over_rest_requests_per_s"] = round(
         out["grpc_requests_per_s"] / out["rest_requests_per_s"], 2)
@@ -463,13 +471,16 @@ def instrumentation_cost(work, count=20000):
 def print_fronts(fronts):
     print(f"front ends ({fronts['requests']} requests x {fronts['rounds']} rounds per server "
           f"and API, {fronts['clients']} clients):")
-    for key in ("rest_ops_off", "rest_ops_on", "grpc_ops_off", "grpc_ops_on"):
+    for key in ("rest_ops_off", "rest_ops_off_control", "rest_ops_on", "grpc_ops_off",
+                "grpc_ops_off_control", "grpc_ops_on"):
         r = fronts[key]
-        print(f"  {key:13} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
+        print(f"  {key:20} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
               f"ms  serve CPU {r['serve_cpu_ms']:6.2f} ms/request")
-    ratio = fronts["p99_ratio_ops_on_over_off"]
+    ratio, control = fronts["p99_ratio_ops_on_over_off"], fronts["p99_ratio_control_over_off"]
     print(f"  P99 with metrics + access log / without: REST {ratio['rest']:.3f}, gRPC "
           f"{ratio['grpc']:.3f} -> {'met' if fronts['goal_met'] else 'NOT met'} (<= 1.05); "
+          f"two identical servers (control / off): REST {control['rest']:.3f}, gRPC "
+          f"{control['grpc']:.3f}; "
           f"gRPC {fronts['grpc_requests_per_s']:.1f} req/s / REST "
           f"{fronts['rest_requests_per_s']:.1f} = {fronts['grpc_over_rest_requests_per_s']:.2f}; "
           f"metrics + access log alone: {fronts['instrumentation_us_per_request']:.1f} us per "
