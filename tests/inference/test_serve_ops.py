@@ -244,14 +244,16 @@ def test_the_supervisor_restarts_killed_replicas_and_status_follows_health(serve
     _wait_for("status not AVAILABLE", lambda: server.status().status_code == 503, 15)
     body = server.status().json()["model_version_status"][0]
     grpc_status = server.grpc_status()
-    if body["state"] != "AVAILABLE":   # the restarts may already be back
-        assert body["status"]["error_code"] == "UNAVAILABLE"
+    if body["state"] != "AVAILABLE":   # (the restarts may be back already)
+        assert body["state"] == "UNKNOWN" and body["status"]["error_code"] == "UNAVAILABLE"
         assert "shard 'shard_1'" in body["status"]["error_message"]
+    if grpc_status.state != get_model_status_pb2.ModelVersionStatus.AVAILABLE:
+        assert grpc_status.status.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        assert "shard 'shard_1'" in grpc_status.status.error_message
     # ... and AVAILABLE again once the supervisor's restarts answer; they serve.
     _wait_for("status AVAILABLE again", lambda: server.status().status_code == 200, 120)
     _wait_for("gRPC status AVAILABLE", lambda: server.grpc_status().state ==
               get_model_status_pb2.ModelVersionStatus.AVAILABLE, 30)
-    del grpc_status
     reply = server.rest(request)
     assert reply.status_code == 200, reply.text
     assert np.max(np.abs(np.array(reply.json()["predictions"]).ravel() - expected)) <= 1e-6
