@@ -131,6 +131,7 @@ def served(tmp_path_factory):
     export_dir = str(work / "export")
     inference.export_sharded(model, inference.plan_for_model(model, 2), export_dir)
     server = Operated(export_dir, work)
+    server.export_dir = export_dir
     try:
         yield model, server
     finally:
@@ -173,6 +174,52 @@ def test_a_stock_tf_serving_grpc_client_predicts_like_rest_and_the_model(served)
         server.grpc_predict({k: v for k, v in request.items() if k != "tags"})
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert requests.get(f"{server.base}/healthz", timeout=30).status_code == 200
+
+
+def test_the_grpc_front_maps_errors_to_grpc_codes(served):
+    """The front's servicer in this process over a predict function that fails as the sharded
+    model does: a shard down -> UNAVAILABLE naming it; a bad value -> INVALID_ARGUMENT; and the
+    status function's state reaches GetModelStatus."""
+    from tfra_dynamic_embedding.inference import grpc_front  # pylint: disable=import-outside-toplevel
+    from tfra_dynamic_embedding.inference import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
+    _, server = served
+    manifest = manifest_lib.Manifest.load(server.export_dir)
+    failures = {"error": None}
+
+    def predict(inputs):
+        del inputs
+        raise failures["error"]
+
+    servicer = grpc_front.make_servicer(
+        predict, server.export_dir, manifest, "m",
+        status=lambda: ("UNKNOWN", "UNAVAILABLE", "shard 'shard_1' has no live replica"))
+    front = grpc_front.start(servicer, "localhost:0", threads=2)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "m"
+    for key, value in base._request(np.random.default_rng(9), 2).items():  # pylint: disable=protected-access
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+    try:
+        with grpc.insecure_channel(f"localhost:{front.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for error, message, code in (
+                    (tf.errors.UnavailableError, "shard 'shard_1' did not answer",
+                     grpc.StatusCode.UNAVAILABLE),
+                    (tf.errors.InvalidArgumentError, "bad ids", grpc.StatusCode.INVALID_ARGUMENT),
+                    (ValueError, "main takes no inputs ['q']", grpc.StatusCode.INVALID_ARGUMENT)):
+                failures["error"] = (error(None, None, message) if error is not ValueError
+                                     else error(message))
+                with pytest.raises(grpc.RpcError) as raised:
+                    stub.Predict(request, timeout=30)
+                assert raised.value.code() == code and message in raised.value.details()
+            status_request = get_model_status_pb2.GetModelStatusRequest()
+            status_request.model_spec.name = "m"
+            status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+                status_request, timeout=30).model_version_status[0]
+            assert status.state == get_model_status_pb2.ModelVersionStatus.UNKNOWN
+            assert status.status.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+            assert "shard_1" in status.status.error_message
+    finally:
+        front.stop(None).wait()
 
 
 def _count(samples, name, **labels):
@@ -296,7 +343,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(served):
                    for i in range(len(jobs))] + [threading.Thread(target=grpc_call, daemon=True)]
         for thread in threads:
             thread.start()
-        time.sleep(1.5)   # all in flight, waiting on shard_0
+        time.sleep(2.5)   # all in flight, waiting on shard_0
         assert all(r is None for r in results), results
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(1.0)
