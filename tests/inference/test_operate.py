@@ -54,15 +54,15 @@ def test_the_access_log_keeps_to_its_rate_and_counts_what_it_dropped():
 
 
 class _Replicas:
-    """A ShardClient's stand-in: `check()` answers the liveness set by the test."""
+    """A ShardClient's stand-in: `check()` answers the codes set by the test."""
 
     def __init__(self, *addresses):
         self.addresses = list(addresses)
-        self.alive = [True] * len(addresses)
+        self.codes = ["OK"] * len(addresses)
 
     def check(self, timeout):
         del timeout
-        return list(self.alive)
+        return list(self.codes)
 
 
 def test_health_follows_the_replicas_and_names_the_dead_shard():
@@ -71,17 +71,29 @@ def test_health_follows_the_replicas_and_names_the_dead_shard():
     monitor = health.HealthMonitor(shards, interval=60, metrics=counted)
     monitor.probe()
     assert monitor.status() == ("AVAILABLE", "OK", "")
-    shards["shard_0"].alive = [False, True]     # one replica left: still available
+    shards["shard_0"].codes = ["UNAVAILABLE", "OK"]     # one replica left: still available
     monitor.probe()
     assert monitor.status()[0] == "AVAILABLE"
-    shards["shard_1"].alive = [False]
+    shards["shard_1"].codes = ["DEADLINE_EXCEEDED"]     # slow: live until 3 probes in a row
+    for _ in range(2):
+        monitor.probe()
+        assert monitor.status()[0] == "AVAILABLE"
+    shards["shard_1"].codes = ["OK"]
+    monitor.probe()
+    shards["shard_1"].codes = ["DEADLINE_EXCEEDED"]
+    for _ in range(2):
+        monitor.probe()
+    assert monitor.status()[0] == "AVAILABLE"           # the count started again
+    monitor.probe()
+    assert monitor.status()[0] == "UNKNOWN"             # hung: 3 in a row
+    shards["shard_1"].codes = ["UNAVAILABLE"]
     monitor.probe()
     assert monitor.status() == ("UNKNOWN", "UNAVAILABLE",
                                 "shard 'shard_1' has no live replica (b:1)")
     text = counted.exposition().decode()
     assert 'tfra_de_shard_live_replicas{shard="shard_0"} 1.0' in text
     assert 'tfra_de_shard_live_replicas{shard="shard_1"} 0.0' in text
-    shards["shard_1"].alive = [True]
+    shards["shard_1"].codes = ["OK"]
     monitor.probe()
     assert monitor.status()[0] == "AVAILABLE"
 

@@ -374,28 +374,28 @@ class ShardClient:
             channel.close()
 
     def check(self, timeout=1.0):
-        """Sends GetModelStatus to every replica at once and waits for the answers: [True if
-        replica i answered]. An answer puts a replica set aside back in rotation; UNAVAILABLE
-        sets it aside (a health monitor's probe: inference/health.py)."""
+        """Sends GetModelStatus to every replica at once and waits for the answers: the gRPC
+        code name of each ("OK" when it answered). An answer -- even an error: the replica is
+        reachable -- puts a replica set aside back in rotation; UNAVAILABLE sets it aside (a
+        health monitor's probe: inference/health.py)."""
         from tensorflow_serving.apis import get_model_status_pb2  # pylint: disable=import-outside-toplevel
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = self.model_name
         futures = [status.future(request, timeout=timeout) for status in self._status]
-        alive = []
+        codes = []
         for index, future in enumerate(futures):
             try:
                 future.result()
                 code = grpc.StatusCode.OK
             except grpc.RpcError as error:
                 code = error.code()
-            # Any answer, even an error, means the replica is reachable (as `_probed`).
-            alive.append(code not in RETRYABLE)
+            codes.append(code.name)
             with self._lock:
-                if alive[-1]:
+                if code not in RETRYABLE:
                     self._failed_at[index] = None
                 elif code == grpc.StatusCode.UNAVAILABLE and self._failed_at[index] is None:
                     self._failed_at[index] = time.monotonic()
-        return alive
+        return codes
 
     # -- replica bookkeeping (PendingCall's side) ---------------------------------------------
     def order(self, tried):

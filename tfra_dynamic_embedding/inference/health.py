@@ -1,8 +1,11 @@
 """The main model's health from its shards': a thread probes every replica of every shard
 (GetModelStatus, `ShardClient.check`) every `interval` seconds; the model is AVAILABLE while
-every shard has a replica that answers, else not -- state "UNKNOWN" (TF Serving's
-ModelVersionStatus has no "unavailable" state) with error code "UNAVAILABLE" and a message
-naming the shards without a live replica. REST `GET /v1/models/M` and gRPC `GetModelStatus`
+every shard has a live replica, else not. A replica is dead when it refuses the probe
+(UNAVAILABLE: no process, no route) or lets `timeouts` probes in a row pass their deadline (a
+hung process) -- one slow answer on a busy machine does not flip readiness; any answer makes it
+live again. Not available: state "UNKNOWN" (TF Serving's ModelVersionStatus has no
+"unavailable" state), error code "UNAVAILABLE" and a message naming the shards without a live
+replica. REST `GET /v1/models/M` and gRPC `GetModelStatus`
 answer this (readiness); the probe also puts a replica that is back into rotation before any
 request has to find it.
 
@@ -19,14 +22,17 @@ class HealthMonitor:
     """Probes `shards` ({name: ShardClient}) from a daemon thread once `start()`ed.
 
     Args:
-      interval: seconds between probe rounds (also the probe's timeout).
+      interval: seconds between probe rounds (also the probe's timeout, at least 0.5 s).
       metrics: optional ServingMetrics: live replicas per shard.
+      timeouts: probes past their deadline in a row that make a replica dead.
     """
 
-    def __init__(self, shards, interval=1.0, metrics=None):
+    def __init__(self, shards, interval=1.0, metrics=None, timeouts=3):
         self.shards = dict(shards)
         self.interval = float(interval)
         self.metrics = metrics
+        self.timeouts = int(timeouts)
+        self._late = {name: [0] * len(c.addresses) for name, c in self.shards.items()}
         # Until the first round the shards are taken as live: `tfra-de serve` starts them and
         # waits for each to print its ready line before serving.
         self.live = {name: list(range(len(c.addresses))) for name, c in self.shards.items()}
@@ -52,10 +58,14 @@ class HealthMonitor:
         """One round: every replica of every shard probed at once per shard."""
         for name, client in self.shards.items():
             try:
-                alive = client.check(timeout=max(self.interval, 0.2))
+                codes = client.check(timeout=max(self.interval, 0.5))
             except ValueError:   # the client was closed under us (shutdown)
                 return
-            self.live[name] = [i for i, ok in enumerate(alive) if ok]
+            late = self._late[name]
+            for i, code in enumerate(codes):
+                late[i] = late[i] + 1 if code == "DEADLINE_EXCEEDED" else 0
+            self.live[name] = [i for i, code in enumerate(codes)
+                               if code != "UNAVAILABLE" and late[i] < self.timeouts]
             if self.metrics is not None:
                 self.metrics.live_replicas(name, len(self.live[name]))
 
