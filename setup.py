@@ -114,8 +114,9 @@ setup(
         # Serving also needs `tensorflow-serving-api` (TF Serving's gRPC protos), which requires
         # the `tensorflow` distribution: install it with `pip install --no-deps`, as tf-keras
         # (README, "Installing into another environment").
-        "serving": ["aiohttp>=3.9", "grpcio>=1.60"],
-        "test": ["pytest", "hypothesis", "matplotlib", "aiohttp>=3.9", "requests", "grpcio>=1.60"],
+        "serving": ["aiohttp>=3.9", "grpcio>=1.60", "prometheus_client"],
+        "test": ["pytest", "hypothesis", "matplotlib", "aiohttp>=3.9", "requests", "grpcio>=1.60",
+                 "prometheus_client"],
     },
     entry_points={
         "console_scripts": ["tfra-de = tfra_dynamic_embedding.cli:main"],

@@ -47,19 +47,36 @@ tables also has a smaller graph than the 26-table empty baseline) then dominates
 Correctness: for every configuration the first requests are predicted again and compared with
 "single" ("max_abs_diff", which must be <= 1e-6); "single" is compared with the Keras model.
 
+Front ends (issue 60): for the first multi-shard configuration (capacity-balanced/2) three
+`tfra-de serve --shards ...` processes are started against its shard processes, all with
+`--grpc-port`: "ops_on" with Prometheus metrics and an access log of every request
+(`--access-log FILE --access-log-max-rate 0`), "ops_off" with both off (`--no-metrics
+--access-log off`), and "ops_off_control", a second server like ops_off, whose P99 next to
+ops_off's shows how far apart two identical servers measure here. Per round, --front-requests
+requests go from 8 client threads (closed loop) over REST (JSON bodies encoded before the clock
+starts), then over gRPC (TF Serving's PredictRequest), alternating request by request between
+the three servers, so that the machine's load (other jobs' bursts) falls on each alike;
+--front-rounds rounds. Reported under "fronts": P50/P90/P99 and the serve process's CPU per
+request per server and API, requests/s per API (all servers together), the ratio of P99 with
+metrics + access log to without (goal <= 1.05) and the control's, gRPC's requests/s over REST's,
+and "instrumentation_us_per_request": what metrics + access log cost per request timed alone
+(in this process) -- the CPU that P99 on a busy shared machine cannot resolve. `--fronts-only`
+runs just that (the 2-shard export, no other configuration).
+
 Goals (issue 20): with concurrent load on loopback, the best multi-shard configuration's P99
 <= 1.10 x single's; each shard's RSS <= 1.10 x (tables' bytes + baseline). Both are printed as
 measured, met or not.
 
     python benchmarks/distributed_inference.py [--quick] [--requests 1000] [--serial 400]
-        [--scale 1.0] [--plot /tmp/distributed_inference.png]
+        [--scale 1.0] [--plot /tmp/distributed_inference.png] [--front-requests 400]
+        [--front-rounds 3] [--fronts-only]
 
 --quick: single, 1-shard and 2 shards x 3 strategies, tables at half size, fewer requests.
 Prints a table, the PNG's path and one JSON line last:
     {"configs": {"single": {"p50_ms", "p90_ms", "p99_ms", "cpu_ms", "serial": {...},
                             "concurrent": {...}, ...},
                  "capacity-balanced/2": {..., "shards": 2, "shard_rss_mb": [...]}, ...},
-     "baseline_rss_mb": ..., "goals": {...}, ...}
+     "baseline_rss_mb": ..., "goals": {...}, "fronts": {...}, ...}
 The top-level p50/p90/p99/cpu_ms of a configuration are those of its concurrent run; "serial"
 and "concurrent" hold both runs (p50_ms, p90_ms, p99_ms, cpu_ms, requests_per_s). Timings from a
 shared 2-core machine are noisy: shard processes, the main shard and the client threads all
@@ -258,6 +275,219 @@ def timed(predict, requests, pids, clients):
             "requests_per_s": round(len(requests) / wall, 1)}
 
 
+def timed_client(call, payloads, clients):
+    """Closed loop of `clients` threads sending `payloads` with `call(payload)` (which raises
+    on a failed request): latency percentiles and requests/s."""
+    latencies, errors = [None] * len(payloads), []
+    counter, lock = iter(range(len(payloads))), threading.Lock()
+
+    def client():
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            began = time.perf_counter()
+            try:
+                call(payloads[index])
+            except Exception as error:  # pylint: disable=broad-except
+                errors.append(error)
+                return
+            latencies[index] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return latencies, len(payloads) / wall
+
+
+class FrontServer:
+    """`tfra-de serve EXPORT --shards SPEC` with REST and gRPC ports and `flags`; `close()`
+    stops it by pid."""
+
+    def __init__(self, export_dir, spec, flags, log_path):
+        import subprocess  # pylint: disable=import-outside-toplevel
+
+        from tfra_dynamic_embedding.distributed.cluster import free_port  # pylint: disable=import-outside-toplevel
+        from tfra_dynamic_embedding.inference import serve  # pylint: disable=import-outside-toplevel
+        self.port, self.grpc_port, self.log_path = free_port(), free_port(), log_path
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "tfra_dynamic_embedding.cli", "serve", export_dir,
+                 "--shards", json.dumps(spec), "--port", str(self.port), "--grpc-port",
+                 str(self.grpc_port), "--model-name", "dlrm", "--timeout", "60"] + flags,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 180
+        while serve.READY not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"tfra-de serve did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def log(self):
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except Exception:  # pylint: disable=broad-except
+                self.proc.kill()
+                self.proc.wait(60)
+
+
+def run_fronts(export_dir, spec, requests, args, work):
+    """The front-end measurement of the module docstring: {"rest_ops_on": {...}, ...}."""
+    # pylint: disable=import-outside-toplevel
+    import grpc
+    import numpy as np
+    import requests as http
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    # The REST server takes bodies up to --max-body-mb (64 MiB by default): larger requests
+    # would be left out of both APIs alike, and counted.
+    bodies, payloads, skipped = [], [], 0
+    for request in requests:
+        body = json.dumps({"inputs": {k: v.tolist() for k, v in request.items()}})
+        if len(body) >= 64 * 2**20:
+            skipped += 1
+            continue
+        bodies.append(body)
+        payloads.append(request)
+        if len(payloads) == args.front_requests:
+            break
+    messages = []
+    for request in payloads:
+        message = predict_pb2.PredictRequest()
+        message.model_spec.name = "dlrm"
+        for key, value in request.items():
+            message.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        messages.append(message)
+    kinds = ("ops_on", "ops_off", "ops_off_control")
+    latencies = {f"{api}_{name}": [] for api in ("rest", "grpc") for name in kinds}
+    rates = {key: [] for key in latencies}
+    cpu = {key: 0.0 for key in latencies}   # the serve process's CPU seconds
+    servers = {}
+    try:
+        servers["ops_on"] = FrontServer(export_dir, spec, [
+            "--access-log", os.path.join(work, "access.log"), "--access-log-max-rate", "0"],
+            os.path.join(work, "front_ops_on.log"))
+        for name in kinds[1:]:   # the control: a second server like ops_off (the noise floor)
+            servers[name] = FrontServer(export_dir, spec, ["--no-metrics", "--access-log", "off"],
+                                        os.path.join(work, f"front_{name}.log"))
+        local = threading.local()
+        for name, server in servers.items():   # warm-up, and the answers checked once
+            url = f"http://localhost:{server.port}/v1/models/dlrm:predict"
+            reply = http.post(url, data=bodies[0], timeout=60)
+            reply.raise_for_status()
+            channel = grpc.insecure_channel(f"localhost:{server.grpc_port}")
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            out = next(iter(stub.Predict(messages[0], timeout=60).outputs.values()))
+            diff = np.max(np.abs(np.ravel(reply.json()["outputs"]) - tf.make_ndarray(out).ravel()))
+            assert diff <= 1e-6, f"{name}: REST and gRPC differ by {diff}"
+            server.stub = stub
+            server.url = url
+        names = list(servers)
+
+        def rest_call(item):
+            name, index = item
+            session = getattr(local, "session", None) or http.Session()
+            local.session = session
+            session.post(servers[name].url, data=bodies[index], timeout=60).raise_for_status()
+
+        def grpc_call(item):
+            name, index = item
+            servers[name].stub.Predict(messages[index], timeout=60)
+
+        for round_index in range(args.front_rounds):
+            # Requests alternate between the servers (request i of round r to server
+            # (i + r) % 3), so all see the same moments of the machine's load -- other jobs'
+            # bursts fall on each alike -- and each request goes to each server over 3 rounds.
+            items = [(names[(i + round_index) % len(names)], i) for i in range(len(payloads))]
+            for api, call in (("rest", rest_call), ("grpc", grpc_call)):
+                before = {n: cpu_seconds(servers[n].proc.pid) for n in names}
+                lat, rate = timed_client(call, items, CLIENTS)
+                for name in names:
+                    key = f"{api}_{name}"
+                    cpu[key] += cpu_seconds(servers[name].proc.pid) - before[name]
+                    latencies[key] += [t for (n, _), t in zip(items, lat) if n == name]
+                    rates[key].append(rate)   # both servers together
+    finally:
+        for server in servers.values():
+            server.close()
+    out = {key: {**percentiles(lat), "serve_cpu_ms": round(cpu[key] / len(lat) * 1e3, 2)}
+           for key, lat in latencies.items()}
+    for api in ("rest", "grpc"):
+        out[f"{api}_requests_per_s"] = round(float(np.median(rates[f"{api}_ops_on"])), 1)
+    out["instrumentation_us_per_request"] = instrumentation_cost(work)
+    out["p99_ratio_ops_on_over_off"] = {
+        api: round(out[f"{api}_ops_on"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
+        for api in ("rest", "grpc")}
+    # Two identical servers' ratio: how far apart P99s are here with nothing different.
+    out["p99_ratio_control_over_off"] = {
+        api: round(out[f"{api}_ops_off_control"]["p99_ms"] / out[f"{api}_ops_off"]["p99_ms"], 3)
+        for api in ("rest", "grpc")}
+    out["grpc_over_rest_requests_per_s"] = round(
+        out["grpc_requests_per_s"] / out["rest_requests_per_s"], 2)
+    out["requests"], out["rounds"], out["clients"] = len(payloads), args.front_rounds, CLIENTS
+    out["skipped_over_1mib"] = skipped
+    out["goal_met"] = all(r <= 1.05 for r in out["p99_ratio_ops_on_over_off"].values())
+    return out
+
+
+def instrumentation_cost(work, count=20000):
+    """Microseconds per request of what metrics + access log add (a request's counter and
+    histogram, the rows counter, two shard calls observed, an access-log line to a file),
+    timed alone in this process: the CPU the P99 comparison cannot resolve on a busy machine."""
+    # pylint: disable=import-outside-toplevel
+    import numpy as np
+
+    from tfra_dynamic_embedding.inference import access_log as access_log_lib
+    from tfra_dynamic_embedding.inference import metrics as metrics_lib
+    metrics = metrics_lib.ServingMetrics()
+    log = access_log_lib.AccessLog.open(os.path.join(work, "access_cost.log"), 0)
+    predict = metrics.counting_rows("dlrm", lambda inputs: inputs)
+    outputs = {"y": np.zeros(64)}
+    began = time.perf_counter()
+    for _ in range(count):
+        predict(outputs)
+        metrics.shard_call("shard_0", "OK", 0.004)
+        metrics.shard_call("shard_1", "OK", 0.004)
+        metrics.request("dlrm", "rest:predict", 200, 0.05)
+        log.write("rest", "POST /v1/models/dlrm:predict", 200, 0.05, peer="127.0.0.1")
+    log.close()
+    return round((time.perf_counter() - began) / count * 1e6, 1)
+
+
+def print_fronts(fronts):
+    print(f"front ends ({fronts['requests']} requests x {fronts['rounds']} rounds per server "
+          f"and API, {fronts['clients']} clients):")
+    for key in ("rest_ops_off", "rest_ops_off_control", "rest_ops_on", "grpc_ops_off",
+                "grpc_ops_off_control", "grpc_ops_on"):
+        r = fronts[key]
+        print(f"  {key:20} P50 {r['p50_ms']:7.1f}  P90 {r['p90_ms']:7.1f}  P99 {r['p99_ms']:7.1f} "
+              f"ms  serve CPU {r['serve_cpu_ms']:6.2f} ms/request")
+    ratio, control = fronts["p99_ratio_ops_on_over_off"], fronts["p99_ratio_control_over_off"]
+    print(f"  P99 with metrics + access log / without: REST {ratio['rest']:.3f}, gRPC "
+          f"{ratio['grpc']:.3f} -> {'met' if fronts['goal_met'] else 'NOT met'} (<= 1.05); "
+          f"two identical servers (control / off): REST {control['rest']:.3f}, gRPC "
+          f"{control['grpc']:.3f}; "
+          f"gRPC {fronts['grpc_requests_per_s']:.1f} req/s / REST "
+          f"{fronts['rest_requests_per_s']:.1f} = {fronts['grpc_over_rest_requests_per_s']:.2f}; "
+          f"metrics + access log alone: {fronts['instrumentation_us_per_request']:.1f} us per "
+          f"request")
+
+
 def run_config(predict, requests, pids, args, reference=None):
     """Warm-up, the equality check against `reference` outputs, serial and concurrent runs."""
     import numpy as np  # pylint: disable=import-outside-toplevel
@@ -415,9 +645,16 @@ def main(argv=None):
                         help="seconds of load measured before the delta")
     parser.add_argument("--only-live-deltas", action="store_true",
                         help="measure the live delta alone (no latency configurations)")
+    parser.add_argument("--front-requests", type=int, default=400,
+                        help="requests per round, server and API of the front-end measurement "
+                             "(0: none)")
+    parser.add_argument("--front-rounds", type=int, default=3)
+    parser.add_argument("--fronts-only", action="store_true",
+                        help="only the front-end measurement (on the 2-shard export)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shards, args.requests, args.serial, args.scale = "2", 160, 80, args.scale * 0.5
+        args.front_requests = min(args.front_requests, 100)
     shard_counts = [int(s) for s in args.shards.split(",") if s]
     if args.requests < 10 or args.serial < 10 or args.serial > args.requests:
         parser.error("--requests and --serial must be >= 10 and --serial <= --requests")
@@ -436,7 +673,8 @@ def main(argv=None):
     layout = table_layout(args.scale, args.seed)
     model, layers = build_model(layout, fill=True, seed=args.seed)
     raw = sum(rows * (8 + 4 * dim) for _, _, rows, dim, _, _ in layout)
-    requests = make_requests(layout, args.check + args.warmup + args.requests, args.seed + 1)
+    requests = make_requests(layout, max(args.check + args.warmup + args.requests,
+                                         args.front_requests), args.seed + 1)
     items = [len(r["dense"]) for r in requests]
     print(f"Distributed inference: {NUM_TABLES} tables ({NUM_USER} user, multi-hot), "
           f"{sum(r for _, _, r, *_ in layout):,} rows, {raw / 2**20:.1f} MiB raw keys+values; "
@@ -452,9 +690,24 @@ def main(argv=None):
                           "goals": {"delta_staleness": live_delta_goal(live)}}))
         return 0
 
+    if args.fronts_only:
+        export_dir = os.path.join(work, "capacity-balanced_2")
+        export.export_sharded(model, make_plan(layout, layers, 2, "capacity-balanced")[0],
+                              export_dir, overwrite=True)
+        cluster = serve.start_shards(export_dir, 1, log_dir=log_dir(work, "fronts"))
+        try:
+            fronts = run_fronts(export_dir, cluster.spec, requests, args, work)
+        finally:
+            cluster.close()
+        print_fronts(fronts)
+        print(f"wall time {time.perf_counter() - began:.0f} s")
+        print(json.dumps({"benchmark": "distributed_inference", "fronts_only": True,
+                          "cpus": os.cpu_count(), "fronts": fronts}))
+        return 0
+
     configs = [("1-shard", "capacity-balanced", 1)] + [
         (f"{s}/{n}", s, n) for n in shard_counts for s in STRATEGIES]
-    results, clusters = {}, []
+    results, clusters, fronts = {}, [], None
     try:
         # Empty-process baseline: a shard process serving the same model with empty tables.
         empty_model, empty_layers = build_model(layout, fill=False)
@@ -514,6 +767,9 @@ def main(argv=None):
                 tables_per_shard=[sum(p.shard == s for f in manifest.features
                                       for p in f.pieces) for s in shards])
             results[label] = result
+            if num > 1 and fronts is None and args.front_requests:
+                fronts = run_fronts(export_dir, cluster.spec, requests, args, work)
+                print_fronts(fronts)
             remote.close()
             cluster.close()
             clusters.remove(cluster)
@@ -525,7 +781,8 @@ def main(argv=None):
         for cluster in clusters:
             cluster.close()
 
-    report(results, baseline, raw, plot_path, args, time.perf_counter() - began, live)
+    report(results, baseline, raw, plot_path, args, time.perf_counter() - began, fronts,
+           live)
     return 0
 
 
@@ -565,7 +822,7 @@ def _print_progress(label, result):
           flush=True)
 
 
-def report(results, baseline, raw, plot_path, args, wall, live=None):
+def report(results, baseline, raw, plot_path, args, wall, fronts=None, live=None):
     single = results["single"]
     header = (f"{'config':22} {'shards':>6} | {'serial P50':>10} {'P90':>6} {'P99':>6} "
               f"{'cpu ms':>6} | {'conc P50':>8} {'P90':>6} {'P99':>6} {'cpu ms':>6} "
@@ -620,9 +877,9 @@ def report(results, baseline, raw, plot_path, args, wall, live=None):
                       "cpus": os.cpu_count(), "clients": CLIENTS,
                       "serial_requests": args.serial, "concurrent_requests": args.requests,
                       "raw_table_mb": round(raw / 2**20, 1), "baseline_rss_mb": round(baseline, 1),
-                      "live_deltas": live,
                       "goals": {**goals, **({"delta_staleness": live_delta_goal(live)}
-                                            if live else {})}}))
+                                            if live else {})},
+                      "fronts": fronts, "live_deltas": live}))
 
 
 if __name__ == "__main__":

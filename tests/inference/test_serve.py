@@ -67,7 +67,8 @@ def _instances(request):
 
 class Served:
     """`tfra-de serve` as a subprocess, its shard processes' pids parsed from its output;
-    `close()` stops it (SIGTERM, then SIGKILL by pid) -- also when the start fails."""
+    `close()` stops it (SIGTERM, then SIGKILL by pid) -- also when the start fails. Not
+    supervised: these tests restart shards themselves (the supervisor: test_serve_ops.py)."""
 
     def __init__(self, export_dir, log_path, timeout=2.0, extra=()):
         self.port = free_port()
@@ -77,7 +78,8 @@ class Served:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", "tfra_dynamic_embedding.cli", "serve", export_dir,
                  "--port", str(self.port), "--replicas", "2", "--timeout", str(timeout),
-                 "--model-name", "m", *extra], stdout=log, stderr=subprocess.STDOUT,
+                 "--model-name", "m", "--no-supervise", *extra], stdout=log,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=ENV)
         try:
             deadline = time.monotonic() + 180

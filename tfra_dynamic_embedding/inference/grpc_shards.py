@@ -23,7 +23,9 @@ every replica failed, those that failed with UNAVAILABLE are tried once more, wa
 channel to reconnect (gRPC's wait_for_ready) for at most one backoff. When no replica answers,
 `result()` raises `tf.errors.UnavailableError` naming the shard and its addresses -- after at
 most `timeout` seconds plus one backoff per replica. `call` only issues the RPC, so calls to several shards are in
-flight together; one client serves any number of threads.
+flight together; one client serves any number of threads. `check()` probes every replica at once
+(the health monitor's round, inference/health.py); an `observer` sees each call's outcome and
+latency (inference/metrics.py).
 
 Example (a SavedModel served in this process, called through a client of its one replica):
     >>> import tempfile
@@ -88,27 +90,54 @@ def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
     `add_to_server` registers it (`start_server` does both: the module docstring's example)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
+    if not model_name:
+        raise ValueError(f"model_name must be a non-empty string; got {model_name!r}")
+    loaded = tf.saved_model.load(saved_model_dir)
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    servicer = function_servicer(
+        model_name, {name: (function, function.structured_input_signature[1])
+                     for name, function in loaded.signatures.items()},
+        saved.meta_graphs[0].signature_def, version)
+    servicer.model = loaded   # it owns the tables the functions read
+    return servicer
+
+
+def function_servicer(model_name, signatures, signature_defs, version=MODEL_VERSION,
+                      status=None):
+    """A servicer of PredictionService and ModelService for any functions: `make_servicer`'s
+    for a SavedModel, the main model's gRPC front (inference/grpc_front.py) for the sharded one.
+
+    Args:
+      signatures: {signature name: (function, {input: tf.TensorSpec})}; function(**inputs)
+        returns {output: tensor or array}. It may raise tf.errors.OpError (answered with its
+        code: TensorFlow's codes are gRPC's) or ValueError / KeyError / TypeError
+        (INVALID_ARGUMENT).
+      signature_defs: {name: SignatureDef} answered by GetModelMetadata.
+      version: the version answered, or a function of no arguments returning it (the newest
+        of a server whose versions change).
+      status: () -> (state name, error code name, message) for GetModelStatus, e.g.
+        ("AVAILABLE", "OK", ""); None: always available.
+
+    Usage: `make_servicer` above (a SavedModel's signatures); `grpc_front.make_servicer` (the
+    sharded model's predict, `{"serving_default": (lambda **inputs: predict(inputs), specs)}`).
+    """
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorflow_serving.apis import get_model_metadata_pb2  # pylint: disable=import-outside-toplevel
     from tensorflow_serving.apis import get_model_status_pb2  # pylint: disable=import-outside-toplevel
     from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
     if not model_name:
         raise ValueError(f"model_name must be a non-empty string; got {model_name!r}")
-    loaded = tf.saved_model.load(saved_model_dir)
-    # {name: (concrete function, {input: TensorSpec})}; `loaded` stays referenced: it owns the
-    # tables the functions read.
-    signatures = {name: (function, function.structured_input_signature[1])
-                  for name, function in loaded.signatures.items()}
-    saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
-        saved.ParseFromString(f.read())
-    signature_defs = saved.meta_graphs[0].signature_def
+
+    served_version = version if callable(version) else (lambda: version)
 
     class Servicer(*_servicer_bases()):
-        """Predict / GetModelMetadata / GetModelStatus of one SavedModel."""
-
-        model = loaded
+        """Predict / GetModelMetadata / GetModelStatus of a set of signatures."""
 
         def _check_model(self, spec, context):
+            version = served_version()
             if spec.name != model_name:
                 context.abort(grpc.StatusCode.NOT_FOUND,
                               f"model_spec.name {spec.name!r} not served here; this server "
@@ -162,6 +191,9 @@ def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
             except tf.errors.OpError as error:
                 context.abort(_CODES.get(error.error_code, grpc.StatusCode.UNKNOWN),
                               f"signature {name!r} of {model_name!r}: {error.message}")
+            except (ValueError, KeyError, TypeError) as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"signature {name!r} of {model_name!r}: {error}")
             keys = list(request.output_filter) or sorted(outputs)
             unknown = sorted(set(keys) - set(outputs))
             if unknown:
@@ -169,9 +201,9 @@ def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
                               f"output_filter names {unknown}, not outputs of signature {name!r} "
                               f"(it has {sorted(outputs)})")
             response = predict_pb2.PredictResponse()
-            _fill_spec(response.model_spec, model_name, version, name)
+            _fill_spec(response.model_spec, model_name, served_version(), name)
             for key in keys:
-                response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key].numpy()))
+                response.outputs[key].CopyFrom(tf.make_tensor_proto(np.asarray(outputs[key])))
             return response
 
         def GetModelMetadata(self, request, context):  # pylint: disable=invalid-name
@@ -182,7 +214,7 @@ def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
                               f"metadata_field must be ['signature_def'] (the only metadata "
                               f"served); got {fields}")
             response = get_model_metadata_pb2.GetModelMetadataResponse()
-            _fill_spec(response.model_spec, model_name, version, "")
+            _fill_spec(response.model_spec, model_name, served_version(), "")
             defs = get_model_metadata_pb2.SignatureDefMap()
             for key, signature_def in signature_defs.items():
                 defs.signature_def[key].CopyFrom(signature_def)
@@ -191,10 +223,13 @@ def make_servicer(saved_model_dir, model_name, version=MODEL_VERSION):
 
         def GetModelStatus(self, request, context):  # pylint: disable=invalid-name
             self._check_model(request.model_spec, context)
+            state, code, message = status() if status else ("AVAILABLE", "OK", "")
             response = get_model_status_pb2.GetModelStatusResponse()
-            status = response.model_version_status.add()
-            status.version = version
-            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+            version_status = response.model_version_status.add()
+            version_status.version = served_version()
+            version_status.state = get_model_status_pb2.ModelVersionStatus.State.Value(state)
+            version_status.status.error_code = grpc.StatusCode[code].value[0]
+            version_status.status.error_message = message
             return response
 
     return Servicer()
@@ -294,11 +329,16 @@ class ShardClient:
       timeout: seconds one replica may take to answer a call (the call's gRPC deadline).
       retry_after: seconds after a failure before a replica set aside is probed again.
       model_name: `model_spec.name` of the requests (default: `name`).
+      observer: optional; `observer.shard_call(name, code name, seconds)` is called once per
+        call when it ends ("OK" or the code that failed it; seconds from issue to the last
+        replica's answer) and `observer.replica_failed(name, address, code name)` per replica
+        that did not answer (e.g. inference/metrics.py's `ServingMetrics`).
 
     Usage: the module docstring's example; `RemoteShardedModel` (serve.py) holds one per shard.
     """
 
-    def __init__(self, name, addresses, timeout=5.0, retry_after=1.0, model_name=None):
+    def __init__(self, name, addresses, timeout=5.0, retry_after=1.0, model_name=None,
+                 observer=None):
         from tensorflow_serving.apis import model_service_pb2_grpc  # pylint: disable=import-outside-toplevel
         from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=import-outside-toplevel
         if isinstance(addresses, str) or not addresses or not all(
@@ -314,6 +354,7 @@ class ShardClient:
         self.addresses = list(addresses)
         self.timeout = float(timeout)
         self.retry_after = float(retry_after)
+        self.observer = observer
         self.calls = [0] * len(self.addresses)   # answered calls per replica
         options = channel_options(self.retry_after)
         self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
@@ -347,6 +388,30 @@ class ShardClient:
         """Closes the channels (a call in flight fails with CANCELLED)."""
         for channel in self._channels:
             channel.close()
+
+    def check(self, timeout=1.0):
+        """Sends GetModelStatus to every replica at once and waits for the answers: the gRPC
+        code name of each ("OK" when it answered). An answer -- even an error: the replica is
+        reachable -- puts a replica set aside back in rotation; UNAVAILABLE sets it aside (a
+        health monitor's probe: inference/health.py)."""
+        from tensorflow_serving.apis import get_model_status_pb2  # pylint: disable=import-outside-toplevel
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = self.model_name
+        futures = [status.future(request, timeout=timeout) for status in self._status]
+        codes = []
+        for index, future in enumerate(futures):
+            try:
+                future.result()
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as error:
+                code = error.code()
+            codes.append(code.name)
+            with self._lock:
+                if code not in RETRYABLE:
+                    self._failed_at[index] = None
+                elif code == grpc.StatusCode.UNAVAILABLE and self._failed_at[index] is None:
+                    self._failed_at[index] = time.monotonic()
+        return codes
 
     # -- replica bookkeeping (PendingCall's side) ---------------------------------------------
     def order(self, tried):
@@ -414,18 +479,32 @@ class PendingCall:
         self._refused = []         # failed UNAVAILABLE: to try again, waiting to reconnect
         self._reconnected = set()  # tried so
         self._outputs = None
+        self._began = time.monotonic()
+        self._ended = None         # when the last issued replica call completed
         self._current = self._next()
 
     def _next(self):
         """(replica index, future) of the next replica to try, or None when all were tried."""
         for index in self._shard.order(self._tried):
             self._tried.append(index)
-            return index, self._shard.issue(index, self._request)
+            return index, self._timed(self._shard.issue(index, self._request))
         if self._refused:
             index = self._refused.pop(0)
             self._reconnected.add(index)
-            return index, self._shard.issue(index, self._request, reconnect=True)
+            return index, self._timed(self._shard.issue(index, self._request, reconnect=True))
         return None
+
+    def _timed(self, future):
+        # The call's latency ends when its replica answers, not when `result()` is reached
+        # (which waits on other shards' calls first).
+        if self._shard.observer is not None:
+            future.add_done_callback(lambda _done: setattr(self, "_ended", time.monotonic()))
+        return future
+
+    def _observe(self, code):
+        if self._shard.observer is not None:
+            self._shard.observer.shard_call(self._shard.name, code,
+                                            (self._ended or time.monotonic()) - self._began)
 
     def result(self):
         """{output name: np.ndarray}; raises `tf.errors.UnavailableError` naming the shard and
@@ -442,20 +521,25 @@ class PendingCall:
             except grpc.RpcError as error:
                 code, details = error.code(), error.details()
                 if code not in RETRYABLE:
+                    self._observe(code.name)
                     raise _op_error(code, f"shard {shard.name!r} ({shard.addresses[index]}) "
                                           f"failed {self._request.model_spec.signature_name!r}: "
                                           f"{details}") from None
                 shard.set_aside(index)
+                if shard.observer is not None:
+                    shard.observer.replica_failed(shard.name, shard.addresses[index], code.name)
                 self._errors.append(f"{shard.addresses[index]}: {code.name} {details}")
                 if code == grpc.StatusCode.UNAVAILABLE and index not in self._reconnected:
                     self._refused.append(index)
                 self._current = self._next()
                 continue
             shard.answered(index)
+            self._observe("OK")
             self._current = None
             self._outputs = {key: tf.make_ndarray(value)
                              for key, value in response.outputs.items()}
             return self._outputs
+        self._observe("UNAVAILABLE")
         raise tf.errors.UnavailableError(
             None, None, f"shard {shard.name!r} did not answer "
             f"{self._request.model_spec.signature_name!r} on any replica "

@@ -66,13 +66,17 @@ class Servable:
 
     `signatures`: {name: request_checks.Signature}, or None for a bare function whose inputs
     nobody knows (requests are then passed on unchecked); `run(signature_name, inputs)` ->
-    {output: array}; `close()` releases it (shard processes, channels) once it is retired.
+    {output: array}; `close()` releases it (shard processes, channels) once it is retired;
+    `status()` its health (e.g. of its shards; None: AVAILABLE while loaded); `signature_defs`
+    what the gRPC front answers for it (None: not served over gRPC).
     """
 
     version: int
     signatures: Optional[dict]
     run: Callable
     close: Optional[Callable] = None
+    status: Optional[Callable] = None          # () -> (state, error code, message): health
+    signature_defs: Optional[dict] = None      # {name: SignatureDef}, for the gRPC front
 
 
 class Versions:
@@ -131,6 +135,15 @@ class Versions:
             self._lock.wait_for(lambda: not self._holders.get(version), drain_seconds)
         if servable is not None and servable.close is not None:
             servable.close()
+
+    def newest_status(self):
+        """(state, error code, message) of the newest loaded version (its `status`, else
+        AVAILABLE), as `make_app`'s `model_status` takes it."""
+        loaded = self.loaded()
+        newest = loaded.get(max(loaded, default=None))
+        if newest is None:
+            return "UNKNOWN", "UNAVAILABLE", "no version is loaded"
+        return newest.status() if newest.status is not None else ("AVAILABLE", "OK", "")
 
     def known(self):
         with self._lock:

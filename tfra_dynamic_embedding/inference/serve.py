@@ -22,11 +22,17 @@ with HTTP 503 naming it within `--timeout` seconds per replica; a restarted repl
 again. `--shards '{"shard_0": ["host:port", ...]}'` serves with shards already running elsewhere
 (started with `python -m tfra_dynamic_embedding.inference.grpc_shards --saved-model DIR
 --address HOST:PORT`, or a stock TF Serving serving `shard_<i>/` as model `shard_<i>`).
+
+Operating it (inference/operate.py; docs/serving.md, "Operating it"): TF Serving's gRPC API for
+the model with `--grpc-port`, readiness from the shards' health, Prometheus metrics, an access
+log, shard processes restarted when they exit, SIGTERM answering the requests in flight.
 """
 
 import json
 import os
 import sys
+
+from tfra_dynamic_embedding.inference import operate
 
 READY = "tfra-de serve ready"
 
@@ -39,12 +45,13 @@ class RemoteShardedModel:
       export_dir: an `export_sharded` directory (its main/ and manifest.json are read here).
       shard_addresses: {shard name: ["host:port", ...]} (replicas) for every shard of it.
       timeout: seconds a replica may take to answer.
+      observer: passed to every `ShardClient` (e.g. a metrics.ServingMetrics).
 
     Usage (shard processes from `start_shards`, `predict` as the trained model predicts, `close`):
     benchmarks/distributed_inference.py; docs/serving.md, "Serving in separate processes".
     """
 
-    def __init__(self, export_dir, shard_addresses, timeout=5.0):
+    def __init__(self, export_dir, shard_addresses, timeout=5.0, observer=None):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         from tfra_dynamic_embedding.inference import manifest as manifest_lib  # pylint: disable=import-outside-toplevel
@@ -53,7 +60,8 @@ class RemoteShardedModel:
         missing = sorted(set(self.manifest.shards) - set(shard_addresses))
         if missing:
             raise ValueError(f"shard_addresses lacks shards {missing} of {export_dir}")
-        self.shards = {name: grpc_shards.ShardClient(name, shard_addresses[name], timeout)
+        self.shards = {name: grpc_shards.ShardClient(name, shard_addresses[name], timeout,
+                                                     observer=observer)
                        for name in self.manifest.shards}
         self._main = tf.saved_model.load(os.path.join(export_dir, manifest_lib.MAIN_DIR))
         self._serve = self._main.signatures[manifest_lib.SERVING_SIGNATURE]
@@ -153,9 +161,12 @@ def _servable_kind(path):
     return None
 
 
-def load_version(version, path, args, addresses=None):
+def load_version(version, path, args, addresses=None, ops=None):
     """A `rest.Servable` of one version directory: a sharded export (its shard processes
-    started here unless `addresses` are given) or a plain SavedModel loaded in this process."""
+    started here unless `addresses` are given; with `ops`, an `operate.Operations`, supervised,
+    their health watched and their calls measured) or a plain SavedModel loaded in this
+    process."""
+    from tfra_dynamic_embedding.inference import grpc_front  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding.inference import rest  # pylint: disable=import-outside-toplevel
     if _servable_kind(path) == "saved_model":
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -170,8 +181,10 @@ def load_version(version, path, args, addresses=None):
             return {k: v.numpy() for k, v in outputs.items()}
 
         print(f"   version {version}: SavedModel {path} (in process)", flush=True)
-        return rest.Servable(version, signatures, run, close=lambda: None)
-    cluster = None
+        return rest.Servable(version, signatures, ops.counted(run) if ops else run,
+                             close=lambda: None,
+                             signature_defs=grpc_front.saved_model_signature_defs(path))
+    cluster = watcher = model = None
     try:
         if addresses is None:
             log_dir = args.log_dir and (args.log_dir if path == args.export_dir else
@@ -181,20 +194,35 @@ def load_version(version, path, args, addresses=None):
             for (shard, task), proc in sorted(cluster.processes.items()):
                 print(f"   {shard} replica {task} at {cluster.address(shard, task)} "
                       f"(pid {proc.pid})", flush=True)
-        model = RemoteShardedModel(path, addresses, args.timeout)
+        model = RemoteShardedModel(path, addresses, args.timeout,
+                                   observer=ops.metrics if ops else None)
+        if ops is not None:
+            watcher = ops.watch(model, cluster, lambda shard, task: shard_server_argv(
+                os.path.join(path, shard), cluster.address(shard, task), args.watch,
+                args.poll_seconds))
     except BaseException:
+        if model is not None:
+            model.close()
         if cluster is not None:
             cluster.close()
         raise
 
     def close():
+        if watcher is not None:
+            watcher.stop()     # first: the supervisor must not restart the shards stopped next
         model.close()
         if cluster is not None:
             cluster.close()
 
+    def run(_signature, inputs):
+        return model.predict(inputs)
+
     print(f"   version {version}: sharded export {path}", flush=True)
-    return rest.Servable(version, model.signatures,
-                         lambda _signature, inputs: model.predict(inputs), close=close)
+    defs = ({"serving_default": grpc_front.signature_def(path, model.manifest)}
+            if model.manifest.request_inputs else None)
+    return rest.Servable(version, model.signatures, ops.counted(run) if ops else run,
+                         close=close, status=watcher.status if watcher else None,
+                         signature_defs=defs)
 
 
 def poll_versions(model_dir, versions, load, seconds, stop):
@@ -289,13 +317,15 @@ def add_parser(subparsers):
     parser.add_argument("--max-body-mb", type=float, default=None,
                         help="the largest request body accepted, in MiB (default 64; larger: "
                              "HTTP 413)")
+    operate.add_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
 
 def run(args):
-    """Loads the newest version (starting its shards unless --shards), serves REST until
-    SIGTERM/Ctrl-C, loading newer versions as they appear."""
+    """Loads the newest version (starting its shards unless --shards), serves REST (and gRPC
+    with --grpc-port) until SIGTERM/Ctrl-C, loading newer versions as they appear; then answers
+    the requests in flight and stops the shards."""
     import threading  # pylint: disable=import-outside-toplevel
     if not os.path.isdir(args.export_dir):
         raise ValueError(f"MODEL_DIR {args.export_dir!r} is not a directory")
@@ -327,34 +357,45 @@ def run(args):
             raise ValueError(f"--shards must be a JSON object {{shard: [host:port, ...]}}; "
                              f"got {args.shards!r}")
     newest = max(found)
+    name = args.model_name or _model_name(found[newest])
+    ops = operate.Operations(args, name)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The shard processes start before this process imports TensorFlow: both load at once.
-    versions = rest.Versions([load_version(newest, found[newest], args, addresses)])
+    try:
+        versions = rest.Versions([load_version(newest, found[newest], args, addresses, ops)])
+    except BaseException:
+        ops.close()
+        raise
     stop, poller = threading.Event(), None
     try:  # (from here on, the loaded versions are closed -- their shards stopped -- at exit)
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         from aiohttp import web  # pylint: disable=import-outside-toplevel
 
-        name = args.model_name or _model_name(found[newest])
         app = rest.make_app(name, versions=versions, unavailable=(tf.errors.UnavailableError,),
                             bad_request=(tf.errors.InvalidArgumentError,),
-                            max_body_mb=max_body_mb)
+                            max_body_mb=max_body_mb, model_status=versions.newest_status)
+        ops.serve_rest(app)
+        ops.start_grpc(versions)
         # --shards names one version's shards: a newer version would need its own.
         if args.version_poll_seconds > 0 and addresses is None:
             poller = threading.Thread(
                 target=poll_versions, name="poll-versions", daemon=True,
                 args=(args.export_dir, versions,
-                      lambda version, path: load_version(version, path, args),
+                      lambda version, path: load_version(version, path, args, ops=ops),
                       args.version_poll_seconds, stop))
             poller.start()
         url = f"http://{args.host}:{args.port}/v1/models/{name}:predict"
         # run_app calls `print` once the port is bound: the ready line means requests work.
+        # SIGTERM: it stops listening, answers the requests in flight (for at most
+        # --drain-timeout seconds) and returns; `ops` drains the gRPC front alongside.
         web.run_app(app, host=args.host, port=args.port, handle_signals=True,
+                    shutdown_timeout=args.drain_timeout,
                     print=lambda _message: print(f"{READY}: {url}", flush=True))
     finally:
         stop.set()
         if poller is not None:
             poller.join(60)   # a load in progress finishes (or fails) before shutting down
+        ops.close()         # the gRPC front drained before the versions' shards go
         versions.close()
     return 0
 
