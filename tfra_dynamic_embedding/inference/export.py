@@ -29,12 +29,12 @@ docs/serving.md, "Exporting", shows `plan_for_model`, `export_sharded` and
 import os
 import shutil
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfra_dynamic_embedding.inference import manifest as manifest_lib
 from tfra_dynamic_embedding.inference import model_cut
+from tfra_dynamic_embedding.inference import stock_table
 from tfra_dynamic_embedding.placement import apply as apply_lib
 from tfra_dynamic_embedding.placement import proposers
 from tfra_dynamic_embedding.placement import types
@@ -204,68 +204,11 @@ def _spec_dict(spec):
             "shape": [None if d is None else int(d) for d in spec.shape.as_list()]}
 
 
-class _PieceTable(tf.Module):
-    """One piece as a compact, stock-TF table: a `DenseHashTable` from key to row number (open
-    addressing in two flat arrays, sized once so it never grows) and the rows in one variable,
-    plus a zero row last -- the default row of keys it does not hold.
-
-    The hash table reserves two keys (empty and deleted buckets); they are chosen among values the
-    piece does not hold, and a request id equal to one of them is looked up as a third such value.
-    """
-
-    def __init__(self, key, key_dtype, value_dtype, dim, keys, values):
-        super().__init__(name=key)
-        self.num_keys = len(keys)
-        empty, deleted, absent = _unused_keys(keys, key_dtype, 3)
-        self.reserved = tf.constant([empty, deleted], key_dtype)
-        self.absent = tf.constant(absent, key_dtype)
-        buckets = 1 << max(3, int(np.ceil(np.log2(max(1, self.num_keys) / 0.8))))
-        self.index = tf.lookup.experimental.DenseHashTable(
-            key_dtype, tf.int64, default_value=-1, empty_key=empty, deleted_key=deleted,
-            initial_num_buckets=buckets, name=key + "_index")
-        if self.num_keys:
-            self.index.insert(tf.constant(keys, key_dtype),
-                              tf.range(self.num_keys, dtype=tf.int64))
-        rows = np.concatenate([np.asarray(values).reshape(-1, dim),
-                               np.zeros([1, dim], value_dtype.as_numpy_dtype)])
-        self.rows = tf.Variable(rows, trainable=False, name=key + "_rows")
-
-    def lookup(self, ids):
-        reserved = tf.reduce_any(tf.equal(ids[:, None], self.reserved[None, :]), axis=1)
-        position = self.index.lookup(tf.where(reserved, self.absent, ids))
-        return tf.gather(self.rows, tf.where(position < 0, tf.cast(self.num_keys, tf.int64),
-                                             position))
-
-    def keys(self):
-        keys = tf.reshape(self.index.export()[0], [-1])
-        held = tf.reduce_all(tf.not_equal(keys[:, None], self.reserved[None, :]), axis=1)
-        return tf.boolean_mask(keys, held)
-
-
-def _unused_keys(keys, key_dtype, count):
-    """`count` distinct values of `key_dtype` that are not among `keys`."""
-    taken = set(keys.tolist())
-    found = []
-    if key_dtype == tf.string:
-        candidate = b"\x00tfra-de reserved"
-        while len(found) < count:
-            candidate += b"\x00"
-            if candidate not in taken:
-                found.append(candidate)
-        return found
-    candidate = key_dtype.min
-    while len(found) < count:
-        if candidate not in taken:
-            found.append(candidate)
-        candidate += 1
-    return found
-
-
 def _save_shard(path, held):
     """A SavedModel of compact stock tables, one per piece, pooling the ids it is sent."""
     module = tf.Module()
-    module.tables = [_PieceTable(piece.key, params.key_dtype, params.value_dtype, params.dim,
-                                 keys, values)
+    module.tables = [stock_table.StockTable(piece.key, params.key_dtype, params.value_dtype,
+                                            params.dim, keys, values)
                      for piece, params, keys, values in held]
     signature = {}
     for piece, params, _, _ in held:
