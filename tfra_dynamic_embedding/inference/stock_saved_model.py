@@ -73,6 +73,14 @@ def default_signatures(model, input_signature=None):
     return {SERVING_DEFAULT: serve}
 
 
+def retraceable(signatures):
+    """Whether `save` can trace `signatures` again: tf.functions with an input_signature (not
+    ConcreteFunctions, whose Python function is gone)."""
+    functions = signatures.values() if isinstance(signatures, dict) else [signatures]
+    return all(getattr(f, "python_function", None) is not None
+               and getattr(f, "input_signature", None) is not None for f in functions)
+
+
 def _retraceable(name, function):
     """A fresh tf.function of `function` (a tf.function with an input_signature): the caller's
     may hold traces that read the training tables."""

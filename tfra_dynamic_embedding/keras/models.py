@@ -20,6 +20,7 @@ import importlib
 import os
 
 import tensorflow as tf
+from absl import logging
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import variable as variable_lib
@@ -65,9 +66,21 @@ def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signa
         from tfra_dynamic_embedding.inference import stock_saved_model  # pylint: disable=import-outside-toplevel
         if stock_saved_model.needs_stock_copy(model):
             if signatures is None:
-                signatures = stock_saved_model.default_signatures(model)
-            stock_saved_model.save(filepath, signatures, options=options)
-            return
+                try:
+                    signatures = stock_saved_model.default_signatures(model)
+                except ValueError as error:
+                    raise ValueError(
+                        f"signatures is required to save {type(model).__name__} model "
+                        f"{model.name!r} with stock tables: {error}") from error
+            if stock_saved_model.retraceable(signatures):
+                stock_saved_model.save(filepath, signatures, options=options)
+                return
+            # A traced ConcreteFunction (TFRA's demos pass one) cannot be traced again.
+            logging.warning(
+                "de.keras.models.save_model: a signature is a ConcreteFunction, which cannot be "
+                "retraced with stock tables; %r keeps the native tables and needs "
+                "tfra_dynamic_embedding where it is loaded (pass tf.functions with an "
+                "input_signature for a stock SavedModel)", filepath)
     if package == binding.TF_KERAS:
         binding.keras_module(package).models.save_model(
             model, filepath, overwrite=overwrite, include_optimizer=include_optimizer,
