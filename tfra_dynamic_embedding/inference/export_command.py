@@ -74,8 +74,12 @@ def _raw_formatter():
 
 
 def _error(message):
-    from tfra_dynamic_embedding.cli import CliError  # pylint: disable=import-outside-toplevel
-    return CliError(message)
+    """A `CliError` of the running `tfra-de` (exit code 2): under `python -m
+    tfra_dynamic_embedding.cli` that is `__main__`'s class, not the module's."""
+    running = sys.modules.get("__main__")
+    if not (hasattr(running, "CliError") and hasattr(running, "SUBCOMMANDS")):
+        from tfra_dynamic_embedding import cli as running  # pylint: disable=import-outside-toplevel
+    return running.CliError(message)
 
 
 def check_args(args):
