@@ -119,7 +119,7 @@ def fixture_trained(tmp_path_factory):
         sys.modules.pop("ranker", None)
     tables = stock_saved_model.holds_dynamic_embeddings(model)
     assert tables and not any(isinstance(t, builtin.BuiltinKVTable)
-                              for v in tables for t in v.tables)   # the default: not stock
+                              for v in tables for t in v.shards.tables)   # default: native
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),
                   loss="mse")
     rng = np.random.default_rng(5)

@@ -53,7 +53,7 @@ def needs_stock_copy(model):
     one, Redis, ...): its SavedModel then serves stock snapshots."""
     from tfra_dynamic_embedding.tables import builtin  # pylint: disable=import-outside-toplevel
     return any(not isinstance(table, builtin.BuiltinKVTable)
-               for variable in holds_dynamic_embeddings(model) for table in variable.tables)
+               for variable in holds_dynamic_embeddings(model) for table in variable.shards.tables)
 
 
 def default_signatures(model, input_signature=None):
