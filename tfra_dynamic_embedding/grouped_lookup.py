@@ -21,7 +21,7 @@ import collections
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding.inference import stock_lookups
+from tfra_dynamic_embedding.tables import stock_lookups
 from tfra_dynamic_embedding.tables import native
 
 

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 # could_possibly_record and ResourceVariable have no public API: see _tf_private.py.
 from tfra_dynamic_embedding import _tf_private
-from tfra_dynamic_embedding.inference import stock_lookups
+from tfra_dynamic_embedding.tables import stock_lookups
 
 
 class _WorkerLocal:

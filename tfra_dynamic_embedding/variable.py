@@ -31,7 +31,7 @@ from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import typed_inputs
 from tfra_dynamic_embedding import variable_files
-from tfra_dynamic_embedding.inference import stock_lookups
+from tfra_dynamic_embedding.tables import stock_lookups
 from tfra_dynamic_embedding.tables import native_slots
 
 # Errors and conversions of inputs (typed_inputs.py), named here as well: callers use both.

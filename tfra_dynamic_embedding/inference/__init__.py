@@ -9,9 +9,10 @@ Modules: manifest (the format and row-split rule), model_cut (the model's sparse
 export (writing SavedModels), routing (plain functions: ids per shard, combining partial pools),
 compose (loading and serving in one process), grpc_shards (a shard's process: TF Serving's gRPC
 PredictionService, and the main shard's client of its replicas), rest (TF Serving's REST API),
-serve (`tfra-de serve`: all of it on loopback), export_command (`tfra-de export`); stock_table,
-stock_lookups and stock_saved_model (SavedModels with stock copies of the tables: what
-`model.export` and `de.keras.models.save_model` write by default). See docs/serving.md. Names load on first use: `tfra-de` imports this package without TensorFlow.
+serve (`tfra-de serve`: all of it on loopback), export_command (`tfra-de export`),
+stock_saved_model (a SavedModel with stock copies of the tables, `tables.stock_table`: what
+`model.export` and `de.keras.models.save_model` write by default). See docs/serving.md. Names load on first use: `tfra-de` imports this package
+without TensorFlow.
 """
 
 import importlib

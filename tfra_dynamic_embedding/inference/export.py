@@ -34,7 +34,7 @@ from absl import logging
 
 from tfra_dynamic_embedding.inference import manifest as manifest_lib
 from tfra_dynamic_embedding.inference import model_cut
-from tfra_dynamic_embedding.inference import stock_table
+from tfra_dynamic_embedding.tables import stock_table
 from tfra_dynamic_embedding.placement import apply as apply_lib
 from tfra_dynamic_embedding.placement import proposers
 from tfra_dynamic_embedding.placement import types

@@ -1,9 +1,9 @@
 """A SavedModel of a model with dynamic embeddings that stock TensorFlow and TF Serving load.
 
 `save` traces the serving functions with every `de.Variable` read from a stock snapshot of its
-rows (`stock_lookups`) and saves a module holding those snapshots (`stock_table.StockTable`), the
-dense variables the functions read and the functions: no op of this package, whatever backend
-trained the tables (the native one by default). Keras 3's `model.export(DIR)`, tf_keras'
+rows (`tables.stock_lookups`) and saves a module holding those snapshots
+(`tables.stock_table.StockTable`), the dense variables the functions read and the functions: no
+op of this package, whatever backend trained the tables (the native one by default). Keras 3's `model.export(DIR)`, tf_keras'
 `model.export(DIR)` and `de.keras.models.save_model` write this by default for a model whose
 tables are not stock already (`install_keras_export`, `keras/models.py`). Keys a table does not
 hold embed as zero rows, as in every export of this package.
@@ -29,7 +29,7 @@ import re
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding.inference import stock_lookups
+from tfra_dynamic_embedding.tables import stock_lookups
 
 PACKAGE = "tfra_dynamic_embedding"
 NATIVE_OP_PREFIX = "TfraDe"   # every op of this package's op libraries

@@ -4,7 +4,7 @@ Inside `StockLookups().active()`, a `de.Variable`'s lookup (`Variable.lookup`, s
 `de.embedding_lookup*` and `de.keras.layers` call, grouped or not) reads a `StockTable` of the
 variable's rows at that moment instead of its training tables, and makes no TrainableWrapper.
 A function traced there holds stock TensorFlow ops only where it reads tables: a SavedModel of
-it loads in stock TensorFlow and TF Serving (`stock_saved_model`). The snapshot is taken, eagerly,
+it loads in stock TensorFlow and TF Serving (`inference.stock_saved_model`). The snapshot is taken, eagerly,
 at a variable's first read; keys it does not hold read as zero rows (the serving rule of every
 export of this package), where training would draw initializer rows.
 
@@ -38,7 +38,7 @@ def current():
 
 class StockLookups:
     """The stock snapshots of the variables read inside `active()`, made at each one's first
-    read; `tables` lists them (a SavedModel must track them: `stock_saved_model` does)."""
+    read; `tables` lists them (a SavedModel must track them: `inference.stock_saved_model` does)."""
 
     def __init__(self):
         self._tables = {}   # id(variable) -> (variable, StockTable)
@@ -63,7 +63,7 @@ class StockLookups:
         """`variable`'s StockTable, snapshotting its rows (eagerly) at the first call."""
         entry = self._tables.get(id(variable))
         if entry is None:
-            from tfra_dynamic_embedding.inference import stock_table  # pylint: disable=import-outside-toplevel
+            from tfra_dynamic_embedding.tables import stock_table  # pylint: disable=import-outside-toplevel
             # Out of the function being traced: the snapshot is data of the SavedModel, not ops.
             with tf.init_scope():
                 if not tf.executing_eagerly():
