@@ -6,7 +6,7 @@ rows (`tables.stock_lookups`) and saves a module holding those snapshots
 op of this package, whatever backend trained the tables (the native one by default). Keras 3's `model.export(DIR)`, tf_keras'
 `model.export(DIR)` and `de.keras.models.save_model` write this by default for a model whose
 tables are not stock already (`install_keras_export`, `keras/models.py`). Keys a table does not
-hold embed as zero rows, as in every export of this package.
+hold get the initializer's rows, drawn by stock ops, as the model's own lookups give them.
 
 A SavedModel that keeps the native tables (opt-in: `stock_tables=False`) needs this package where
 it is loaded; stock TensorFlow then fails with its own `Op type not registered 'TfraDe...'` (the

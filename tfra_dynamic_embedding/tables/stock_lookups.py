@@ -4,9 +4,10 @@ Inside `StockLookups().active()`, a `de.Variable`'s lookup (`Variable.lookup`, s
 `de.embedding_lookup*` and `de.keras.layers` call, grouped or not) reads a `StockTable` of the
 variable's rows at that moment instead of its training tables, and makes no TrainableWrapper.
 A function traced there holds stock TensorFlow ops only where it reads tables: a SavedModel of
-it loads in stock TensorFlow and TF Serving (`inference.stock_saved_model`). The snapshot is taken, eagerly,
-at a variable's first read; keys it does not hold read as zero rows (the serving rule of every
-export of this package), where training would draw initializer rows.
+it loads in stock TensorFlow and TF Serving (`inference.stock_saved_model`). The snapshot is
+taken, eagerly, at a variable's first read; keys it does not hold get the variable's initial rows
+drawn by stock ops (`InitSpec.rows`: a seeded or default initializer draws a key's row from the
+key alone), so the function predicts what the model predicts.
 
 Example:
     >>> import tensorflow_recommenders_addons.dynamic_embedding as de
@@ -27,6 +28,8 @@ import contextvars
 import re
 
 import tensorflow as tf
+
+from tfra_dynamic_embedding.tables import base
 
 _ACTIVE = contextvars.ContextVar("tfra_de_stock_lookups", default=None)
 
@@ -78,11 +81,19 @@ class StockLookups:
         return entry[1]
 
     def lookup(self, variable, keys, return_exists=False):
-        """`variable.lookup(keys, return_exists)` read from the snapshot (missing keys: zeros)."""
+        """`variable.lookup(keys, return_exists)` read from the snapshot: keys it does not hold
+        get the variable's initial rows, drawn by TF ops (`InitSpec.rows`), as the model's own
+        lookups give them."""
         table = self.table_for(variable)
-        position = table.positions(tf.reshape(keys, [-1]))
-        rows = tf.gather(table.rows, tf.where(position < 0, tf.cast(table.num_keys, tf.int64),
-                                              position))
+        flat = tf.reshape(keys, [-1])
+        position = table.positions(flat)
+        rows = table.lookup(flat)   # zero rows for missing keys
+        init = variable.init_spec
+        if not (init.kind == base.CONSTANT and init.row is None and init.a == 0.0):
+            missing = tf.where(position < 0)
+            unique_keys, index = tf.unique(tf.gather_nd(flat, missing))
+            new_rows = tf.cast(init.rows(unique_keys), variable.value_dtype)
+            rows = tf.tensor_scatter_nd_update(rows, missing, tf.gather(new_rows, index))
         rows = tf.reshape(rows, tf.concat([tf.shape(keys), [variable.dim]], 0))
         rows.set_shape(keys.shape.concatenate([variable.dim]))
         if not return_exists:
