@@ -206,6 +206,27 @@ def test_default_backend_savedmodel_loads_without_this_package(trained, tmp_path
                                atol=TOL)
 
 
+def test_unseen_ids_get_the_seeded_initializers_rows(tmp_path):
+    """Ids the table does not hold: the stock SavedModel draws the rows the native kernel draws
+    (the keyed recipe of a seeded initializer), so it predicts what the model predicts."""
+    ids = keras.Input(shape=(3,), dtype="int64", name="ids")
+    layer = de.keras.layers.Embedding(
+        4, pooling="sum", name="seeded_emb",
+        initializer=keras.initializers.TruncatedNormal(stddev=0.5, seed=11))
+    model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    rng = np.random.default_rng(2)
+    model.fit(rng.integers(0, 30, size=(64, 3)), rng.normal(size=(64, 1)), verbose=0)
+    request = {"ids": np.concatenate([rng.integers(0, 30, size=(4, 3)),
+                                      rng.integers(10 ** 9, 10 ** 10, size=(4, 3))])}
+    expected = model.predict(request["ids"], verbose=0)
+    export_dir = str(tmp_path / "1")
+    model.export(export_dir, verbose=False)
+    np.testing.assert_allclose(_plain_predictions(export_dir, request, tmp_path), expected,
+                               atol=TOL)
+
+
 NATIVE_LOAD = textwrap.dedent("""
     import sys
     import tfra_dynamic_embedding

@@ -6,8 +6,9 @@ variable's rows at that moment instead of its training tables, and makes no Trai
 A function traced there holds stock TensorFlow ops only where it reads tables: a SavedModel of
 it loads in stock TensorFlow and TF Serving (`inference.stock_saved_model`). The snapshot is
 taken, eagerly, at a variable's first read; keys it does not hold get the variable's initial rows
-drawn by stock ops (`InitSpec.rows`: a seeded or default initializer draws a key's row from the
-key alone), so the function predicts what the model predicts.
+drawn by stock ops (`InitSpec.rows`: a key's row depends on the key alone), so the function
+predicts what the model predicts -- except for an unseeded random initializer on native tables,
+which only the C++ kernels draw: such keys get zero rows (`drawn_by_stock_ops`).
 
 Example:
     >>> import tensorflow_recommenders_addons.dynamic_embedding as de
@@ -30,6 +31,7 @@ import re
 import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import base
+from tfra_dynamic_embedding.tables import native
 
 _ACTIVE = contextvars.ContextVar("tfra_de_stock_lookups", default=None)
 
@@ -83,13 +85,14 @@ class StockLookups:
     def lookup(self, variable, keys, return_exists=False):
         """`variable.lookup(keys, return_exists)` read from the snapshot: keys it does not hold
         get the variable's initial rows, drawn by TF ops (`InitSpec.rows`), as the model's own
-        lookups give them."""
+        lookups give them; zero rows where stock ops cannot draw those (`drawn_by_stock_ops`)."""
         table = self.table_for(variable)
         flat = tf.reshape(keys, [-1])
         position = table.positions(flat)
         rows = table.lookup(flat)   # zero rows for missing keys
         init = variable.init_spec
-        if not (init.kind == base.CONSTANT and init.row is None and init.a == 0.0):
+        if drawn_by_stock_ops(variable) and not (
+                init.kind == base.CONSTANT and init.row is None and init.a == 0.0):
             missing = tf.where(position < 0)
             unique_keys, index = tf.unique(tf.gather_nd(flat, missing))
             new_rows = tf.cast(init.rows(unique_keys), variable.value_dtype)
@@ -101,3 +104,17 @@ class StockLookups:
         exists = tf.reshape(position >= 0, tf.shape(keys))
         exists.set_shape(keys.shape)
         return rows, exists
+
+
+def drawn_by_stock_ops(variable):
+    """Whether stock ops draw the initial rows `variable`'s tables give keys they do not hold.
+
+    Not for an unseeded random initializer on native tables: their C++ kernel draws it by a
+    faster recipe (ziggurat normals, seeded per table) that has no stock-op form; keys a snapshot
+    does not hold then get zero rows. A seeded initializer (drawn by the keyed recipe of
+    `keyed_random`), a constant and any initializer on the built-in backend are drawn exactly.
+    """
+    init = variable.init_spec
+    if init.kind in (base.CONSTANT, base.CUSTOM) or init.keyed:
+        return True
+    return not any(isinstance(t, native.NativeKVTable) for t in variable.shards.tables)
