@@ -117,7 +117,7 @@ def fixture_trained(tmp_path_factory):
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("ranker", None)
-    tables = stock_saved_model.holds_dynamic_embeddings(model)
+    tables = stock_saved_model.dynamic_embeddings_of(model)
     assert tables and not any(isinstance(t, builtin.BuiltinKVTable)
                               for v in tables for t in v.shards.tables)   # default: native
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),

@@ -181,7 +181,7 @@ def build_and_restore(model_fn, checkpoint, key="model"):
     except (ImportError, AttributeError) as error:
         raise _error(f"--model-fn {model_fn!r}: {error}") from error
     model = function()
-    if not stock_saved_model.holds_dynamic_embeddings(model):
+    if not stock_saved_model.dynamic_embeddings_of(model):
         raise _error(f"--model-fn {model_fn!r} returned {type(model).__name__} "
                      f"{getattr(model, 'name', '')!r}, which has no de.keras.layers.Embedding")
     if checkpoint.endswith((".weights.h5", ".h5")):
@@ -192,7 +192,7 @@ def build_and_restore(model_fn, checkpoint, key="model"):
             raise _error(f"--checkpoint {checkpoint!r} holds no TF checkpoint (a prefix with a "
                          f".index file, or a directory with a 'checkpoint' file)")
         tf.train.Checkpoint(**{key: model}).restore(prefix).expect_partial()
-    if all(int(v.size()) == 0 for v in stock_saved_model.holds_dynamic_embeddings(model)):
+    if all(int(v.size()) == 0 for v in stock_saved_model.dynamic_embeddings_of(model)):
         raise _error(f"--checkpoint {checkpoint!r} restored no table rows into the model: was it "
                      f"saved as tf.train.Checkpoint({key}=model) (see --checkpoint-key)?")
     return model
@@ -210,7 +210,7 @@ def run(args):
         if os.path.isdir(args.out) and os.listdir(args.out):
             shutil.rmtree(args.out)   # check_args refused a non-empty one without --overwrite
         stock_saved_model.save(args.out, stock_saved_model.default_signatures(model, signature))
-        tables = stock_saved_model.holds_dynamic_embeddings(model)
+        tables = stock_saved_model.dynamic_embeddings_of(model)
         print(f"wrote a SavedModel with stock tables ({len(tables)} tables, "
               f"{sum(int(t.size()) for t in tables)} keys) to {args.out}: stock TensorFlow and "
               f"TF Serving load it (signature serving_default)")

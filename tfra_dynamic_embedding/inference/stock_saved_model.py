@@ -36,7 +36,7 @@ NATIVE_OP_PREFIX = "TfraDe"   # every op of this package's op libraries
 SERVING_DEFAULT = "serving_default"
 
 
-def holds_dynamic_embeddings(model):
+def dynamic_embeddings_of(model):
     """The de.Variables of `model`'s layers (nested ones included), in layer order."""
     from tfra_dynamic_embedding import _tf_private  # pylint: disable=import-outside-toplevel
     from tfra_dynamic_embedding import variable as variable_lib  # pylint: disable=import-outside-toplevel
@@ -53,7 +53,7 @@ def needs_stock_copy(model):
     one, Redis, ...): its SavedModel then serves stock snapshots."""
     from tfra_dynamic_embedding.tables import builtin  # pylint: disable=import-outside-toplevel
     return any(not isinstance(table, builtin.BuiltinKVTable)
-               for variable in holds_dynamic_embeddings(model) for table in variable.shards.tables)
+               for variable in dynamic_embeddings_of(model) for table in variable.shards.tables)
 
 
 def default_signatures(model, input_signature=None):
