@@ -131,6 +131,7 @@ def fixture_trained(tmp_path_factory):
     request = {k: np.concatenate([request[k], unseen[k]]) for k in request}
     expected = model.predict({k: tf.constant(v) for k, v in request.items()}, verbose=0)
     model.save(str(folder / "ranker.keras"))
+    model.save_weights(str(folder / "ranker.weights.h5"))
     tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(folder / "ckpt" / "c"))
     inference.plan_for_model(model, 2, "size-greedy").save(str(folder / "plan.json"))
     return model, folder, request, expected
@@ -177,6 +178,60 @@ def test_cli_shards_a_checkpoint_with_the_model_fn_and_a_plan(trained, tmp_path)
     manifest = inference.Manifest.load(str(out))
     assert manifest.strategy == "size-greedy" and len(manifest.shards) == 2, stdout
     np.testing.assert_allclose(_sharded_predictions(str(out), request), expected, atol=TOL)
+
+
+def test_cli_takes_a_weights_file_with_the_model_fn(trained, tmp_path):
+    _, folder, request, expected = trained
+    (tmp_path / "ranker.py").write_text(RANKER)
+    out = tmp_path / "sharded"
+    code, stdout, stderr = _tfra_de(
+        ["export", "--model-fn", "ranker:build", "--checkpoint",
+         str(folder / "ranker.weights.h5"), "--shards", "1", "--out", str(out)], tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "1 shards" in stdout
+    np.testing.assert_allclose(_sharded_predictions(str(out), request), expected, atol=TOL)
+
+
+TF_KERAS = textwrap.dedent("""
+    import subprocess, sys
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    import tensorflow_recommenders_addons.dynamic_embedding as de
+    from tfra_dynamic_embedding import inference
+    from tfra_dynamic_embedding.inference import stock_saved_model
+    folder = sys.argv[1]
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 60, size=(256, 3))
+    inputs = tf_keras.Input(shape=(3,), dtype=tf.int64, name="ids")
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(
+        de.keras.layers.Embedding(4, pooling="sum", name="emb")(inputs)))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(tf_keras.optimizers.legacy.Adam(0.05)),
+                  loss="mse")
+    model.fit(ids, (ids[:, :1] % 2).astype(np.float32), batch_size=64, verbose=0)
+    want = model.predict(ids[:16], verbose=0)
+    model.export(folder + "/export")                    # tf_keras' own export: stock tables
+    assert stock_saved_model.native_ops_in(folder + "/export") == []
+    serve = tf.saved_model.load(folder + "/export").signatures["serving_default"]
+    np.testing.assert_allclose(list(serve(tf.constant(ids[:16])).values())[0].numpy(), want,
+                               atol=1e-5)
+    de.keras.models.save_model(model, folder + "/model", stock_tables=False)
+    main = "import sys; from tfra_dynamic_embedding.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", main, "export", "--model", folder + "/model",
+                           "--shards", "1", "--out", folder + "/sharded"], timeout=240,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = inference.load_sharded(folder + "/sharded").predict({"ids": ids[:16]})["prediction"]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    print("OK")
+""")
+
+
+def test_tf_keras_model_exports_and_its_savedmodel_shards(tmp_path):
+    """tf_keras: `model.export` writes stock tables; `tfra-de export` takes its SavedModel."""
+    code, stdout, stderr = _run([sys.executable, "-c", TF_KERAS, str(tmp_path)], "/",
+                                env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": "1"})
+    assert code == 0 and "OK" in stdout, stderr[-3000:]
 
 
 def test_cli_plain_savedmodel_loads_in_stock_tensorflow(trained, tmp_path):
