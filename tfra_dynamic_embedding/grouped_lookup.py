@@ -21,8 +21,8 @@ import collections
 
 import tensorflow as tf
 
-from tfra_dynamic_embedding.tables import stock_lookups
 from tfra_dynamic_embedding.tables import native
+from tfra_dynamic_embedding.tables import stock_lookups
 
 
 def lookup_rows(variables, keys, name="lookup_rows"):

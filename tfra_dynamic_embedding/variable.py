@@ -31,8 +31,8 @@ from tfra_dynamic_embedding import tables as tables_lib
 from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import typed_inputs
 from tfra_dynamic_embedding import variable_files
-from tfra_dynamic_embedding.tables import stock_lookups
 from tfra_dynamic_embedding.tables import native_slots
+from tfra_dynamic_embedding.tables import stock_lookups
 
 # Errors and conversions of inputs (typed_inputs.py), named here as well: callers use both.
 DTypeError = typed_inputs.DTypeError
