@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "train-planner": "tfra_dynamic_embedding.placement.train:add_parser",
     "server": "tfra_dynamic_embedding.distributed.server:add_parser",
     "serve": "tfra_dynamic_embedding.inference.serve:add_parser",
+    "export": "tfra_dynamic_embedding.inference.export_command:add_parser",
     "capacity": "tfra_dynamic_embedding.distributed.capacity:add_parser",
 }
 

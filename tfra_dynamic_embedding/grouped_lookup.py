@@ -22,6 +22,7 @@ import collections
 import tensorflow as tf
 
 from tfra_dynamic_embedding.tables import native
+from tfra_dynamic_embedding.tables import stock_lookups
 
 
 def lookup_rows(variables, keys, name="lookup_rows"):
@@ -30,6 +31,8 @@ def lookup_rows(variables, keys, name="lookup_rows"):
     if len(variables) != len(keys):
         raise ValueError(f"lookup_rows needs one keys tensor per variable; got "
                          f"{len(variables)} variables and {len(keys)} keys tensors")
+    if stock_lookups.current() is not None:   # traced for a stock SavedModel
+        return [variable.lookup(flat) for variable, flat in zip(variables, keys)]
     with tf.name_scope(name):
         # Every shard read: (variable index, shard index) -> rows, filled group by group.
         reads, positions = [], []

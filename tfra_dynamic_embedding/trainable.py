@@ -30,6 +30,7 @@ import tensorflow as tf
 
 # could_possibly_record and ResourceVariable have no public API: see _tf_private.py.
 from tfra_dynamic_embedding import _tf_private
+from tfra_dynamic_embedding.tables import stock_lookups
 
 
 class _WorkerLocal:
@@ -603,7 +604,8 @@ def needs_wrapper(params, return_trainable=False):
     Keras `fit`), unless inference mode is on. Plain inference (`predict`, serving signatures)
     reads the tables directly, so an exported SavedModel holds no wrapper.
     """
-    if not params.trainable or ModelMode.CURRENT_SETTING == ModelMode.INFERENCE:
+    if (not params.trainable or ModelMode.CURRENT_SETTING == ModelMode.INFERENCE
+            or stock_lookups.current() is not None):   # traced for a stock SavedModel
         return False
     return (return_trainable or not tf.compat.v1.executing_eagerly_outside_functions()
             or _tf_private.could_possibly_record())

@@ -32,6 +32,7 @@ from tfra_dynamic_embedding import trainable as trainable_lib
 from tfra_dynamic_embedding import typed_inputs
 from tfra_dynamic_embedding import variable_files
 from tfra_dynamic_embedding.tables import native_slots
+from tfra_dynamic_embedding.tables import stock_lookups
 
 # Errors and conversions of inputs (typed_inputs.py), named here as well: callers use both.
 DTypeError = typed_inputs.DTypeError
@@ -402,6 +403,9 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
         (native: in its fused lookup kernel; built-in: with TF ops).
         """
         keys = self._keys_tensor(keys)
+        serving = stock_lookups.current()
+        if serving is not None:   # traced for a stock SavedModel: read the stock snapshot
+            return serving.lookup(self, keys, return_exists)
         with tf.name_scope(name or scope_name(self._name + "_lookup")):
             flat = tf.reshape(keys, [-1])
             rows, exists = self._map_shards(flat, lambda table, shard_keys: table.lookup_or_init(

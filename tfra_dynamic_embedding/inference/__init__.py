@@ -10,8 +10,12 @@ export (writing SavedModels), routing (plain functions: ids per shard, combining
 compose (loading and serving in one process), grpc_shards (a shard's process: TF Serving's gRPC
 PredictionService, and the main shard's client of its replicas), live_deltas (online
 training's delta exports applied to running shards), rest (TF Serving's REST API),
-request_checks (a REST request checked against its signature), serve
-(`tfra-de serve`: all of it on loopback). See docs/serving.md. Names load on first use: `tfra-de` imports this package without TensorFlow.
+request_checks (a REST request checked against its signature), serve (`tfra-de serve`: all of
+it on loopback; operate, grpc_front, health, metrics, access_log, http_ops, supervisor: its
+operational side), export_command (`tfra-de export`), stock_saved_model (a SavedModel with
+stock copies of the tables, `tables.stock_table`: what `model.export` and
+`de.keras.models.save_model` write by default). See docs/serving.md. Names load on first use:
+`tfra-de` imports this package without TensorFlow.
 """
 
 import importlib

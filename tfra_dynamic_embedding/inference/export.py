@@ -31,12 +31,12 @@ docs/serving.md, "Exporting", shows `plan_for_model`, `export_sharded` and
 import os
 import shutil
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfra_dynamic_embedding.inference import manifest as manifest_lib
 from tfra_dynamic_embedding.inference import model_cut
+from tfra_dynamic_embedding.tables import stock_table
 from tfra_dynamic_embedding.placement import apply as apply_lib
 from tfra_dynamic_embedding.placement import proposers
 from tfra_dynamic_embedding.placement import types
@@ -206,99 +206,11 @@ def _spec_dict(spec):
             "shape": [None if d is None else int(d) for d in spec.shape.as_list()]}
 
 
-class _PieceTable(tf.Module):
-    """One piece as a compact, stock-TF table: a `DenseHashTable` from key to row number (open
-    addressing in two flat arrays) and the rows in one variable whose row 0 is the zero row --
-    the default row of keys it does not hold (the index's default number is 0).
-
-    `apply` takes a delta in place (live deltas, `inference/live_deltas.py`): rows of held keys
-    are overwritten, new keys get rows appended, removed keys leave the index (their rows stay
-    until a replacing apply rebuilds the variable). The hash table reserves two keys (empty and
-    deleted buckets), chosen among values the piece does not hold; a request id equal to one of
-    them is looked up as a third such value, and `apply` skips such keys.
-    """
-
-    def __init__(self, key, key_dtype, value_dtype, dim, keys, values):
-        super().__init__(name=key)
-        num_keys = len(keys)
-        empty, deleted, absent = _unused_keys(keys, key_dtype, 3)
-        self.reserved = tf.constant([empty, deleted], key_dtype)
-        self.absent = tf.constant(absent, key_dtype)
-        buckets = 1 << max(3, int(np.ceil(np.log2(max(1, num_keys) / 0.8))))
-        self.index = tf.lookup.experimental.DenseHashTable(
-            key_dtype, tf.int64, default_value=0, empty_key=empty, deleted_key=deleted,
-            initial_num_buckets=buckets, name=key + "_index")
-        if num_keys:
-            self.index.insert(tf.constant(keys, key_dtype),
-                              tf.range(1, num_keys + 1, dtype=tf.int64))
-        rows = np.concatenate([np.zeros([1, dim], value_dtype.as_numpy_dtype),
-                               np.asarray(values).reshape(-1, dim)])
-        self.rows = tf.Variable(rows, trainable=False, shape=tf.TensorShape([None, dim]),
-                                name=key + "_rows")
-
-    def _is_reserved(self, ids):
-        return tf.reduce_any(tf.equal(ids[:, None], self.reserved[None, :]), axis=1)
-
-    def lookup(self, ids):
-        return tf.gather(self.rows, self.index.lookup(
-            tf.where(self._is_reserved(ids), self.absent, ids)))
-
-    def keys(self):
-        keys = tf.reshape(self.index.export()[0], [-1])
-        return tf.boolean_mask(keys, tf.logical_not(self._is_reserved(keys)))
-
-    def apply(self, keys, values, removed, replace):
-        """Upserts distinct `keys` with `values`, removes `removed`; with `replace` (a full
-        export) every key held before goes first. Returns the number of keys held after."""
-        usable = tf.logical_not(self._is_reserved(keys))
-        keys, values = tf.boolean_mask(keys, usable), tf.boolean_mask(values, usable)
-        removed = tf.boolean_mask(removed, tf.logical_not(self._is_reserved(removed)))
-        dropped = tf.cond(replace, self.keys, lambda: tf.zeros([0], keys.dtype))
-        erased = self.index.erase(tf.concat([dropped, removed], 0))
-        with tf.control_dependencies([erased]):
-            base = tf.cond(replace, lambda: self.rows[:1], self.rows.read_value)
-            position = tf.reshape(self.index.lookup(keys), [-1])
-        held = position > 0
-        fresh = tf.logical_not(held)
-        updated = tf.tensor_scatter_nd_update(
-            base, tf.boolean_mask(position, held)[:, None], tf.boolean_mask(values, held))
-        new_keys = tf.boolean_mask(keys, fresh)
-        new_rows = tf.range(tf.shape(base, out_type=tf.int64)[0],
-                            tf.shape(base, out_type=tf.int64)[0] + tf.size(
-                                new_keys, out_type=tf.int64))
-        # Rows first, index second: a lookup in between sees the old rows, never a number past
-        # the end of the variable.
-        assigned = self.rows.assign(tf.concat([updated, tf.boolean_mask(values, fresh)], 0))
-        with tf.control_dependencies([assigned]):
-            inserted = self.index.insert(new_keys, new_rows)
-        with tf.control_dependencies([inserted]):
-            return self.index.size()
-
-
-def _unused_keys(keys, key_dtype, count):
-    """`count` distinct values of `key_dtype` that are not among `keys`."""
-    taken = set(keys.tolist())
-    found = []
-    if key_dtype == tf.string:
-        candidate = b"\x00tfra-de reserved"
-        while len(found) < count:
-            candidate += b"\x00"
-            if candidate not in taken:
-                found.append(candidate)
-        return found
-    candidate = key_dtype.min
-    while len(found) < count:
-        if candidate not in taken:
-            found.append(candidate)
-        candidate += 1
-    return found
-
-
 def _save_shard(path, held):
     """A SavedModel of compact stock tables, one per piece, pooling the ids it is sent."""
     module = tf.Module()
-    module.tables = [_PieceTable(piece.key, params.key_dtype, params.value_dtype, params.dim,
-                                 keys, values)
+    module.tables = [stock_table.StockTable(piece.key, params.key_dtype, params.value_dtype,
+                                            params.dim, keys, values)
                      for piece, params, keys, values in held]
     signature = {}
     for piece, params, _, _ in held:

@@ -164,6 +164,7 @@ class Embedding:
     def __new__(cls, *args, **kwargs):
         layer_class, package = binding.class_for(cls, args, kwargs)   # also checks `keras=`
         models.refuse_legacy_hdf5(package)
+        models.export_with_stock_tables(package)
         # The Keras Layer's own __new__ (both Kerases set up the instance there).
         return super(Embedding, layer_class).__new__(layer_class, *args, **kwargs)
 

@@ -20,12 +20,14 @@ import importlib
 import os
 
 import tensorflow as tf
+from absl import logging
 
 from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import variable as variable_lib
 from tfra_dynamic_embedding.keras import binding
 
-__all__ = ["save_model", "de_save_model", "de_hvd_save_model", "refuse_legacy_hdf5"]
+__all__ = ["save_model", "de_save_model", "de_hvd_save_model", "refuse_legacy_hdf5",
+           "export_with_stock_tables"]
 
 # Ops of a `TFRA>` namespace must be allowed in a SavedModel (TFRA's custom ops); ours carry no
 # namespace, but TFRA user code passes this list, and adding it keeps options TFRA-shaped.
@@ -33,8 +35,15 @@ NAMESPACE = "TFRA"
 
 
 def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signatures=None,
-                  options=None, save_traces=True, save_format=None):
+                  options=None, save_traces=True, save_format=None, stock_tables=True):
     """Saves `model` (tf_keras or Keras 3) to the SavedModel directory `filepath`.
+
+    `stock_tables=True` (the default): a model whose tables are not stock TensorFlow already
+    (the default native backend, Redis) is saved for serving: its signatures read stock snapshots
+    of the tables (`inference.stock_saved_model`), so stock TensorFlow and TF Serving load it
+    without this package; the optimizer, Keras' metadata and `save_traces` are left out (resume
+    training from a checkpoint, `model.save_weights` or a `.keras` file). `stock_tables=False`
+    saves the model as it is: with native tables it then needs this package where it is loaded.
 
     `include_optimizer=False` leaves the optimizer (and its slot tables) out, as for serving.
     `signatures`: as `tf.saved_model.save`'s. Left out, a Keras 3 functional model gets a
@@ -53,6 +62,25 @@ def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signa
         raise FileExistsError(f"filepath {filepath!r} exists and overwrite is False")
     options = _with_namespace(options)
     package = binding.package_of(model)
+    if stock_tables and package in binding.PACKAGES:
+        from tfra_dynamic_embedding.inference import stock_saved_model  # pylint: disable=import-outside-toplevel
+        if stock_saved_model.needs_stock_copy(model):
+            if signatures is None:
+                try:
+                    signatures = stock_saved_model.default_signatures(model)
+                except ValueError as error:
+                    raise ValueError(
+                        f"signatures is required to save {type(model).__name__} model "
+                        f"{model.name!r} with stock tables: {error}") from error
+            if stock_saved_model.retraceable(signatures):
+                stock_saved_model.save(filepath, signatures, options=options)
+                return
+            # A traced ConcreteFunction (TFRA's demos pass one) cannot be traced again.
+            logging.warning(
+                "de.keras.models.save_model: a signature is a ConcreteFunction, which cannot be "
+                "retraced with stock tables; %r keeps the native tables and needs "
+                "tfra_dynamic_embedding where it is loaded (pass tf.functions with an "
+                "input_signature for a stock SavedModel)", filepath)
     if package == binding.TF_KERAS:
         binding.keras_module(package).models.save_model(
             model, filepath, overwrite=overwrite, include_optimizer=include_optimizer,
@@ -119,6 +147,13 @@ def _layers_only(model):
     root = tf.Module()
     root.layers = list(model.layers)
     return root
+
+
+def export_with_stock_tables(package):
+    """Makes `package`'s ("keras" or "tf_keras") `model.export(DIR)` write a SavedModel with stock
+    tables for a model with dynamic embeddings (`inference.stock_saved_model`)."""
+    from tfra_dynamic_embedding.inference import stock_saved_model  # pylint: disable=import-outside-toplevel
+    stock_saved_model.install_keras_export(package)
 
 
 # Each Keras' writer of the legacy HDF5 format (`.h5`), by package.
