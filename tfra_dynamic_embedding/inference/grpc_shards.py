@@ -55,6 +55,8 @@ import time
 
 import grpc
 
+from tfra_dynamic_embedding.inference import tensor_protos
+
 READY = "tfra-de shard ready"
 SERVING_SIGNATURE = "serving_default"
 MODEL_VERSION = 1
@@ -172,7 +174,7 @@ def function_servicer(model_name, signatures, signature_defs, version=MODEL_VERS
                                   f"input {key!r} of signature {name!r} must be "
                                   f"{spec.dtype.name}; got {got}")
                 try:
-                    value = tf.make_ndarray(proto)
+                    value = tensor_protos.to_array(proto)
                 except (ValueError, TypeError) as error:   # e.g. content of the wrong length
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"input {key!r} of signature {name!r} is not a valid "
@@ -203,7 +205,7 @@ def function_servicer(model_name, signatures, signature_defs, version=MODEL_VERS
             response = predict_pb2.PredictResponse()
             _fill_spec(response.model_spec, model_name, served_version(), name)
             for key in keys:
-                response.outputs[key].CopyFrom(tf.make_tensor_proto(np.asarray(outputs[key])))
+                tensor_protos.fill(response.outputs[key], np.asarray(outputs[key]))
             return response
 
         def GetModelMetadata(self, request, context):  # pylint: disable=invalid-name
@@ -371,13 +373,12 @@ class ShardClient:
     def call(self, signature, inputs):
         """Issues `signature` with `inputs` ({input name: array}) on the next replica in
         rotation and returns a `PendingCall`; its `result()` waits."""
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
         from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model_name
         request.model_spec.signature_name = signature
         for key, value in inputs.items():
-            request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+            tensor_protos.fill(request.inputs[key], value)
         return PendingCall(self, request)
 
     def predict(self, signature, inputs):
@@ -536,7 +537,7 @@ class PendingCall:
             shard.answered(index)
             self._observe("OK")
             self._current = None
-            self._outputs = {key: tf.make_ndarray(value)
+            self._outputs = {key: tensor_protos.to_array(value)
                              for key, value in response.outputs.items()}
             return self._outputs
         self._observe("UNAVAILABLE")
