@@ -2,7 +2,8 @@
 
 A model trained on the default (native) backend is exported by `tfra-de export` in a fresh
 process -- from a `.keras` file or from its building function and a checkpoint, sharded by
-`--shards`/`--plan` or plain -- and by `model.export` / `de.keras.models.save_model`; every
+`--shards`/`--plan` or plain -- and by `model.export` / `de.keras.models.save_model(...,
+stock_tables=True)`; every
 SavedModel is checked against the trained model's predictions, the plain ones in a process that
 never imports this package. A SavedModel that keeps the native tables names the package when its
 op library is missing.
@@ -215,7 +216,7 @@ TF_KERAS = textwrap.dedent("""
     serve = tf.saved_model.load(folder + "/export").signatures["serving_default"]
     np.testing.assert_allclose(list(serve(tf.constant(ids[:16])).values())[0].numpy(), want,
                                atol=1e-5)
-    de.keras.models.save_model(model, folder + "/model", stock_tables=False)
+    de.keras.models.save_model(model, folder + "/model")
     main = "import sys; from tfra_dynamic_embedding.cli import main; sys.exit(main())"
     done = subprocess.run([sys.executable, "-c", main, "export", "--model", folder + "/model",
                            "--shards", "1", "--out", folder + "/sharded"], timeout=240,
@@ -255,7 +256,7 @@ def test_default_backend_savedmodel_loads_without_this_package(trained, tmp_path
         # Keras' endpoint `serve` is there as well as serving_default.
         assert "serve" in tf.saved_model.load(export_dir).signatures
     else:
-        de.keras.models.save_model(model, export_dir)
+        de.keras.models.save_model(model, export_dir, stock_tables=True)
     assert stock_saved_model.native_ops_in(export_dir) == []
     np.testing.assert_allclose(_plain_predictions(export_dir, request, tmp_path), expected,
                                atol=TOL)
@@ -347,6 +348,6 @@ def test_cli_bad_arguments_are_named(trained, tmp_path, capsys):
         assert message in err, (args, err)
     # A serving SavedModel is no model to cut: says what to give instead.
     serving = str(tmp_path / "serving")
-    de.keras.models.save_model(trained[0], serving)
+    de.keras.models.save_model(trained[0], serving, stock_tables=True)
     assert cli.main(["export", "--model", serving, "--shards", "1", "--out", out]) == 2
     assert "--model-fn" in capsys.readouterr().err

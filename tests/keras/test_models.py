@@ -74,11 +74,10 @@ def test_keras3_model_serves_its_rows_with_and_without_the_optimizer(tmp_path, b
     assert int(layer.params.size()) == distinct
 
     with_opt, without = str(tmp_path / "with"), str(tmp_path / "without")
-    # The model as it is (native tables stay native; the default serves stock copies:
+    # The model as it is, as TFRA saves it (stock copies of the tables with stock_tables=True:
     # tests/inference/test_export_command.py).
-    keep = {} if backend == "builtin" else {"stock_tables": False}
-    de.keras.models.save_model(model, with_opt, **keep)
-    de.keras.models.save_model(model, without, include_optimizer=False, **keep)
+    de.keras.models.save_model(model, with_opt)
+    de.keras.models.save_model(model, without, include_optimizer=False)
     np.testing.assert_allclose(_served(with_opt, ids[:16]), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_served(without, ids[:16]), want, rtol=1e-5, atol=1e-6)
     assert _saved_keys(with_opt) == [[distinct]] * 3    # rows, Adam's m and v
@@ -155,7 +154,7 @@ def test_tf_keras_model_saves_and_loads_with_tf_keras(tmp_path):
         model.fit(ids, labels, batch_size=64, epochs=1, verbose=0)
         want = model.predict(ids[:16], verbose=0)
         path = {str(tmp_path / "tf_keras")!r}
-        de.keras.models.save_model(model, path, stock_tables=False)   # the model, for tf_keras
+        de.keras.models.save_model(model, path)   # the model as it is (TFRA's default)
         serve = tf.saved_model.load(path).signatures["serving_default"]
         got = list(serve(tf.constant(ids[:16], tf.int64)).values())[0].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

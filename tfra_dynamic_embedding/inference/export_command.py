@@ -7,7 +7,7 @@
 The model is either
   * `--model PATH`: a Keras model saved with its tables -- a Keras 3 `.keras` file
     (`model.save("model.keras")`) or a tf_keras SavedModel directory (`model.save(DIR,
-    save_format="tf")`, `de.keras.models.save_model(model, DIR, stock_tables=False)`); or
+    save_format="tf")`, `de.keras.models.save_model(model, DIR)`); or
   * `--model-fn MODULE:FUNCTION` (the module importable from the current directory or
     PYTHONPATH): a function of no arguments returning the model, built (a functional model is; call
     a subclassed one once), and `--checkpoint PATH` holding its weights: a `tf.train.Checkpoint`

@@ -3,12 +3,13 @@
 `save` traces the serving functions with every `de.Variable` read from a stock snapshot of its
 rows (`tables.stock_lookups`) and saves a module holding those snapshots
 (`tables.stock_table.StockTable`), the dense variables the functions read and the functions: no
-op of this package, whatever backend trained the tables (the native one by default). Keras 3's `model.export(DIR)`, tf_keras'
-`model.export(DIR)` and `de.keras.models.save_model` write this by default for a model whose
-tables are not stock already (`install_keras_export`, `keras/models.py`). Keys a table does not
+op of this package, whatever backend trained the tables (the native one by default). Keras 3's `model.export(DIR)` and tf_keras'
+`model.export(DIR)` write this by default for a model whose tables are not stock already
+(`install_keras_export`), `de.keras.models.save_model(..., stock_tables=True)` on request
+(`keras/models.py`; by default it saves the model as it is, as TFRA does). Keys a table does not
 hold get the initializer's rows, drawn by stock ops, as the model's own lookups give them.
 
-A SavedModel that keeps the native tables (opt-in: `stock_tables=False`) needs this package where
+A SavedModel that keeps the native tables (`stock_tables=False`) needs this package where
 it is loaded; stock TensorFlow then fails with its own `Op type not registered 'TfraDe...'` (the
 op registry's message, which a SavedModel cannot extend: see docs/serving.md). `load` is
 `tf.saved_model.load` that names the package and the fix when the op library is missing.

@@ -35,15 +35,16 @@ NAMESPACE = "TFRA"
 
 
 def de_save_model(model, filepath, overwrite=True, include_optimizer=True, signatures=None,
-                  options=None, save_traces=True, save_format=None, stock_tables=True):
+                  options=None, save_traces=True, save_format=None, stock_tables=False):
     """Saves `model` (tf_keras or Keras 3) to the SavedModel directory `filepath`.
 
-    `stock_tables=True` (the default): a model whose tables are not stock TensorFlow already
-    (the default native backend, Redis) is saved for serving: its signatures read stock snapshots
-    of the tables (`inference.stock_saved_model`), so stock TensorFlow and TF Serving load it
-    without this package; the optimizer, Keras' metadata and `save_traces` are left out (resume
-    training from a checkpoint, `model.save_weights` or a `.keras` file). `stock_tables=False`
-    saves the model as it is: with native tables it then needs this package where it is loaded.
+    By default the model is saved as it is, as TFRA saves it: tf_keras' `load_model` restores
+    it (training resumes), and with native tables the SavedModel needs this package where it is
+    loaded. `stock_tables=True`: a model whose tables are not stock TensorFlow already (the
+    default native backend, Redis) is saved for serving: its signatures read stock snapshots of
+    the tables (`inference.stock_saved_model`), so stock TensorFlow and TF Serving load it without
+    this package; the optimizer, Keras' metadata and `save_traces` are left out. (Keras'
+    `model.export`, an inference-only artifact anyway, writes stock tables by default.)
 
     `include_optimizer=False` leaves the optimizer (and its slot tables) out, as for serving.
     `signatures`: as `tf.saved_model.save`'s. Left out, a Keras 3 functional model gets a
