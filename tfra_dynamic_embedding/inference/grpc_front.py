@@ -152,7 +152,7 @@ def _observed(inner, model_name, metrics, access_log):
                                      context.peer())
         return observed
 
-    class Observed(*grpc_shards._servicer_bases()):  # pylint: disable=protected-access
+    class Observed(*grpc_shards.servicer_bases()):
         """The inner servicer's methods, observed."""
         Predict = staticmethod(observe("Predict", _rows))
         GetModelMetadata = staticmethod(observe("GetModelMetadata", lambda _: 0))

@@ -79,7 +79,8 @@ SERVER_OPTIONS = _UNLIMITED + (
 
 # -- the shard server ------------------------------------------------------------------------------
 
-def _servicer_bases():
+def servicer_bases():
+    """The gRPC servicer classes of TF Serving's PredictionService and ModelService."""
     from tensorflow_serving.apis import model_service_pb2_grpc  # pylint: disable=import-outside-toplevel
     from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=import-outside-toplevel
     return (prediction_service_pb2_grpc.PredictionServiceServicer,
@@ -135,7 +136,7 @@ def function_servicer(model_name, signatures, signature_defs, version=MODEL_VERS
 
     served_version = version if callable(version) else (lambda: version)
 
-    class Servicer(*_servicer_bases()):
+    class Servicer(*servicer_bases()):
         """Predict / GetModelMetadata / GetModelStatus of a set of signatures."""
 
         def _check_model(self, spec, context):

@@ -64,7 +64,7 @@ class ModelCut:
 
 
 @dataclasses.dataclass
-class _Request:
+class Request:
     """The request's specs by name and how the model takes them (a dict, a list or one tensor)."""
 
     specs: Dict[str, tf.TensorSpec]
@@ -80,7 +80,7 @@ class _Request:
 def cut_model(model, input_signature=None):
     """The `ModelCut` of a trained model; raises ValueError naming what the sharded export
     cannot serve."""
-    request = _request_of(model, input_signature)
+    request = request_of(model, input_signature)
     features = _probe(model, request)
     if not features:
         raise ValueError(f"model {model.name!r} calls no de.keras.layers.Embedding layer: "
@@ -99,7 +99,8 @@ def _spec(shape, dtype, name):
     return tf.TensorSpec(tf.TensorShape(shape), tf.as_dtype(dtype), name=name)
 
 
-def _request_of(model, input_signature):
+def request_of(model, input_signature):
+    """The `Request` the model's `call` takes: from `input_signature`, else the model's own."""
     structure, source = input_signature, "input_signature"
     if structure is None and hasattr(model, "input_signature"):
         structure, source = model.input_signature, "model.input_signature"
@@ -140,7 +141,7 @@ def _request_of(model, input_signature):
         if name in specs:
             raise ValueError(f"{source}: two inputs are named {name!r}")
         specs[name] = _spec(tensor.shape, tensor.dtype, name)
-    return _Request(specs, form)
+    return Request(specs, form)
 
 
 def _placeholders(request, values):

@@ -62,7 +62,7 @@ def default_signatures(model, input_signature=None):
     inputs, its `input_signature`, tf_keras' recorded spec, or `input_signature`: see
     `model_cut`); outputs as a dict (one output: "output_0")."""
     from tfra_dynamic_embedding.inference import model_cut  # pylint: disable=import-outside-toplevel
-    request = model_cut._request_of(model, input_signature)  # pylint: disable=protected-access
+    request = model_cut.request_of(model, input_signature)
 
     @tf.function(input_signature=[dict(request.specs)], autograph=False)
     def serve(inputs):
