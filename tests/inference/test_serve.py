@@ -488,3 +488,54 @@ def test_classify_and_regress_signatures_of_a_plain_saved_model(tmp_path):
             results = [[s for _, s in row] for row in results]
             expected = [[s for _, s in row] for row in expected]
         np.testing.assert_allclose(results, expected, rtol=1e-6)
+
+
+def test_version_polling_serves_the_newest_and_rolls_back_when_it_is_removed(tmp_path):
+    """TF Serving's "latest" policy, with a stand-in loader: a new version directory is served and
+    the older retired; removing the served one's directory serves the newest left again; a
+    version that fails to load is listed with its error and never tried again."""
+    loads = []
+
+    def load(version, path):
+        loads.append(version)
+        if os.path.exists(os.path.join(path, "broken")):
+            raise ValueError("cannot load")
+        return rest.Servable(version, None, lambda _s, inputs, v=version: {"v": v})
+
+    def make(version, broken=False):
+        os.makedirs(tmp_path / str(version))
+        if broken:
+            (tmp_path / str(version) / "broken").write_text("")
+        (tmp_path / str(version) / "saved_model.pb").write_text("")
+
+    make(1)
+    versions = rest.Versions([load(1, str(tmp_path / "1"))])
+    stop = threading.Event()
+    poller = threading.Thread(target=serve.poll_versions,
+                              args=(str(tmp_path), versions, load, 0.05, stop), daemon=True)
+    poller.start()
+
+    def served_soon(version):
+        deadline = time.monotonic() + 20
+        while sorted(versions.loaded()) != [version]:
+            assert time.monotonic() < deadline, (sorted(versions.loaded()), versions.status())
+            time.sleep(0.02)
+
+    try:
+        make(2)
+        served_soon(2)
+        shutil.rmtree(tmp_path / "2")                  # a rollback: version 1 again
+        served_soon(1)
+        make(3, broken=True)
+        deadline = time.monotonic() + 20
+        while not versions.failed(3):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert sorted(versions.loaded()) == [1] and loads.count(3) == 1
+        assert [r for r in versions.status() if r["version"] == "3"][0]["status"][
+            "error_message"] == "ValueError: cannot load"
+    finally:
+        stop.set()
+        poller.join(10)
+    assert loads == [1, 2, 1, 3]

@@ -145,9 +145,10 @@ class Versions:
             return "UNKNOWN", "UNAVAILABLE", "no version is loaded"
         return newest.status() if newest.status is not None else ("AVAILABLE", "OK", "")
 
-    def known(self):
+    def failed(self, version):
+        """Whether `version` failed to load (it is not tried again)."""
         with self._lock:
-            return set(self._loaded) | set(self._ended)
+            return bool(self._ended.get(version))
 
     def status(self, version=None):
         """TF Serving's `model_version_status` list, newest first (one version if given)."""

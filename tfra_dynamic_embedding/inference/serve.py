@@ -226,9 +226,11 @@ def load_version(version, path, args, addresses=None, ops=None):
 
 
 def poll_versions(model_dir, versions, load, seconds, stop):
-    """Every `seconds` until `stop` is set: loads a version of `model_dir` newer than any
-    `versions` knows (`load(version, path)` -> Servable), serves it and retires the older ones.
-    A version that fails to load is listed as END with its error and not tried again."""
+    """Every `seconds` until `stop` is set: serves the newest complete version of `model_dir`
+    (TF Serving's "latest" policy): a newer one is loaded (`load(version, path)` -> Servable) and
+    the others retired; when the served version's directory is removed, the newest left is
+    loaded again and served (a rollback). A version that fails to load is listed as END with its
+    error and not tried again; with no version left on disk the served one stays."""
     while not stop.wait(seconds):
         try:
             found = model_versions(model_dir)
@@ -236,19 +238,23 @@ def poll_versions(model_dir, versions, load, seconds, stop):
             print(f"   cannot read {model_dir}: {error}", flush=True)
             continue
         newest = max(found, default=None)
-        if newest is None or newest <= max(versions.known(), default=0):
+        served = max(versions.loaded(), default=None)
+        if newest is None or newest == served or versions.failed(newest):
             continue
-        try:
-            servable = load(newest, found[newest])
-        except Exception as error:  # pylint: disable=broad-except
-            versions.retire(newest, error=f"{type(error).__name__}: {error}")
-            print(f"   version {newest} failed to load: {error}", flush=True)
-            continue
-        versions.add(servable)
+        if newest not in versions.loaded():
+            try:
+                servable = load(newest, found[newest])
+            except Exception as error:  # pylint: disable=broad-except
+                versions.retire(newest, error=f"{type(error).__name__}: {error}")
+                print(f"   version {newest} failed to load: {error}", flush=True)
+                continue
+            versions.add(servable)
         for version in sorted(versions.loaded()):
-            if version < newest:
+            if version != newest:
                 versions.retire(version)
-        print(f"   serving version {newest}", flush=True)
+        print(f"   serving version {newest}" + (
+            f" (version {served}'s directory is gone)" if served and served > newest else ""),
+            flush=True)
 
 
 def start_shards(export_dir, replicas=1, log_dir=None, watch=None, poll_seconds=1.0):
