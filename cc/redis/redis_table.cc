@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "cc/ops/de_util.h"  // Mix64
 #include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tfra_de {
@@ -137,19 +138,10 @@ uint32_t Crc32cTfra(const char* p, size_t n) {
   return c;
 }
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
 uint64_t LaneHash(const char* p, size_t n) {
   uint64_t h = n;
   for (size_t i = 0; i < n; ++i) h = h * 0x100000001b3ULL ^ static_cast<uint8_t>(p[i]);
-  return Mix(h);
+  return Mix64(h);
 }
 
 // The raw bytes of key i: the integer's little-endian bytes, or the string.

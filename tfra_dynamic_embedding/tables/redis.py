@@ -285,6 +285,14 @@ class RedisKVTable(base.KVTable):
                 rows, exists = self.lookup_with_exists(keys, self._initial_rows(keys, init))
                 return rows, exists if return_exists else None
             rows, exists = self._lookup_or_zeros(keys)
+            drawer = self._drawer()
+            if drawer is not None and native.fused_form(init) is not None:
+                # Every key's initial row, drawn in C++ while the find waits on the server (the
+                # two ops do not depend on each other, so TF runs them side by side), then one
+                # select: no unique / gather / scatter over the missing keys.
+                drawn = drawer.lookup_or_init(keys, init, return_exists=False)[0]
+                rows = tf.where(tf.expand_dims(exists, -1), rows, drawn)
+                return rows, exists if return_exists else None
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
             new_rows = self._initial_rows(unique_keys, init)
