@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -58,6 +60,83 @@ std::string ReplyText(const redisReply* r) {
   return absl::StrCat("(reply type ", r->type, ")");
 }
 
+// -- replies parsed into tensors (RowSink) -------------------------------------
+// hiredis' reader builds replies through a table of functions; these hand
+// everything to hiredis' own (the table a fresh context has), except the
+// elements of an array reply whose command has a sink: those are copied to
+// their rows at once and stand for themselves by a placeholder. The sink of the
+// reply being read is thread-local: a reply is parsed inside redisGetReply, on
+// the thread that called it.
+thread_local RowSink* tls_sink = nullptr;
+redisReplyObjectFunctions* g_default_fns = nullptr;  // hiredis' own (set once, by Connect)
+char g_placeholder;                                    // a sink array's element
+
+bool SinkChild(const redisReadTask* t) {
+  if (t->parent == nullptr) return false;
+  if (t->parent->obj == &g_placeholder) return true;  // (nested: never in an HMGET reply)
+  return tls_sink != nullptr && tls_sink->top != nullptr && t->parent->obj == tls_sink->top;
+}
+
+void SinkBad(int type, int64_t len) {
+  if (tls_sink->bad_len < 0) {
+    tls_sink->bad_type = type;
+    tls_sink->bad_len = len;
+  }
+}
+
+void* SinkString(const redisReadTask* t, char* str, size_t len) {
+  if (!SinkChild(t)) return g_default_fns->createString(t, str, len);
+  RowSink* s = tls_sink;
+  if (t->type == REDIS_REPLY_STRING && static_cast<int64_t>(len) == s->row_bytes && t->idx >= 0 &&
+      static_cast<size_t>(t->idx) < s->n) {
+    const int64_t row = s->idx[t->idx];
+    std::memcpy(s->rows + row * s->row_bytes, str, len);
+    s->found[row] = true;
+  } else {
+    SinkBad(t->type, static_cast<int64_t>(len));
+  }
+  return &g_placeholder;
+}
+
+void* SinkArray(const redisReadTask* t, int elements) {
+  if (tls_sink != nullptr && t->parent == nullptr) {
+    // calloc'd as hiredis' own, with no element array: freeReplyObject frees it.
+    redisReply* r = static_cast<redisReply*>(std::calloc(1, sizeof(redisReply)));
+    if (r == nullptr) return nullptr;
+    r->type = REDIS_REPLY_ARRAY;
+    r->elements = elements < 0 ? 0 : static_cast<size_t>(elements);
+    tls_sink->top = r;
+    tls_sink->bad_len = -1;
+    return r;
+  }
+  if (!SinkChild(t)) return g_default_fns->createArray(t, elements);
+  SinkBad(REDIS_REPLY_ARRAY, 0);
+  return &g_placeholder;
+}
+
+void* SinkInteger(const redisReadTask* t, long long value) {  // NOLINT(runtime/int): hiredis'
+  if (!SinkChild(t)) return g_default_fns->createInteger(t, value);
+  SinkBad(REDIS_REPLY_INTEGER, 0);
+  return &g_placeholder;
+}
+
+void* SinkNil(const redisReadTask* t) {
+  if (!SinkChild(t)) return g_default_fns->createNil(t);
+  return &g_placeholder;
+}
+
+void SinkFree(void* obj) {
+  if (obj != &g_placeholder) g_default_fns->freeObject(obj);
+}
+
+redisReplyObjectFunctions g_sink_fns = {SinkString, SinkArray, SinkInteger, SinkNil, SinkFree};
+
+void InstallSinkFunctions(redisContext* c) {
+  static std::once_flag once;
+  std::call_once(once, [c] { g_default_fns = c->reader->fn; });
+  if (c->reader->fn == g_default_fns) c->reader->fn = &g_sink_fns;
+}
+
 }  // namespace
 
 SigpipeGuard::SigpipeGuard() {
@@ -97,6 +176,7 @@ Status Connect(const ServerOptions& opt, Context* out) {
                                                ": cannot set the socket timeout: ", c->errstr));
   }
   if (opt.keep_alive) redisEnableKeepAlive(c.get());
+  InstallSinkFunctions(c.get());
   redisReply* r = nullptr;
   if (!opt.password.empty()) {
     std::vector<std::string> auth = {"AUTH"};
@@ -223,7 +303,10 @@ Status Pool::RunPipelined(const std::vector<Command>& cmds, const std::vector<si
     }
     while (received < sent && !broken) {
       void* raw = nullptr;
-      if (redisGetReply(c.get(), &raw) != REDIS_OK || raw == nullptr) {
+      tls_sink = cmds[order[received]].sink;
+      const int got = redisGetReply(c.get(), &raw);
+      tls_sink = nullptr;
+      if (got != REDIS_OK || raw == nullptr) {
         const Command& cmd = cmds[order[received]];
         first_error = absl::UnavailableError(absl::StrCat(
             "Redis server ", opt_.Name(), ": connection lost during ", cmd.Verb(), " on '", cmd.Key(),

@@ -293,6 +293,17 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
   }
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"HMGET"}, {}, nullptr, &b));
+  // The replies are parsed straight into `values` (RowSink): no object per key.
+  std::vector<RowSink> sinks(b.cmds.size());
+  for (size_t c = 0; c < b.cmds.size(); ++c) {
+    RowSink& s = sinks[c];
+    s.idx = b.rows[c].data();
+    s.n = b.rows[c].size();
+    s.rows = MutableRowAt(values, 0, row_bytes_);
+    s.found = found;
+    s.row_bytes = row_bytes_;
+    b.cmds[c].sink = &s;
+  }
   return RunAll(b.cmds, [&](size_t c, const redisReply* r) -> Status {
     const auto& idx = b.rows[c];
     if (r->type != REDIS_REPLY_ARRAY || r->elements != idx.size()) {
@@ -301,14 +312,18 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
                                               " with ", r->elements, " elements for ", idx.size(),
                                               " keys"));
     }
+    auto bad_row = [&](int64_t len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Redis ", backend_->Name(), ": hash '", b.cmds[c].Key(), "' holds a row of ", len,
+          " bytes, not dim * sizeof(", tensorflow::DataTypeString(opt_.value_dtype), ") = ",
+          row_bytes_, " (another table, or another dim, under this name?)"));
+    };
+    if (sinks[c].Parsed(r)) return sinks[c].bad_len < 0 ? absl::OkStatus() : bad_row(sinks[c].bad_len);
     for (size_t j = 0; j < idx.size(); ++j) {
       const redisReply* e = r->element[j];
       if (e->type == REDIS_REPLY_NIL) continue;
       if (e->type != REDIS_REPLY_STRING || static_cast<int64_t>(e->len) != row_bytes_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Redis ", backend_->Name(), ": hash '", b.cmds[c].Key(), "' holds a row of ", e->len,
-            " bytes, not dim * sizeof(", tensorflow::DataTypeString(opt_.value_dtype), ") = ",
-            row_bytes_, " (another table, or another dim, under this name?)"));
+        return bad_row(static_cast<int64_t>(e->len));
       }
       std::memcpy(MutableRowAt(values, idx[j], row_bytes_), e->str, row_bytes_);
       found[idx[j]] = true;
