@@ -600,6 +600,11 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
     def _serialize_to_tensors(self):
         if not self._checkpoint:
             return {}
+        if _tf_private.saving_saved_model() and not any(
+                getattr(t, "saved_model_holds_rows", True) for t in self._tables):
+            # Rows kept outside the process (Redis): the SavedModel reads them there (and its
+            # load must not write rows of the save's moment over newer ones).
+            return {}
         # Joined on the first shard's task, whose SaveV2 writes them (TF saves a tensor where it
         # lives): on a cluster the rows go PS to PS, never through the client.
         with devices_lib.task_cpu_scope(self._tables[0].device):
@@ -607,8 +612,8 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
         return {checkpoint_lib.KEYS: keys, checkpoint_lib.VALUES: values}
 
     def _restore_from_tensors(self, restored_tensors):
-        if not self._checkpoint:
-            return tf.no_op()
+        if not self._checkpoint or checkpoint_lib.KEYS not in restored_tensors:
+            return tf.no_op()   # (nothing saved: a SavedModel of rows kept in Redis)
         restored = self.import_(restored_tensors[checkpoint_lib.KEYS],
                                 restored_tensors[checkpoint_lib.VALUES])
         # A SavedModel's copy (`_exported_from`) leaves the hooks' state to its own copies.

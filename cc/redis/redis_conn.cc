@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -15,6 +16,13 @@
 
 namespace tfra_de {
 namespace redis {
+
+#define TF_RETURN_IF_ERROR_REDIS(expr) \
+  do {                                 \
+    Status _s = (expr);                \
+    if (!_s.ok()) return _s;           \
+  } while (0)
+
 namespace {
 
 timeval Millis(int ms) {
@@ -406,6 +414,14 @@ class JsonScanner {
     }
     return false;
   }
+  size_t Pos() {
+    Space();
+    return i_;
+  }
+  bool AtEnd() {
+    Space();
+    return i_ >= s_.size();
+  }
   // Skips any JSON value (numbers, literals, arrays, objects, strings).
   bool Skip() {
     Space();
@@ -473,37 +489,129 @@ class JsonScanner {
 
 }  // namespace
 
-Status ReadJsonStringField(const std::string& path, const std::string& field, std::string* out) {
-  out->clear();
+Status ReadJsonObject(const std::string& path, std::map<std::string, std::string>* fields) {
+  fields->clear();
   std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    return absl::NotFoundError(absl::StrCat("cannot read the Redis config file '", path,
-                                            "' (for its ", field, ")"));
-  }
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read the Redis config file '", path, "'"));
   std::stringstream buf;
   buf << f.rdbuf();
   const std::string text = buf.str();
   JsonScanner js(text);
   auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path,
-                                                   "' is not a JSON object (reading ", field, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path, "' is not a JSON object"));
   };
   if (!js.Eat('{')) return bad();
   if (js.Eat('}')) return absl::OkStatus();
   while (true) {
     std::string name;
     if (!js.String(&name) || !js.Eat(':')) return bad();
-    if (name == field) {
-      if (!js.String(out)) {
-        return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path, "': ", field,
-                                                       " must be a JSON string"));
-      }
-    } else if (!js.Skip()) {
-      return bad();
-    }
+    const size_t from = js.Pos();
+    if (!js.Skip()) return bad();
+    (*fields)[name] = text.substr(from, js.Pos() - from);
     if (js.Eat('}')) return absl::OkStatus();
     if (!js.Eat(',')) return bad();
   }
+}
+
+namespace {
+
+Status BadField(const std::string& path, const std::string& field, const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", path, "': ", field, " must be ", what));
+}
+
+bool ParseInt(const std::string& raw, int64_t* out) {
+  if (raw.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(raw.c_str(), &end, 10);  // NOLINT(runtime/int)
+  if (errno != 0 || end == raw.c_str()) return false;
+  while (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t') ++end;
+  if (*end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+// The items of a JSON array (raw text of each), or false.
+bool ArrayItems(const std::string& raw, std::vector<std::string>* items) {
+  items->clear();
+  JsonScanner js(raw);
+  if (!js.Eat('[')) return false;
+  if (js.Eat(']')) return js.AtEnd();
+  while (true) {
+    const size_t from = js.Pos();
+    if (!js.Skip()) return false;
+    items->push_back(raw.substr(from, js.Pos() - from));
+    if (js.Eat(']')) return js.AtEnd();
+    if (!js.Eat(',')) return false;
+  }
+}
+
+}  // namespace
+
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::string* out) {
+  auto it = fields.find(field);
+  if (it == fields.end()) return absl::OkStatus();
+  JsonScanner js(it->second);
+  if (!js.String(out) || !js.AtEnd()) return BadField(path, field, "a JSON string");
+  return absl::OkStatus();
+}
+
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, int64_t* out) {
+  auto it = fields.find(field);
+  if (it == fields.end()) return absl::OkStatus();
+  if (!ParseInt(it->second, out)) return BadField(path, field, "a JSON integer");
+  return absl::OkStatus();
+}
+
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, bool* out) {
+  auto it = fields.find(field);
+  if (it == fields.end()) return absl::OkStatus();
+  if (it->second == "true" || it->second == "false") {
+    *out = it->second == "true";
+    return absl::OkStatus();
+  }
+  return BadField(path, field, "a JSON boolean");
+}
+
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<std::string>* out) {
+  auto it = fields.find(field);
+  if (it == fields.end()) return absl::OkStatus();
+  std::vector<std::string> items;
+  if (!ArrayItems(it->second, &items)) return BadField(path, field, "a JSON array of strings");
+  out->clear();
+  for (const auto& item : items) {
+    JsonScanner js(item);
+    std::string v;
+    if (!js.String(&v) || !js.AtEnd()) return BadField(path, field, "a JSON array of strings");
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<int64_t>* out) {
+  auto it = fields.find(field);
+  if (it == fields.end()) return absl::OkStatus();
+  std::vector<std::string> items;
+  if (!ArrayItems(it->second, &items)) return BadField(path, field, "a JSON array of integers");
+  out->clear();
+  for (const auto& item : items) {
+    int64_t v;
+    if (!ParseInt(item, &v)) return BadField(path, field, "a JSON array of integers");
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+Status ReadJsonStringField(const std::string& path, const std::string& field, std::string* out) {
+  out->clear();
+  std::map<std::string, std::string> fields;
+  TF_RETURN_IF_ERROR_REDIS(ReadJsonObject(path, &fields));
+  return JsonField(fields, path, field, out);
 }
 
 }  // namespace redis

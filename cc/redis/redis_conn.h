@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -159,6 +160,21 @@ Status ReplyError(const std::string& server, const Command& cmd, const redisRepl
 // config), or "" when the file has no such field. The password is read here,
 // in the kernel, so that it never appears in a graph or a SavedModel.
 Status ReadJsonStringField(const std::string& path, const std::string& field, std::string* out);
+
+// Every top-level field of a JSON file (TFRA's config) as the raw JSON text of
+// its value; JsonField decodes one (a missing field leaves *out as it is; a
+// value of another JSON type is an error naming the file and the field).
+Status ReadJsonObject(const std::string& path, std::map<std::string, std::string>* fields);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::string* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, int64_t* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, bool* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<std::string>* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<int64_t>* out);
 
 }  // namespace redis
 }  // namespace tfra_de

@@ -145,26 +145,34 @@ def _resp_command(conn, reader, *args):
 
 
 def _config_of(config):
-    """(RedisConfig, path of its file or "") of a creator's `config`."""
+    """(RedisConfig, path of its file or "", the environment variables naming the file in
+    TFRA's order) of a creator's `config`."""
     if isinstance(config, rc.RedisConfig):
         if config.redis_password or config.redis_sentinel_password:
             raise ValueError("a RedisConfig with a redis_password must come from its config file "
                              "(de.RedisTableConfig): the kernel reads the password from the file, "
                              "so that it is never written into a graph")
-        return config, ""
+        return config, "", ()
     path, _ = rc.resolve_config_path(config)
-    return rc.read_redis_config(config), path
+    env = tuple(v for v in (config.redis_config_abs_dir_env, rc.CONFIG_PATH_ENV) if v)
+    return rc.read_redis_config(config), path, env
 
 
 class RedisKVTable(base.KVTable):
     """A shard table in Redis (see `KVTable` for the methods; module docstring for the layout).
 
     config: the parsed `RedisConfig`; password_file: the JSON file the kernel reads
-    `redis_password` from ("" for none).
+    `redis_password` from ("" for none); config_env: the environment variables that name the
+    file (TFRA's order). With a file, the kernel reads it again whenever it creates the table
+    -- also in a process that loads a SavedModel of it: there the first of `config_env` that is
+    set names the file, else `password_file`; its connection fields and model_tag_runtime
+    replace those of `config` (docs/redis.md, "Serving from Redis").
     """
 
+    saved_model_holds_rows = False   # a SavedModel reads the rows in Redis
+
     def __init__(self, key_dtype, value_dtype, dim, name, config, password_file="", device="",
-                 shared_name=None):
+                 shared_name=None, config_env=()):
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         if key_dtype not in KEY_DTYPES:
             raise TypeError(f"key_dtype of a Redis table must be one of int32, int64, string; "
@@ -188,6 +196,7 @@ class RedisKVTable(base.KVTable):
             slots = rc.cluster_slot_ranges(cluster_nodes(config))   # TFRA's tags follow them
         self.hash_names = config.slice_names(self.redis_name, slots)
         self._password_file = password_file
+        self._config_env = list(config_env)
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -206,7 +215,9 @@ class RedisKVTable(base.KVTable):
             sentinel_connect_timeout_ms=c.redis_sentinel_connect_timeout,
             sentinel_socket_timeout_ms=c.redis_sentinel_socket_timeout,
             hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
-            keys_sending_size=c.keys_sending_size, shared_name=shared_name,
+            keys_sending_size=c.keys_sending_size, follow_config=bool(self._password_file),
+            config_env=self._config_env, model_tag=c.model_tag_runtime,
+            md5_prefix=c.using_md5_prefix_name, shared_name=shared_name,
             use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
 
     # -- conversions ----------------------------------------------------------------------
@@ -378,13 +389,13 @@ class RedisKVCreator(base.KVCreator):
 
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         del init_size  # Redis grows by itself
-        config, password_file = _config_of(self.config)
+        config, password_file, config_env = _config_of(self.config)
         if config.table_store_mode != 0:
             logging.log_first_n(logging.INFO, "Redis tables: checkpoints hold the rows "
                                 "(table_store_mode 0); table_store_mode %d is not used here", 1,
                                 config.table_store_mode)
         return RedisKVTable(key_dtype, value_dtype, dim, name, config, password_file, device,
-                            shared_name)
+                            shared_name, config_env)
 
 
 class RedisTableCreator(RedisKVCreator):
@@ -409,3 +420,10 @@ class RedisTableCreator(RedisKVCreator):
             raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
         super().__init__(config)
         self.saver = saver
+
+
+# A SavedModel holding Redis tables loads only where their ops are registered: the library is
+# loaded with the package where it was built (not first when a table is made), so that
+# `tf.saved_model.load` after `import tensorflow_recommenders_addons.dynamic_embedding` works.
+if os.path.exists(library_path()):
+    _load()
