@@ -18,7 +18,8 @@ of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master 
 sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
 are read by the kernel from the file, so that they never appear in a graph or SavedModel. A
 checkpoint holds the rows as for the other backends (TFRA's `table_store_mode` 0, whatever the
-file says).
+file says); a SavedModel holds none: its lookups read them in Redis, through the config file
+found again when it is loaded (docs/redis.md, "Serving from Redis").
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
 it is built only where hiredis is installed (`make system-deps`), and creating a table without
@@ -77,6 +78,14 @@ def _load():
 def is_available():
     """Whether the Redis op library is loaded (loading it on first call)."""
     return _load() is not None
+
+
+def load_if_built():
+    """Loads the op library when it is there (silently otherwise): a SavedModel holding Redis
+    tables loads only where their ops are registered, so TFRA's import
+    (`compat.install`) calls this, and `tf.saved_model.load` works right after
+    `import tensorflow_recommenders_addons.dynamic_embedding`. True when loaded."""
+    return os.path.exists(library_path()) and is_available()
 
 
 def ops():
@@ -421,9 +430,3 @@ class RedisTableCreator(RedisKVCreator):
         super().__init__(config)
         self.saver = saver
 
-
-# A SavedModel holding Redis tables loads only where their ops are registered: the library is
-# loaded with the package where it was built (not first when a table is made), so that
-# `tf.saved_model.load` after `import tensorflow_recommenders_addons.dynamic_embedding` works.
-if os.path.exists(library_path()):
-    _load()
