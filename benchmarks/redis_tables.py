@@ -18,6 +18,9 @@ Measured, per dim (`--dims`, default 8 and 64), `--keys` keys (1M) in `--batch`-
   lookup present    `var.lookup` of stored keys
   memory            Redis `INFO memory` used_memory after the fill minus before, per key, beside
                     the raw bytes of a key and its row (8 + dim * 4)
+and for each measure the redis-server's CPU time per key (`INFO cpu`, over all its batches): where
+both sides' server CPU per key is alike and the server is busy most of the time, the server's
+single thread bounds the op, whichever client sends the commands.
 and the TF1 training step (`--train-steps` timed steps after 3 warm-up steps, median): `--tables`
 tables of dim `--train-dim`, batch `--train-batch` ids per table (Zipf(1.2) ids spread over the
 int64 range: new ids keep arriving), MLP 64-1, sigmoid cross-entropy, Adam and Adagrad through
@@ -77,6 +80,13 @@ def _read_reply(reader):
         n = int(rest)
         return None if n < 0 else [_read_reply(reader) for _ in range(n)]
     raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def server_cpu(port):
+    """Seconds of CPU the server has used (INFO cpu: user + sys)."""
+    info = resp(port, "INFO", "cpu").decode()
+    fields = dict(row.split(":", 1) for row in info.splitlines() if ":" in row)
+    return float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"])
 
 
 def used_memory(port):
@@ -156,25 +166,41 @@ def worker(args):
                 stored = rng.choice(2**62, size=n_batches * args.batch, replace=False)
                 stored = stored.astype(np.int64).reshape(n_batches, args.batch)
                 rows = rng.standard_normal((args.batch, dim)).astype(np.float32)
+                cpu_us = {}
+
+                def timed(measure, fn, batches):
+                    """keys/s (median batch); the server's CPU µs per key over all batches."""
+                    batches = list(batches)
+                    cpu0 = server_cpu(args.port) if backend == "redis" else 0.0
+                    t = median_time(fn, batches)
+                    if backend == "redis":
+                        cpu_us[measure] = ((server_cpu(args.port) - cpu0) * 1e6
+                                           / (len(batches) * args.batch))
+                    return args.batch / t
+
                 sess.run(upsert, {keys_ph: stored[0], rows_ph: rows})   # connect, warm up
-                t_new = median_time(lambda b: sess.run(upsert, {keys_ph: stored[b], rows_ph: rows}),
-                                    range(1, n_batches))
+                out = {"upsert_new": timed(
+                    "upsert_new", lambda b: sess.run(upsert, {keys_ph: stored[b], rows_ph: rows}),
+                    range(1, n_batches))}
                 fill = int(stored.size)
                 mem = (used_memory(args.port) - mem0) / fill if backend == "redis" else None
                 some = range(min(n_batches, args.repeats))
                 sess.run(lookup_sum, {keys_ph: stored[0]})
-                t_present = median_time(lambda b: sess.run(lookup_sum, {keys_ph: stored[b]}), some)
+                out["lookup_present"] = timed(
+                    "lookup_present", lambda b: sess.run(lookup_sum, {keys_ph: stored[b]}), some)
                 fresh = [rng.integers(2**62, 2**63 - 1, size=args.batch, dtype=np.int64)
                          for _ in some]
                 sess.run(lookup_sum, {keys_ph: fresh[0]})
-                t_miss = median_time(lambda i: sess.run(lookup_sum, {keys_ph: fresh[i]}), some)
-                t_over = median_time(lambda b: sess.run(upsert, {keys_ph: stored[b], rows_ph: rows}),
-                                     some)
+                out["lookup_init_missing"] = timed(
+                    "lookup_init_missing", lambda i: sess.run(lookup_sum, {keys_ph: fresh[i]}),
+                    some)
+                out["upsert_existing"] = timed(
+                    "upsert_existing",
+                    lambda b: sess.run(upsert, {keys_ph: stored[b], rows_ph: rows}), some)
                 size = int(sess.run(var.size()))
-            results["ops"][f"{backend}/{dim}"] = {
-                "upsert_new": args.batch / t_new, "upsert_existing": args.batch / t_over,
-                "lookup_init_missing": args.batch / t_miss, "lookup_present": args.batch / t_present,
-                "keys": fill, "size": size, "bytes_per_key": mem, "raw_bytes_per_key": 8 + 4 * dim}
+            results["ops"][f"{backend}/{dim}"] = dict(
+                out, keys=fill, size=size, bytes_per_key=mem, raw_bytes_per_key=8 + 4 * dim,
+                server_cpu_us_per_key=cpu_us or None)
             print(f"[{args.side}] {backend} dim {dim}: {results['ops'][f'{backend}/{dim}']}",
                   file=sys.stderr, flush=True)
     for backend in backends:
@@ -256,7 +282,7 @@ def report(ours, tfra, args):
            "ratios": {}}
     print(f"\nRedis tables, {args.keys} keys, batches of {args.batch} (keys/s, higher is better)")
     head = f"{'dim':>4} {'measure':<20} {'ours redis':>12} {'TFRA redis':>12} {'ours/TFRA':>10}"
-    head += f" {'ours native':>12} {'redis/native':>12}"
+    head += f" {'ours native':>12} {'redis/native':>12} {'server µs/key ours/TFRA':>24}"
     print(head)
     for dim in args.dims:
         o, n = ours["ops"][f"redis/{dim}"], ours["ops"].get(f"memory/{dim}", {})
@@ -264,9 +290,12 @@ def report(ours, tfra, args):
         for m in ("upsert_new", "upsert_existing", "lookup_init_missing", "lookup_present"):
             r = ratio(o[m], t.get(m))
             out["ratios"][f"{m}/{dim}"] = r
+            cpu_o = (o.get("server_cpu_us_per_key") or {}).get(m, float("nan"))
+            cpu_t = (t.get("server_cpu_us_per_key") or {}).get(m, float("nan"))
             print(f"{dim:>4} {m:<20} {o[m]:>12,.0f} {t.get(m, float('nan')):>12,.0f} "
                   f"{r if r else float('nan'):>10.2f} {n.get(m, float('nan')):>12,.0f} "
-                  f"{ratio(o[m], n.get(m)) or float('nan'):>12.3f}")
+                  f"{ratio(o[m], n.get(m)) or float('nan'):>12.3f} "
+                  f"{cpu_o:>11.3f} / {cpu_t:<10.3f}")
         print(f"{dim:>4} {'Redis bytes/key':<20} {o['bytes_per_key']:>12.1f} "
               f"{t.get('bytes_per_key') or float('nan'):>12.1f}   (raw key+row: "
               f"{o['raw_bytes_per_key']} bytes)")
