@@ -86,6 +86,7 @@ REGISTER_OP("TfraDeRedisTable")
     .Attr("hash_names: list(string)")
     .Attr("using_hash_storage_slice: bool = false")
     .Attr("keys_sending_size: int = 1024")
+    .Attr("expire_seconds: int = -1")
     .Attr("follow_config: bool = false")
     .Attr("config_env: list(string) = []")
     .Attr("model_tag: string = ''")
@@ -198,6 +199,25 @@ REGISTER_OP("TfraDeRedisImport")
     .SetShapeFn(UpdateShape)
     .Doc("Replaces the table's content with keys/values.");
 
+REGISTER_OP("TfraDeRedisDump")
+    .Input("table: resource")
+    .Input("directory: string")
+    .Output("files: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    })
+    .Doc("TFRA's table_store_mode 1: each slice's Redis DUMP written to "
+         "<directory>/<hash name>.rdb; files: their paths, in slice order.");
+
+REGISTER_OP("TfraDeRedisRestore")
+    .Input("table: resource")
+    .Input("files: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Restores slice i from files[i] (TfraDeRedisDump's), replacing the hash; reads only.");
+
 template <class Fn>
 void Guarded(OpKernelContext* ctx, Fn&& body) {
   try {
@@ -252,6 +272,7 @@ class RedisTableHandleOp : public OpKernel {
     OP_REQUIRES(c, table_.keys_per_command >= 1,
                 absl::InvalidArgumentError(absl::StrCat("keys_sending_size must be >= 1, got ",
                                                         table_.keys_per_command)));
+    OP_REQUIRES_OK(c, c->GetAttr("expire_seconds", &table_.expire_seconds));
     OP_REQUIRES_OK(c, c->GetAttr("follow_config", &follow_config_));
     OP_REQUIRES_OK(c, c->GetAttr("config_env", &config_env_));
     OP_REQUIRES_OK(c, c->GetAttr("model_tag", &model_tag_));
@@ -599,6 +620,36 @@ class ExportOp : public RedisTableOp {
   void Run(OpKernelContext* ctx, RedisTable* t) override { OP_REQUIRES_OK(ctx, t->Export(ctx, 0, 1)); }
 };
 
+class DumpOp : public RedisTableOp {
+ public:
+  using RedisTableOp::RedisTableOp;
+  void Run(OpKernelContext* ctx, RedisTable* t) override {
+    const Tensor& dir = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(dir.shape()),
+                absl::InvalidArgumentError("directory must be a string scalar"));
+    std::vector<std::string> files;
+    OP_REQUIRES_OK(ctx, t->Dump(std::string(dir.scalar<tensorflow::tstring>()()), &files));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(files.size())}), &out));
+    for (size_t i = 0; i < files.size(); ++i) out->flat<tensorflow::tstring>()(i) = files[i];
+  }
+};
+
+class RestoreOp : public RedisTableOp {
+ public:
+  using RedisTableOp::RedisTableOp;
+  void Run(OpKernelContext* ctx, RedisTable* t) override {
+    const Tensor& files = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(files.shape()),
+                absl::InvalidArgumentError("files must be a 1-D string tensor"));
+    std::vector<std::string> paths;
+    for (int64_t i = 0; i < files.NumElements(); ++i) paths.emplace_back(files.flat<tensorflow::tstring>()(i));
+    OP_REQUIRES_OK(ctx, t->Restore(paths));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfraDeRedisDump").Device(tensorflow::DEVICE_CPU), DumpOp);
+REGISTER_KERNEL_BUILDER(Name("TfraDeRedisRestore").Device(tensorflow::DEVICE_CPU), RestoreOp);
 REGISTER_KERNEL_BUILDER(Name("TfraDeRedisTable").Device(tensorflow::DEVICE_CPU), RedisTableHandleOp);
 REGISTER_KERNEL_BUILDER(Name("TfraDeRedisFind").Device(tensorflow::DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("TfraDeRedisInsert").Device(tensorflow::DEVICE_CPU), PlainInsertOp);

@@ -1,6 +1,7 @@
 #include "cc/redis/redis_table.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -10,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "cc/ops/de_util.h"  // Mix64
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/lib/io/path.h"
+#include "tensorflow/core/platform/env.h"
 
 namespace tfra_de {
 namespace redis {
@@ -186,7 +189,33 @@ struct RedisTable::Batch {
   std::vector<Command> cmds;
   std::vector<std::vector<int64_t>> rows;  // rows[c]: key indices of command c, in order
   std::vector<std::string> prefix, after_hash;  // the commands point into these
+  size_t data_commands = 0;  // cmds[data_commands..]: EXPIREs (AddExpire)
+  std::string ttl;
 };
+
+void RedisTable::AddExpire(Batch* b) const {
+  b->data_commands = b->cmds.size();
+  if (opt_.expire_seconds <= 0) return;
+  b->ttl = std::to_string(opt_.expire_seconds);
+  // The last command of each (hash, lane): an EXPIRE after it runs after every
+  // write of that lane (a lane keeps its order), so no write outlives its TTL.
+  std::vector<std::pair<int, std::string>> seen;
+  for (size_t c = b->data_commands; c-- > 0;) {
+    const Command& cmd = b->cmds[c];
+    std::pair<int, std::string> id(cmd.lane, std::string(cmd.argv[cmd.key_arg], cmd.len[cmd.key_arg]));
+    if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+    seen.push_back(id);
+  }
+  for (const auto& id : seen) {
+    b->cmds.emplace_back();
+    Command& cmd = b->cmds.back();
+    cmd.lane = id.first;
+    cmd.Add("EXPIRE", 6);
+    cmd.AddOwned(id.second);
+    cmd.Add(b->ttl);
+    b->rows.emplace_back();
+  }
+}
 
 RedisTable::RedisTable(TableOptions opt, std::unique_ptr<Backend> backend)
     : opt_(std::move(opt)),
@@ -335,6 +364,7 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
 Status RedisTable::Insert(const Tensor& keys, const Tensor& values) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"HSET"}, {}, &values, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
@@ -342,13 +372,16 @@ Status RedisTable::Accum(const Tensor& keys, const Tensor& deltas) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"EVAL", kAccumScript, "1"},
                                 {Kind(opt_.value_dtype), std::to_string(opt_.dim)}, &deltas, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
 Status RedisTable::InsertMissing(const Tensor& keys, const Tensor& values, Tensor* stored) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"EVAL", kInsertMissingScript, "1"}, {}, &values, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [&](size_t c, const redisReply* r) -> Status {
+    if (c >= b.data_commands) return absl::OkStatus();  // EXPIRE
     const auto& idx = b.rows[c];
     if (r->type != REDIS_REPLY_ARRAY || r->elements != idx.size()) {
       return absl::InternalError(absl::StrCat("Redis ", backend_->Name(),
@@ -481,6 +514,87 @@ Status RedisTable::Export(OpKernelContext* ctx, int keys_output, int values_outp
   }
   if (n > 0) std::memcpy(MutableRowAt(values_out, 0, row_bytes_), rows.data(), rows.size());
   return absl::OkStatus();
+}
+
+namespace {
+
+// A hash name as a file name: [A-Za-z0-9._:{}-] as is, other bytes %XX.
+std::string FileNameOf(const std::string& hash) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char ch : hash) {
+    if (std::isalnum(ch) || std::strchr("._:{}-", ch) != nullptr) {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[ch >> 4]);
+      out.push_back(kHex[ch & 15]);
+    }
+  }
+  return out + ".rdb";
+}
+
+}  // namespace
+
+Status RedisTable::Dump(const std::string& directory, std::vector<std::string>* files) {
+  tensorflow::Env* env = tensorflow::Env::Default();
+  TF_RETURN_IF_ERROR(env->RecursivelyCreateDir(directory));
+  std::vector<Command> cmds(opt_.hashes.size());
+  for (size_t s = 0; s < cmds.size(); ++s) {
+    cmds[s].Add("DUMP", 4);
+    cmds[s].Add(opt_.hashes[s]);
+  }
+  std::vector<std::string> payloads(cmds.size());
+  TF_RETURN_IF_ERROR(RunAll(cmds, [&](size_t s, const redisReply* r) -> Status {
+    if (r->type == REDIS_REPLY_STRING) {
+      payloads[s].assign(r->str, r->len);
+    } else if (r->type != REDIS_REPLY_NIL) {
+      return absl::InternalError(absl::StrCat("Redis ", backend_->Name(), ": DUMP of '",
+                                              Printable(opt_.hashes[s]), "' answered reply type ", r->type));
+    }
+    return absl::OkStatus();
+  }));
+  files->clear();
+  for (size_t s = 0; s < cmds.size(); ++s) {
+    const std::string path = tensorflow::io::JoinPath(directory, FileNameOf(opt_.hashes[s]));
+    const std::string tmp = absl::StrCat(path, ".tmp", env->NowMicros());
+    TF_RETURN_IF_ERROR(tensorflow::WriteStringToFile(env, tmp, payloads[s]));
+    TF_RETURN_IF_ERROR(env->RenameFile(tmp, path));
+    files->push_back(path);
+  }
+  return absl::OkStatus();
+}
+
+Status RedisTable::Restore(const std::vector<std::string>& files) {
+  if (files.size() != opt_.hashes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the Redis dump holds ", files.size(), " slice file(s), the table has ", opt_.hashes.size(),
+        " slice(s) (storage_slice): restore it into a table of the same storage_slice"));
+  }
+  tensorflow::Env* env = tensorflow::Env::Default();
+  std::vector<std::string> payloads(files.size());
+  for (size_t s = 0; s < files.size(); ++s) {
+    Status read = tensorflow::ReadFileToString(env, files[s], &payloads[s]);
+    if (!read.ok()) {
+      return absl::Status(read.code(), absl::StrCat("cannot read the Redis dump file of slice ", s,
+                                                    " (table_store_mode 1): ", read.message()));
+    }
+  }
+  std::vector<Command> cmds(files.size());
+  const std::string ttl = std::to_string(opt_.expire_seconds > 0 ? opt_.expire_seconds * 1000 : 0);
+  for (size_t s = 0; s < files.size(); ++s) {
+    if (payloads[s].empty()) {
+      cmds[s].Add("UNLINK", 6);
+      cmds[s].Add(opt_.hashes[s]);
+      continue;
+    }
+    cmds[s].Add("RESTORE", 7);
+    cmds[s].Add(opt_.hashes[s]);
+    cmds[s].Add(ttl);  // ms; 0: no TTL
+    cmds[s].Add(payloads[s]);
+    cmds[s].Add("REPLACE", 7);
+  }
+  return RunAll(cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
 }  // namespace redis

@@ -33,14 +33,15 @@ Usage (with a server; docs/redis.md has more), `redis.json` being
     emb = de.get_variable("user_emb", dim=16, kv_creator=creator)
 """
 
+import json
 import os
 import re
 import socket
 import threading
 
 import tensorflow as tf
-from absl import logging
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding.tables import base, native
 from tfra_dynamic_embedding.tables import redis_config as rc
@@ -167,6 +168,20 @@ def _config_of(config):
     return rc.read_redis_config(config), path, env
 
 
+def store_mode_of(config, path):
+    """The `table_store_mode` a checkpoint follows: the file's when it names one, else 0 (the
+    rows, portable to every backend). TFRA's default is 1; here a dump needs asking for, as
+    earlier releases of this package always wrote the rows."""
+    if not path:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            named = "table_store_mode" in json.loads(f.read())
+    except (OSError, ValueError):
+        named = False
+    return config.table_store_mode if named else 0
+
+
 class RedisKVTable(base.KVTable):
     """A shard table in Redis (see `KVTable` for the methods; module docstring for the layout).
 
@@ -181,7 +196,7 @@ class RedisKVTable(base.KVTable):
     saved_model_holds_rows = False   # a SavedModel reads the rows in Redis
 
     def __init__(self, key_dtype, value_dtype, dim, name, config, password_file="", device="",
-                 shared_name=None, config_env=()):
+                 shared_name=None, config_env=(), store_mode=0):
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         if key_dtype not in KEY_DTYPES:
             raise TypeError(f"key_dtype of a Redis table must be one of int32, int64, string; "
@@ -206,6 +221,7 @@ class RedisKVTable(base.KVTable):
         self.hash_names = config.slice_names(self.redis_name, slots)
         self._password_file = password_file
         self._config_env = list(config_env)
+        self._store_mode = int(store_mode)
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -224,10 +240,50 @@ class RedisKVTable(base.KVTable):
             sentinel_connect_timeout_ms=c.redis_sentinel_connect_timeout,
             sentinel_socket_timeout_ms=c.redis_sentinel_socket_timeout,
             hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
-            keys_sending_size=c.keys_sending_size, follow_config=bool(self._password_file),
+            keys_sending_size=c.keys_sending_size,
+            expire_seconds=(c.expire_model_tag_in_seconds
+                            if c.expire_model_tag_in_seconds > 0 else -1),
+            follow_config=bool(self._password_file),
             config_env=self._config_env, model_tag=c.model_tag_runtime,
             md5_prefix=c.using_md5_prefix_name, shared_name=shared_name,
             use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
+
+    # -- checkpoints: TFRA's table_store_mode ---------------------------------------------
+
+    @property
+    def store_mode(self):
+        """TFRA's `table_store_mode` (`store_mode_of`): 0 a checkpoint holds the rows, 1 it names
+        Redis dump files (`<model_lib_abs_dir>/<model_tag_runtime>/<hash>.rdb`, written at each
+        save, read back at restore), 2 it holds only the hash names (the rows stay in Redis)."""
+        return self._store_mode
+
+    def dump_directory(self):
+        return os.path.join(self.config.model_lib_abs_dir, self.config.model_tag_runtime)
+
+    def store_tensors(self):
+        """What a checkpoint holds of this table in store modes 1 and 2 (see `store_mode`).
+
+        Mode 1's dump is a SaveSpec of a callable, run only when the checkpoint is written: TF
+        also asks a trackable for its tensors when it restores it (for their names), and a dump
+        made then would overwrite the files about to be read (TFRA's restore has that bug)."""
+        device = self.device or "/device:CPU:0"
+        if self.store_mode == 1:
+            def dump():
+                with tf.device(self.device):
+                    return self.gen_ops.tfra_de_redis_dump(self.resource_handle,
+                                                           self.dump_directory())
+            return {"redis_dump_files": _tf_private.SaveSpec(dump, "", "", dtype=tf.string,
+                                                             device=device)}
+        with tf.device(self.device):
+            return {"redis_hashes": tf.constant(self.hash_names, tf.string)}
+
+    def restore_store_tensors(self, tensors):
+        """Store mode 1: reads the dump files named (never writes them); mode 2: nothing."""
+        with tf.device(self.device):
+            if "redis_dump_files" in tensors:
+                return self.gen_ops.tfra_de_redis_restore(self.resource_handle,
+                                                          tensors["redis_dump_files"])
+            return tf.no_op()
 
     # -- conversions ----------------------------------------------------------------------
 
@@ -399,12 +455,8 @@ class RedisKVCreator(base.KVCreator):
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         del init_size  # Redis grows by itself
         config, password_file, config_env = _config_of(self.config)
-        if config.table_store_mode != 0:
-            logging.log_first_n(logging.INFO, "Redis tables: checkpoints hold the rows "
-                                "(table_store_mode 0); table_store_mode %d is not used here", 1,
-                                config.table_store_mode)
         return RedisKVTable(key_dtype, value_dtype, dim, name, config, password_file, device,
-                            shared_name, config_env)
+                            shared_name, config_env, store_mode_of(config, password_file))
 
 
 class RedisTableCreator(RedisKVCreator):
