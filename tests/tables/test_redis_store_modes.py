@@ -142,8 +142,10 @@ def test_expire_model_tag_in_seconds_sets_a_ttl_on_every_written_hash(server, tm
     table = var.tables[0].kv_table
     table.find_or_insert(tf.constant([5000], tf.int64), lambda k: tf.zeros([1, 2]))
     assert 0 < ttls()[0] <= 1000
-    # Without the field (TFRA's default is 7 days) and with a negative value: see below.
-    never, _ = make_creator(tmp_path, server.port, expire_model_tag_in_seconds=-1)
-    plain = de.Variable(name="no_ttl", dim=2, kv_creator=never)
-    plain.upsert(tf.constant([1], tf.int64), tf.ones([1, 2]))
-    assert int(server.cli("TTL", plain.tables[0].kv_table.hash_names[0].decode())) == -1
+    # A negative value, or no field (TFRA's default is 7 days; here a TTL needs asking for):
+    # no TTL.
+    for fields in ({"expire_model_tag_in_seconds": -1}, {}):
+        never, _ = make_creator(tmp_path, server.port, **fields)
+        plain = de.Variable(name="no_ttl", dim=2, kv_creator=never)
+        plain.upsert(tf.constant([1], tf.int64), tf.ones([1, 2]))
+        assert int(server.cli("TTL", plain.tables[0].kv_table.hash_names[0].decode())) == -1

@@ -17,8 +17,8 @@ The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py re
 of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master is asked of the
 sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
 are read by the kernel from the file, so that they never appear in a graph or SavedModel. A
-checkpoint holds the rows as for the other backends (TFRA's `table_store_mode` 0, whatever the
-file says); a SavedModel holds none: its lookups read them in Redis, through the config file
+checkpoint holds the rows as for the other backends, or with the file's `table_store_mode` 1 the
+paths of Redis dumps of the hashes (2: nothing; `RedisKVTable.store_mode`); a SavedModel holds none: its lookups read them in Redis, through the config file
 found again when it is loaded (docs/redis.md, "Serving from Redis").
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
@@ -168,18 +168,31 @@ def _config_of(config):
     return rc.read_redis_config(config), path, env
 
 
+def named_fields(path):
+    """The fields a config file names (an empty set for no file)."""
+    if not path:
+        return set()
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return set()
+    return set(doc) if isinstance(doc, dict) else set()
+
+
 def store_mode_of(config, path):
     """The `table_store_mode` a checkpoint follows: the file's when it names one, else 0 (the
     rows, portable to every backend). TFRA's default is 1; here a dump needs asking for, as
     earlier releases of this package always wrote the rows."""
-    if not path:
-        return 0
-    try:
-        with open(path, "rb") as f:
-            named = "table_store_mode" in json.loads(f.read())
-    except (OSError, ValueError):
-        named = False
-    return config.table_store_mode if named else 0
+    return config.table_store_mode if "table_store_mode" in named_fields(path) else 0
+
+
+def expire_seconds_of(config, path):
+    """The TTL (s) every write sets on its hashes: `expire_model_tag_in_seconds` when the file
+    names it and it is > 0, else -1 (none). TFRA's default is 7 days; here a TTL needs asking
+    for, so that a pause in training never deletes a table."""
+    seconds = config.expire_model_tag_in_seconds
+    return seconds if "expire_model_tag_in_seconds" in named_fields(path) and seconds > 0 else -1
 
 
 class RedisKVTable(base.KVTable):
@@ -196,7 +209,7 @@ class RedisKVTable(base.KVTable):
     saved_model_holds_rows = False   # a SavedModel reads the rows in Redis
 
     def __init__(self, key_dtype, value_dtype, dim, name, config, password_file="", device="",
-                 shared_name=None, config_env=(), store_mode=0):
+                 shared_name=None, config_env=(), store_mode=0, expire_seconds=-1):
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         if key_dtype not in KEY_DTYPES:
             raise TypeError(f"key_dtype of a Redis table must be one of int32, int64, string; "
@@ -222,6 +235,7 @@ class RedisKVTable(base.KVTable):
         self._password_file = password_file
         self._config_env = list(config_env)
         self._store_mode = int(store_mode)
+        self._expire_seconds = int(expire_seconds)
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -241,8 +255,7 @@ class RedisKVTable(base.KVTable):
             sentinel_socket_timeout_ms=c.redis_sentinel_socket_timeout,
             hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
             keys_sending_size=c.keys_sending_size,
-            expire_seconds=(c.expire_model_tag_in_seconds
-                            if c.expire_model_tag_in_seconds > 0 else -1),
+            expire_seconds=self._expire_seconds,
             follow_config=bool(self._password_file),
             config_env=self._config_env, model_tag=c.model_tag_runtime,
             md5_prefix=c.using_md5_prefix_name, shared_name=shared_name,
@@ -456,7 +469,8 @@ class RedisKVCreator(base.KVCreator):
         del init_size  # Redis grows by itself
         config, password_file, config_env = _config_of(self.config)
         return RedisKVTable(key_dtype, value_dtype, dim, name, config, password_file, device,
-                            shared_name, config_env, store_mode_of(config, password_file))
+                            shared_name, config_env, store_mode_of(config, password_file),
+                            expire_seconds_of(config, password_file))
 
 
 class RedisTableCreator(RedisKVCreator):
