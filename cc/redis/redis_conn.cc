@@ -37,8 +37,12 @@ timeval Millis(int ms) {
 
 // A pipelined window: at most this many commands / bytes are written before
 // their replies are read, so a huge batch never buffers all of itself twice.
+// A small byte window also keeps the server's query buffer small: Redis moves
+// what is left of it after each read, so a backlog of many MB costs the
+// server's thread CPU per key (measured, HSET of dim-64 rows on redis 7.0:
+// ~0.40 us/key with 1 MB in flight, ~0.50 with 32 MB).
 constexpr size_t kWindowCommands = 256;
-constexpr size_t kWindowBytes = 32u << 20;
+constexpr size_t kWindowBytes = 1u << 20;
 
 // Runs one command on a fresh connection (AUTH, SELECT, PING).
 Status Simple(redisContext* c, const ServerOptions& opt, const std::vector<std::string>& args,
