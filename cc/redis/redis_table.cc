@@ -34,10 +34,6 @@ int64_t CpuLanes() {
   static const int64_t lanes = std::max<int64_t>(1, std::thread::hardware_concurrency() / 4);
   return lanes;
 }
-// A big batch goes out in about this many commands (of more than keys_sending_size keys each,
-// as TFRA's do): the server's single thread spends ~15% less per key on a command of 8192 keys
-// than on eight of 1024 (measured: HSET of dim-64 rows, redis-server 7.0).
-constexpr int64_t kTargetCommands = 8;
 
 // accum: rows += deltas inside the server, so that concurrent writers (several
 // workers' bp_v2 updates) all add up without a read-modify-write race. Lua's
@@ -274,7 +270,7 @@ Status RedisTable::BuildBatch(const Tensor& keys, std::vector<std::string> prefi
   const std::vector<std::string>& prefix = batch->prefix;
   const std::vector<std::string>& after_hash = batch->after_hash;
   const int64_t n = keys.NumElements();
-  const int64_t per = std::max<int64_t>({opt_.keys_per_command, 1, (n + kTargetCommands - 1) / kTargetCommands});
+  const int64_t per = std::max<int64_t>(opt_.keys_per_command, 1);
   const int slices = static_cast<int>(opt_.hashes.size());
   const int64_t commands = (n + per - 1) / per;
   const int lanes = static_cast<int>(std::max<int64_t>(

@@ -130,8 +130,8 @@ def test_expire_model_tag_in_seconds_sets_a_ttl_on_every_written_hash(server, tm
     def ttls():
         return [int(server.cli("TTL", n.decode())) for n in names]
 
-    # Many keys: several commands per hash (on several lanes with >= 8 CPUs), each lane's last
-    # followed by an EXPIRE.
+    # Many keys in commands of 5: several per hash (on several lanes with >= 8 CPUs), each
+    # lane's last followed by an EXPIRE.
     var.upsert(tf.range(2000, dtype=tf.int64), tf.ones([2000, 2]))
     assert all(0 < t <= 1000 for t in ttls()), ttls()
     for n in names:

@@ -175,9 +175,9 @@ def test_initial_rows_equal_native(creator, initializer):
 
 
 def test_table_ops_on_many_keys_in_small_commands(creator):
-    """20,000 keys with keys_sending_size 7: a batch of ~8 commands (a big batch goes out in
-    about 8, as TFRA's), on parallel lanes where the machine has >= 8 CPUs, with a duplicate
-    of every key in the same upsert (the last row wins, as in memory)."""
+    """20,000 keys in commands of 7 (keys_sending_size): parallel lanes where the machine has
+    >= 8 CPUs (a lane per 4), with a duplicate of every key in the same upsert (the last row
+    wins, as in memory)."""
     red = de.Variable(name="many", dim=3, kv_creator=creator)
     nat = de.Variable(name="many_native", dim=3, kv_creator=de.NativeKVCreator())
     red.clear()
