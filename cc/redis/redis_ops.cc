@@ -391,7 +391,8 @@ class RedisTableHandleOp : public OpKernel {
       v = *out;
       TF_RETURN_IF_ERROR(JsonField(f, *path, name, &v));
       if (v < INT32_MIN || v > INT32_MAX) {
-        return absl::InvalidArgumentError(absl::StrCat("the Redis config file '", *path, "': ", name, " is out of range"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the Redis config file '", *path, "': ", name, " is out of range"));
       }
       *out = static_cast<int>(v);
       return absl::OkStatus();

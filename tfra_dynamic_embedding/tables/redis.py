@@ -18,8 +18,9 @@ of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master 
 sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
 are read by the kernel from the file, so that they never appear in a graph or SavedModel. A
 checkpoint holds the rows as for the other backends, or with the file's `table_store_mode` 1 the
-paths of Redis dumps of the hashes (2: nothing; `RedisKVTable.store_mode`); a SavedModel holds none: its lookups read them in Redis, through the config file
-found again when it is loaded (docs/redis.md, "Serving from Redis").
+paths of Redis dumps of the hashes (2: nothing; `RedisKVTable.store_mode`). A SavedModel holds
+none: its lookups read them in Redis, through the config file found again when it is loaded
+(docs/redis.md, "Serving from Redis").
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
 it is built only where hiredis is installed (`make system-deps`), and creating a table without
