@@ -22,6 +22,8 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/env.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace tfra_de {
 namespace redis {
@@ -464,24 +466,59 @@ class RedisTableHandleOp : public OpKernel {
 
 // Base of the kernels that take a table: resolves the handle, checks the
 // table's dtypes and dim against the op's.
-class RedisTableOp : public OpKernel {
+// OP_REQUIRES for the asynchronous table kernels (TF's macros refuse them):
+// the failure is recorded and the body returns; ComputeAsync then calls done.
+#define TFRA_DE_REQUIRES_OK(ctx, expr)                    \
+  do {                                                    \
+    const Status _tfra_de_s = (expr);                     \
+    if (!_tfra_de_s.ok()) {                               \
+      (ctx)->CtxFailure(__FILE__, __LINE__, _tfra_de_s);  \
+      return;                                             \
+    }                                                     \
+  } while (0)
+#define TFRA_DE_REQUIRES(ctx, cond, status)               \
+  do {                                                    \
+    if (!(cond)) {                                        \
+      (ctx)->CtxFailure(__FILE__, __LINE__, (status));    \
+      return;                                             \
+    }                                                     \
+  } while (0)
+
+// The threads the table ops wait for Redis on. The ops are asynchronous: a
+// table op that waits on the network holds none of TF's inter-op threads (as
+// many as CPUs), so the independent Redis ops of a step (each table's lookup,
+// its slots' reads and writes) wait side by side even on a small machine.
+tensorflow::thread::ThreadPool* WaitPool() {
+  static tensorflow::thread::ThreadPool* pool =
+      new tensorflow::thread::ThreadPool(tensorflow::Env::Default(), "tfra_de_redis", 16);
+  return pool;
+}
+
+class RedisTableOp : public tensorflow::AsyncOpKernel {
  public:
-  explicit RedisTableOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit RedisTableOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     if (c->HasAttr("key_dtype")) OP_REQUIRES_OK(c, c->GetAttr("key_dtype", &key_dtype_));
     if (c->HasAttr("value_dtype")) OP_REQUIRES_OK(c, c->GetAttr("value_dtype", &value_dtype_));
     if (c->HasAttr("dim")) OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    WaitPool()->Schedule([this, ctx, done = std::move(done)] {
+      ComputeSync(ctx);
+      done();
+    });
+  }
+
+  void ComputeSync(OpKernelContext* ctx) {
     Guarded(ctx, [&] {
       const Tensor& h = ctx->input(0);
-      OP_REQUIRES(ctx, h.dtype() == tensorflow::DT_RESOURCE && h.NumElements() == 1,
+      TFRA_DE_REQUIRES(ctx, h.dtype() == tensorflow::DT_RESOURCE && h.NumElements() == 1,
                   absl::InvalidArgumentError(absl::StrCat("table must be a scalar resource handle, got ",
                                                           h.shape().DebugString())));
       tensorflow::core::RefCountPtr<RedisTable> table;
-      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), &table));
+      TFRA_DE_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, h.flat<tensorflow::ResourceHandle>()(0), &table));
       const TableOptions& t = table->options();
-      OP_REQUIRES(ctx,
+      TFRA_DE_REQUIRES(ctx,
                   (key_dtype_ == tensorflow::DT_INVALID || key_dtype_ == t.key_dtype) &&
                       (value_dtype_ == tensorflow::DT_INVALID || value_dtype_ == t.value_dtype) &&
                       (dim_ < 0 || dim_ == t.dim),
@@ -525,18 +562,18 @@ class FindOp : public RedisTableOp {
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& defaults = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    TFRA_DE_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.dim_size(0);
     const int64_t dim = t->options().dim;
     const bool one = defaults.dims() == 1 && defaults.dim_size(0) == dim;
-    OP_REQUIRES(ctx, one || (defaults.dims() == 2 && defaults.dim_size(0) == n && defaults.dim_size(1) == dim),
+    TFRA_DE_REQUIRES(ctx, one || (defaults.dims() == 2 && defaults.dim_size(0) == n && defaults.dim_size(1) == dim),
                 absl::InvalidArgumentError(absl::StrCat("default_values must have shape [", dim, "] or [", n,
                                                         ", ", dim, "], got ", defaults.shape().DebugString())));
     Tensor* values;
     Tensor* exists;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
-    OP_REQUIRES_OK(ctx, t->Find(keys, defaults, values, exists));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    TFRA_DE_REQUIRES_OK(ctx, t->Find(keys, defaults, values, exists));
   }
 };
 
@@ -546,10 +583,10 @@ class InsertOp : public RedisTableOp {
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    OP_REQUIRES_OK(ctx, CheckRows(accum_ ? "deltas" : "values", values, keys.dim_size(0), t->options().dim));
-    if (replace_) OP_REQUIRES_OK(ctx, t->Clear());
-    OP_REQUIRES_OK(ctx, accum_ ? t->Accum(keys, values) : t->Insert(keys, values));
+    TFRA_DE_REQUIRES_OK(ctx, CheckKeys(keys));
+    TFRA_DE_REQUIRES_OK(ctx, CheckRows(accum_ ? "deltas" : "values", values, keys.dim_size(0), t->options().dim));
+    if (replace_) TFRA_DE_REQUIRES_OK(ctx, t->Clear());
+    TFRA_DE_REQUIRES_OK(ctx, accum_ ? t->Accum(keys, values) : t->Insert(keys, values));
   }
 
  private:
@@ -575,11 +612,11 @@ class InsertMissingOp : public RedisTableOp {
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    OP_REQUIRES_OK(ctx, CheckRows("values", values, keys.dim_size(0), t->options().dim));
+    TFRA_DE_REQUIRES_OK(ctx, CheckKeys(keys));
+    TFRA_DE_REQUIRES_OK(ctx, CheckRows("values", values, keys.dim_size(0), t->options().dim));
     Tensor* stored;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.dim_size(0), t->options().dim}), &stored));
-    OP_REQUIRES_OK(ctx, t->InsertMissing(keys, values, stored));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.dim_size(0), t->options().dim}), &stored));
+    TFRA_DE_REQUIRES_OK(ctx, t->InsertMissing(keys, values, stored));
   }
 };
 
@@ -588,11 +625,11 @@ class RemoveOp : public RedisTableOp {
   using RedisTableOp::RedisTableOp;
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    TFRA_DE_REQUIRES_OK(ctx, CheckKeys(keys));
     int64_t removed = 0;
-    OP_REQUIRES_OK(ctx, t->Remove(keys, &removed));
+    TFRA_DE_REQUIRES_OK(ctx, t->Remove(keys, &removed));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = removed;
   }
 };
@@ -602,9 +639,9 @@ class SizeOp : public RedisTableOp {
   using RedisTableOp::RedisTableOp;
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     int64_t size = 0;
-    OP_REQUIRES_OK(ctx, t->Size(&size));
+    TFRA_DE_REQUIRES_OK(ctx, t->Size(&size));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = size;
   }
 };
@@ -612,13 +649,13 @@ class SizeOp : public RedisTableOp {
 class ClearOp : public RedisTableOp {
  public:
   using RedisTableOp::RedisTableOp;
-  void Run(OpKernelContext* ctx, RedisTable* t) override { OP_REQUIRES_OK(ctx, t->Clear()); }
+  void Run(OpKernelContext* ctx, RedisTable* t) override { TFRA_DE_REQUIRES_OK(ctx, t->Clear()); }
 };
 
 class ExportOp : public RedisTableOp {
  public:
   using RedisTableOp::RedisTableOp;
-  void Run(OpKernelContext* ctx, RedisTable* t) override { OP_REQUIRES_OK(ctx, t->Export(ctx, 0, 1)); }
+  void Run(OpKernelContext* ctx, RedisTable* t) override { TFRA_DE_REQUIRES_OK(ctx, t->Export(ctx, 0, 1)); }
 };
 
 class DumpOp : public RedisTableOp {
@@ -626,12 +663,12 @@ class DumpOp : public RedisTableOp {
   using RedisTableOp::RedisTableOp;
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& dir = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(dir.shape()),
+    TFRA_DE_REQUIRES(ctx, TensorShapeUtils::IsScalar(dir.shape()),
                 absl::InvalidArgumentError("directory must be a string scalar"));
     std::vector<std::string> files;
-    OP_REQUIRES_OK(ctx, t->Dump(std::string(dir.scalar<tensorflow::tstring>()()), &files));
+    TFRA_DE_REQUIRES_OK(ctx, t->Dump(std::string(dir.scalar<tensorflow::tstring>()()), &files));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(files.size())}), &out));
+    TFRA_DE_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(files.size())}), &out));
     for (size_t i = 0; i < files.size(); ++i) out->flat<tensorflow::tstring>()(i) = files[i];
   }
 };
@@ -641,11 +678,11 @@ class RestoreOp : public RedisTableOp {
   using RedisTableOp::RedisTableOp;
   void Run(OpKernelContext* ctx, RedisTable* t) override {
     const Tensor& files = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(files.shape()),
+    TFRA_DE_REQUIRES(ctx, TensorShapeUtils::IsVector(files.shape()),
                 absl::InvalidArgumentError("files must be a 1-D string tensor"));
     std::vector<std::string> paths;
     for (int64_t i = 0; i < files.NumElements(); ++i) paths.emplace_back(files.flat<tensorflow::tstring>()(i));
-    OP_REQUIRES_OK(ctx, t->Restore(paths));
+    TFRA_DE_REQUIRES_OK(ctx, t->Restore(paths));
   }
 };
 
