@@ -50,6 +50,11 @@ def eager_device_name():
 
 
 # --- tensorflow.python.saved_model.save_context --------------------------------------------
+def saving_saved_model():
+    """Whether a SavedModel is being written (tf.saved_model.save and what calls it)."""
+    return _save_context.in_save_context()
+
+
 def saving_without_devices():
     """Whether a SavedModel is being written that keeps no device placements: TF's default
     variable policy (`SaveOptions(experimental_variable_policy=SAVE_VARIABLE_DEVICES)` keeps

@@ -55,6 +55,11 @@ def check_ranks(proc_size, proc_rank):
                          f"got {proc_rank!r}")
 
 
+def _tensor_of(value):
+    """A tensor, or the tensor of a SaveSpec (made now: in a graph, the op runs when saved)."""
+    return value.tensor if isinstance(value, _tf_private.SaveSpec) else value
+
+
 class GraphSaveable(_tf_private.SaveableObject):
     """The v1 `Saver` view of a variable: `<name>-keys` and `<name>-values`."""
 
@@ -63,15 +68,16 @@ class GraphSaveable(_tf_private.SaveableObject):
         # The trackable's own tensors: joined on the task of the variable's first shard, so a
         # sharded Saver writes them there (a PS), not where the saving session runs.
         tensors = variable._serialize_to_tensors()  # pylint: disable=protected-access
-        keys, values = tensors[KEYS], tensors[VALUES]
-        specs = [_tf_private.SaveSpec(keys, "", f"{name}-{KEYS}"),
-                 _tf_private.SaveSpec(values, "", f"{name}-{VALUES}")]
+        # keys and values; other names where the rows stay outside (Redis table_store_mode)
+        self._names = [KEYS, VALUES] if KEYS in tensors else sorted(tensors)
+        specs = [_tf_private.SaveSpec(_tensor_of(tensors[n]), "", f"{name}-{n}")
+                 for n in self._names]
         super().__init__(variable, specs, name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes  # The shapes come from the saved tensors themselves.
-        keys, values = restored_tensors
-        return self._variable._restore_from_tensors({KEYS: keys, VALUES: values})  # pylint: disable=protected-access
+        return self._variable._restore_from_tensors(  # pylint: disable=protected-access
+            dict(zip(self._names, restored_tensors)))
 
 
 def register_graph_saveable(variable, name):

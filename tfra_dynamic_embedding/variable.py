@@ -604,6 +604,15 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
     def _serialize_to_tensors(self):
         if not self._checkpoint:
             return {}
+        if _tf_private.saving_saved_model() and not any(
+                getattr(t, "saved_model_holds_rows", True) for t in self._tables):
+            # Rows kept outside the process (Redis): the SavedModel reads them there (and its
+            # load must not write rows of the save's moment over newer ones).
+            return {}
+        if self._store_mode():
+            # TFRA's table_store_mode 1 / 2 (Redis): each shard says what the checkpoint holds.
+            return {f"{name}_{i}": tensor for i, t in enumerate(self._tables)
+                    for name, tensor in t.store_tensors().items()}
         # Joined on the first shard's task, whose SaveV2 writes them (TF saves a tensor where it
         # lives): on a cluster the rows go PS to PS, never through the client.
         with devices_lib.task_cpu_scope(self._tables[0].device):
@@ -613,6 +622,16 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
     def _restore_from_tensors(self, restored_tensors):
         if not self._checkpoint:
             return tf.no_op()
+        if checkpoint_lib.KEYS not in restored_tensors:
+            # A SavedModel of rows kept in Redis (nothing saved), or TFRA's table_store_mode
+            # 1 / 2: each shard reads its own part.
+            ops = []
+            for i, t in enumerate(self._tables):
+                mine = {name[:-len(f"_{i}")]: tensor for name, tensor in restored_tensors.items()
+                        if name.endswith(f"_{i}")}
+                if mine and hasattr(t, "restore_store_tensors"):
+                    ops.append(t.restore_store_tensors(mine))
+            return tf.group(*ops)
         restored = self.import_(restored_tensors[checkpoint_lib.KEYS],
                                 restored_tensors[checkpoint_lib.VALUES])
         # A SavedModel's copy (`_exported_from`) leaves the hooks' state to its own copies.
@@ -621,6 +640,12 @@ class Variable(variable_files.FileSystemMethods, _tf_private.AutoTrackable):
         for state in self._hooks.values():
             restored = state.after_restore(restored)
         return restored
+
+    def _store_mode(self):
+        """TFRA's `table_store_mode` when every shard table keeps its rows elsewhere and says
+        what a checkpoint holds (Redis tables in mode 1 or 2), else 0: the rows."""
+        modes = {getattr(t, "store_mode", 0) for t in self._tables}
+        return modes.pop() if len(modes) == 1 and modes <= {1, 2} else 0
 
     def _gather_saveables_for_checkpoint(self):
         # Only `tf.compat.v1.train.Saver(var_list=[w])` asks this (TF2 checkpoints use

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,27 @@ struct ServerOptions {
   std::string Name() const { return host + ":" + std::to_string(port); }
 };
 
+// Where the elements of an HMGET-like array reply go, parsed straight into a
+// tensor: element j of the reply is the row of key idx[j] (rows + idx[j] *
+// row_bytes; found[idx[j]] = true), a nil leaves it. The parser allocates no
+// reply object per element (hiredis' default makes two per element). Set on a
+// command (Command::sink); its reply then reaches on_reply as an array with
+// `elements` and no `element` (Parsed(reply) says so).
+struct RowSink {
+  const int64_t* idx = nullptr;
+  size_t n = 0;
+  char* rows = nullptr;
+  bool* found = nullptr;
+  int64_t row_bytes = 0;
+  // Set by the parser: the reply it parsed, and the first element that was no
+  // row of row_bytes (its reply type and length; bad_len -1: none).
+  const void* top = nullptr;
+  int bad_type = 0;
+  int64_t bad_len = -1;
+
+  bool Parsed(const redisReply* r) const { return r == top && r->element == nullptr; }
+};
+
 // One command as argv. The pointers are not owned (they point into tensors or
 // into `owned`) and must stay valid until the batch has run.
 struct Command {
@@ -54,6 +76,7 @@ struct Command {
   std::deque<std::string> owned;  // a deque: push_back never moves earlier strings
   int key_arg = 1;                // argv index of the Redis key (hash name): routing
   int lane = 0;                   // commands of one lane run in order on one connection
+  RowSink* sink = nullptr;        // its array reply is parsed into a tensor (RowSink)
 
   void Add(const char* p, size_t n) {
     argv.push_back(p);
@@ -137,6 +160,21 @@ Status ReplyError(const std::string& server, const Command& cmd, const redisRepl
 // config), or "" when the file has no such field. The password is read here,
 // in the kernel, so that it never appears in a graph or a SavedModel.
 Status ReadJsonStringField(const std::string& path, const std::string& field, std::string* out);
+
+// Every top-level field of a JSON file (TFRA's config) as the raw JSON text of
+// its value; JsonField decodes one (a missing field leaves *out as it is; a
+// value of another JSON type is an error naming the file and the field).
+Status ReadJsonObject(const std::string& path, std::map<std::string, std::string>* fields);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::string* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, int64_t* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, bool* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<std::string>* out);
+Status JsonField(const std::map<std::string, std::string>& fields, const std::string& path,
+                 const std::string& field, std::vector<int64_t>* out);
 
 }  // namespace redis
 }  // namespace tfra_de

@@ -1,14 +1,19 @@
 #include "cc/redis/redis_table.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstring>
 #include <deque>
 #include <string_view>
+#include <thread>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "cc/ops/de_util.h"  // Mix64
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/lib/io/path.h"
+#include "tensorflow/core/platform/env.h"
 
 namespace tfra_de {
 namespace redis {
@@ -21,6 +26,14 @@ using tensorflow::TensorShape;
 constexpr int kMaxLanes = 4;
 // A lane per this many commands at least: small ops stay on one connection.
 constexpr int64_t kCommandsPerLane = 4;
+// A lane per 4 CPUs of this machine at most: each lane's replies are read by a
+// thread of its own, which on a small machine takes CPU from TF's threads and
+// from a Redis server running beside it (measured on 2 CPUs: 2 lanes cost the
+// server ~10% more CPU per key than 1).
+int64_t CpuLanes() {
+  static const int64_t lanes = std::max<int64_t>(1, std::thread::hardware_concurrency() / 4);
+  return lanes;
+}
 
 // accum: rows += deltas inside the server, so that concurrent writers (several
 // workers' bp_v2 updates) all add up without a read-modify-write race. Lua's
@@ -137,19 +150,10 @@ uint32_t Crc32cTfra(const char* p, size_t n) {
   return c;
 }
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
 uint64_t LaneHash(const char* p, size_t n) {
   uint64_t h = n;
   for (size_t i = 0; i < n; ++i) h = h * 0x100000001b3ULL ^ static_cast<uint8_t>(p[i]);
-  return Mix(h);
+  return Mix64(h);
 }
 
 // The raw bytes of key i: the integer's little-endian bytes, or the string.
@@ -194,7 +198,33 @@ struct RedisTable::Batch {
   std::vector<Command> cmds;
   std::vector<std::vector<int64_t>> rows;  // rows[c]: key indices of command c, in order
   std::vector<std::string> prefix, after_hash;  // the commands point into these
+  size_t data_commands = 0;  // cmds[data_commands..]: EXPIREs (AddExpire)
+  std::string ttl;
 };
+
+void RedisTable::AddExpire(Batch* b) const {
+  b->data_commands = b->cmds.size();
+  if (opt_.expire_seconds <= 0) return;
+  b->ttl = std::to_string(opt_.expire_seconds);
+  // The last command of each (hash, lane): an EXPIRE after it runs after every
+  // write of that lane (a lane keeps its order), so no write outlives its TTL.
+  std::vector<std::pair<int, std::string>> seen;
+  for (size_t c = b->data_commands; c-- > 0;) {
+    const Command& cmd = b->cmds[c];
+    std::pair<int, std::string> id(cmd.lane, std::string(cmd.argv[cmd.key_arg], cmd.len[cmd.key_arg]));
+    if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+    seen.push_back(id);
+  }
+  for (const auto& id : seen) {
+    b->cmds.emplace_back();
+    Command& cmd = b->cmds.back();
+    cmd.lane = id.first;
+    cmd.Add("EXPIRE", 6);
+    cmd.AddOwned(id.second);
+    cmd.Add(b->ttl);
+    b->rows.emplace_back();
+  }
+}
 
 RedisTable::RedisTable(TableOptions opt, std::unique_ptr<Backend> backend)
     : opt_(std::move(opt)),
@@ -244,7 +274,7 @@ Status RedisTable::BuildBatch(const Tensor& keys, std::vector<std::string> prefi
   const int slices = static_cast<int>(opt_.hashes.size());
   const int64_t commands = (n + per - 1) / per;
   const int lanes = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>({commands / kCommandsPerLane, kMaxLanes, backend_->PoolSize()})));
+      1, std::min<int64_t>({commands / kCommandsPerLane, kMaxLanes, backend_->PoolSize(), CpuLanes()})));
   // Group key indices by (slice, lane), keeping their order within a group.
   const int groups = slices * lanes;
   std::vector<int32_t> group(n);
@@ -301,6 +331,17 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
   }
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"HMGET"}, {}, nullptr, &b));
+  // The replies are parsed straight into `values` (RowSink): no object per key.
+  std::vector<RowSink> sinks(b.cmds.size());
+  for (size_t c = 0; c < b.cmds.size(); ++c) {
+    RowSink& s = sinks[c];
+    s.idx = b.rows[c].data();
+    s.n = b.rows[c].size();
+    s.rows = MutableRowAt(values, 0, row_bytes_);
+    s.found = found;
+    s.row_bytes = row_bytes_;
+    b.cmds[c].sink = &s;
+  }
   return RunAll(b.cmds, [&](size_t c, const redisReply* r) -> Status {
     const auto& idx = b.rows[c];
     if (r->type != REDIS_REPLY_ARRAY || r->elements != idx.size()) {
@@ -309,14 +350,18 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
                                               " with ", r->elements, " elements for ", idx.size(),
                                               " keys"));
     }
+    auto bad_row = [&](int64_t len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Redis ", backend_->Name(), ": hash '", b.cmds[c].Key(), "' holds a row of ", len,
+          " bytes, not dim * sizeof(", tensorflow::DataTypeString(opt_.value_dtype), ") = ",
+          row_bytes_, " (another table, or another dim, under this name?)"));
+    };
+    if (sinks[c].Parsed(r)) return sinks[c].bad_len < 0 ? absl::OkStatus() : bad_row(sinks[c].bad_len);
     for (size_t j = 0; j < idx.size(); ++j) {
       const redisReply* e = r->element[j];
       if (e->type == REDIS_REPLY_NIL) continue;
       if (e->type != REDIS_REPLY_STRING || static_cast<int64_t>(e->len) != row_bytes_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Redis ", backend_->Name(), ": hash '", b.cmds[c].Key(), "' holds a row of ", e->len,
-            " bytes, not dim * sizeof(", tensorflow::DataTypeString(opt_.value_dtype), ") = ",
-            row_bytes_, " (another table, or another dim, under this name?)"));
+        return bad_row(static_cast<int64_t>(e->len));
       }
       std::memcpy(MutableRowAt(values, idx[j], row_bytes_), e->str, row_bytes_);
       found[idx[j]] = true;
@@ -328,6 +373,7 @@ Status RedisTable::Find(const Tensor& keys, const Tensor& defaults, Tensor* valu
 Status RedisTable::Insert(const Tensor& keys, const Tensor& values) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"HSET"}, {}, &values, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
@@ -335,13 +381,16 @@ Status RedisTable::Accum(const Tensor& keys, const Tensor& deltas) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"EVAL", kAccumScript, "1"},
                                 {Kind(opt_.value_dtype), std::to_string(opt_.dim)}, &deltas, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
 Status RedisTable::InsertMissing(const Tensor& keys, const Tensor& values, Tensor* stored) {
   Batch b;
   TF_RETURN_IF_ERROR(BuildBatch(keys, {"EVAL", kInsertMissingScript, "1"}, {}, &values, &b));
+  AddExpire(&b);
   return RunAll(b.cmds, [&](size_t c, const redisReply* r) -> Status {
+    if (c >= b.data_commands) return absl::OkStatus();  // EXPIRE
     const auto& idx = b.rows[c];
     if (r->type != REDIS_REPLY_ARRAY || r->elements != idx.size()) {
       return absl::InternalError(absl::StrCat("Redis ", backend_->Name(),
@@ -474,6 +523,87 @@ Status RedisTable::Export(OpKernelContext* ctx, int keys_output, int values_outp
   }
   if (n > 0) std::memcpy(MutableRowAt(values_out, 0, row_bytes_), rows.data(), rows.size());
   return absl::OkStatus();
+}
+
+namespace {
+
+// A hash name as a file name: [A-Za-z0-9._:{}-] as is, other bytes %XX.
+std::string FileNameOf(const std::string& hash) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char ch : hash) {
+    if (std::isalnum(ch) || std::strchr("._:{}-", ch) != nullptr) {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[ch >> 4]);
+      out.push_back(kHex[ch & 15]);
+    }
+  }
+  return out + ".rdb";
+}
+
+}  // namespace
+
+Status RedisTable::Dump(const std::string& directory, std::vector<std::string>* files) {
+  tensorflow::Env* env = tensorflow::Env::Default();
+  TF_RETURN_IF_ERROR(env->RecursivelyCreateDir(directory));
+  std::vector<Command> cmds(opt_.hashes.size());
+  for (size_t s = 0; s < cmds.size(); ++s) {
+    cmds[s].Add("DUMP", 4);
+    cmds[s].Add(opt_.hashes[s]);
+  }
+  std::vector<std::string> payloads(cmds.size());
+  TF_RETURN_IF_ERROR(RunAll(cmds, [&](size_t s, const redisReply* r) -> Status {
+    if (r->type == REDIS_REPLY_STRING) {
+      payloads[s].assign(r->str, r->len);
+    } else if (r->type != REDIS_REPLY_NIL) {
+      return absl::InternalError(absl::StrCat("Redis ", backend_->Name(), ": DUMP of '",
+                                              Printable(opt_.hashes[s]), "' answered reply type ", r->type));
+    }
+    return absl::OkStatus();
+  }));
+  files->clear();
+  for (size_t s = 0; s < cmds.size(); ++s) {
+    const std::string path = tensorflow::io::JoinPath(directory, FileNameOf(opt_.hashes[s]));
+    const std::string tmp = absl::StrCat(path, ".tmp", env->NowMicros());
+    TF_RETURN_IF_ERROR(tensorflow::WriteStringToFile(env, tmp, payloads[s]));
+    TF_RETURN_IF_ERROR(env->RenameFile(tmp, path));
+    files->push_back(path);
+  }
+  return absl::OkStatus();
+}
+
+Status RedisTable::Restore(const std::vector<std::string>& files) {
+  if (files.size() != opt_.hashes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the Redis dump holds ", files.size(), " slice file(s), the table has ", opt_.hashes.size(),
+        " slice(s) (storage_slice): restore it into a table of the same storage_slice"));
+  }
+  tensorflow::Env* env = tensorflow::Env::Default();
+  std::vector<std::string> payloads(files.size());
+  for (size_t s = 0; s < files.size(); ++s) {
+    Status read = tensorflow::ReadFileToString(env, files[s], &payloads[s]);
+    if (!read.ok()) {
+      return absl::Status(read.code(), absl::StrCat("cannot read the Redis dump file of slice ", s,
+                                                    " (table_store_mode 1): ", read.message()));
+    }
+  }
+  std::vector<Command> cmds(files.size());
+  const std::string ttl = std::to_string(opt_.expire_seconds > 0 ? opt_.expire_seconds * 1000 : 0);
+  for (size_t s = 0; s < files.size(); ++s) {
+    if (payloads[s].empty()) {
+      cmds[s].Add("UNLINK", 6);
+      cmds[s].Add(opt_.hashes[s]);
+      continue;
+    }
+    cmds[s].Add("RESTORE", 7);
+    cmds[s].Add(opt_.hashes[s]);
+    cmds[s].Add(ttl);  // ms; 0: no TTL
+    cmds[s].Add(payloads[s]);
+    cmds[s].Add("REPLACE", 7);
+  }
+  return RunAll(cmds, [](size_t, const redisReply*) { return absl::OkStatus(); });
 }
 
 }  // namespace redis

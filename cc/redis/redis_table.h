@@ -33,6 +33,7 @@ struct TableOptions {
   bool spread_slices = false;       // cluster mode: keys spread over the slices (TFRA)
   bool hash_slices = false;         // using_hash_storage_slice: CRC32C of the key
   int64_t keys_per_command = 1024;  // keys_sending_size
+  int64_t expire_seconds = -1;      // > 0: every write sets this TTL on the hashes it wrote
 };
 
 class RedisTable : public tensorflow::ResourceBase {
@@ -59,6 +60,14 @@ class RedisTable : public tensorflow::ResourceBase {
   Status Clear();
   // Every (key, row) of every slice; a key comes once.
   Status Export(OpKernelContext* ctx, int keys_output, int values_output);
+  // TFRA's table_store_mode 1: writes each slice's `DUMP` (Redis' serialized
+  // hash; an empty file for an absent hash) to `<directory>/<hash name>.rdb`
+  // (bytes that are not [A-Za-z0-9._:{}-] as %XX), through a temporary file
+  // renamed into place; files[i]: the path of slice i's file.
+  Status Dump(const std::string& directory, std::vector<std::string>* files);
+  // Reads files[i] (Dump's) into slice i with `RESTORE ... REPLACE` (an empty
+  // file removes the hash). Only reads the files.
+  Status Restore(const std::vector<std::string>& files);
 
  private:
   struct Batch;
@@ -69,6 +78,9 @@ class RedisTable : public tensorflow::ResourceBase {
                     std::vector<std::string> after_hash, const Tensor* rows, Batch* batch);
   int SliceOf(const char* p, size_t n) const;
   Status RunAll(const std::vector<Command>& cmds, const ReplyFn& on_reply);
+  // Appends `EXPIRE hash expire_seconds` after the last command of each
+  // (hash, lane) of the batch, when expire_seconds > 0.
+  void AddExpire(Batch* batch) const;
 
   const TableOptions opt_;
   const std::unique_ptr<Backend> backend_;

@@ -175,8 +175,9 @@ def test_initial_rows_equal_native(creator, initializer):
 
 
 def test_table_ops_on_many_keys_in_small_commands(creator):
-    """20,000 keys in commands of 7 (keys_sending_size): several parallel lanes, with a
-    duplicate of every key in the same upsert (the last row wins, as in memory)."""
+    """20,000 keys in commands of 7 (keys_sending_size): parallel lanes where the machine has
+    >= 8 CPUs (a lane per 4), with a duplicate of every key in the same upsert (the last row
+    wins, as in memory)."""
     red = de.Variable(name="many", dim=3, kv_creator=creator)
     nat = de.Variable(name="many_native", dim=3, kv_creator=de.NativeKVCreator())
     red.clear()
@@ -232,6 +233,34 @@ def test_layout_is_tfras_both_ways(server, creator):
     resp(server.port, "HSET", hash_name, struct.pack("<q", 3), b"\0" * 8)
     with pytest.raises(tf.errors.InvalidArgumentError, match="row of 8 bytes, not dim"):
         var.lookup(tf.constant([3], tf.int64))
+
+
+def test_lookup_replies_parsed_into_the_tensor(server, creator):
+    """HMGET replies go straight into the output (no reply object per key): present, absent and
+    duplicate keys over many commands equal native's; an error reply (the hash name holding a
+    string) and a row of another width are named, and the next lookup works."""
+    red = de.Variable(name="parsed", dim=4, kv_creator=creator,
+                      initializer=tf.keras.initializers.Constant(-2.0))
+    nat = de.Variable(name="parsed_native", dim=4, kv_creator=de.NativeKVCreator(),
+                      initializer=tf.keras.initializers.Constant(-2.0))
+    red.clear()
+    stored = tf.constant(np.arange(0, 3000, 3), tf.int64)
+    rows = tf.random.stateless_normal([1000, 4], seed=[4, 4])
+    for var in (red, nat):
+        var.upsert(stored, rows)
+    query = tf.constant(np.concatenate([np.arange(3000), np.arange(0, 3000, 6)]), tf.int64)
+    got, exists = red.lookup(query, return_exists=True)
+    want, want_exists = nat.lookup(query, return_exists=True)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(exists.numpy(), want_exists.numpy())
+    name = red.tables[0].kv_table.hash_names[0]
+    resp(server.port, "RENAME", name, name + b"_moved")
+    resp(server.port, "SET", name, b"not a hash")
+    with pytest.raises(tf.errors.FailedPreconditionError, match="WRONGTYPE"):
+        red.lookup(query)
+    resp(server.port, "DEL", name)
+    resp(server.port, "RENAME", name + b"_moved", name)
+    np.testing.assert_array_equal(red.lookup(query).numpy(), want.numpy())
 
 
 def test_md5_prefix_names_and_slices(server, tmp_path):

@@ -22,6 +22,9 @@ INSTALL_STEPS = (
     # This package's kernels, so that a plain tf.distribute.Server in this process (a parameter
     # server) can host native tables that remote clients place on it.
     ("tfra_dynamic_embedding.tables.native", "is_available"),
+    # The Redis tables' kernels where they were built: a SavedModel of Redis-backed variables
+    # loads in a process that has only imported the package (docs/redis.md).
+    ("tfra_dynamic_embedding.tables.redis", "load_if_built"),
     # Keras knows the de.keras layers and the wrapped optimizers by name, so that
     # `load_model` of a saved model finds them in a new process.
     ("tfra_dynamic_embedding.optimizer", "register_keras_optimizers"),

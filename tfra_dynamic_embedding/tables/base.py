@@ -168,6 +168,10 @@ class KVTable(tf.saved_model.experimental.TrackableResource, metaclass=_Abstract
     save itself: it has no `_serialize_to_tensors`.
     """
 
+    # Whether a SavedModel of the table's variable holds its rows. A table whose rows live
+    # outside the process (Redis) says False: the SavedModel's lookups read them where they are.
+    saved_model_holds_rows = True
+
     def __init__(self, key_dtype, value_dtype, dim, name, device="", shared_name=None):
         super().__init__(device=device)
         self.key_dtype = tf.as_dtype(key_dtype)

@@ -17,8 +17,10 @@ The config is TFRA's JSON file (`de.RedisTableConfig`; tables/redis_config.py re
 of TFRA's modes (`redis_connection_mode`): 2 standalone, 1 sentinel (the master is asked of the
 sentinels, again after a failover), 0 Redis Cluster (slot routing in the kernel). The passwords
 are read by the kernel from the file, so that they never appear in a graph or SavedModel. A
-checkpoint holds the rows as for the other backends (TFRA's `table_store_mode` 0, whatever the
-file says).
+checkpoint holds the rows as for the other backends, or with the file's `table_store_mode` 1 the
+paths of Redis dumps of the hashes (2: nothing; `RedisKVTable.store_mode`). A SavedModel holds
+none: its lookups read them in Redis, through the config file found again when it is loaded
+(docs/redis.md, "Serving from Redis").
 
 The op library is `_tfra_de_redis_ops.so` next to this file, or `$TFRA_DE_REDIS_OPS_LIBRARY`;
 it is built only where hiredis is installed (`make system-deps`), and creating a table without
@@ -32,14 +34,15 @@ Usage (with a server; docs/redis.md has more), `redis.json` being
     emb = de.get_variable("user_emb", dim=16, kv_creator=creator)
 """
 
+import json
 import os
 import re
 import socket
 import threading
 
 import tensorflow as tf
-from absl import logging
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding import checkpoint as checkpoint_lib
 from tfra_dynamic_embedding.tables import base, native
 from tfra_dynamic_embedding.tables import redis_config as rc
@@ -77,6 +80,14 @@ def _load():
 def is_available():
     """Whether the Redis op library is loaded (loading it on first call)."""
     return _load() is not None
+
+
+def load_if_built():
+    """Loads the op library when it is there (silently otherwise): a SavedModel holding Redis
+    tables loads only where their ops are registered, so TFRA's import
+    (`compat.install`) calls this, and `tf.saved_model.load` works right after
+    `import tensorflow_recommenders_addons.dynamic_embedding`. True when loaded."""
+    return os.path.exists(library_path()) and is_available()
 
 
 def ops():
@@ -145,26 +156,61 @@ def _resp_command(conn, reader, *args):
 
 
 def _config_of(config):
-    """(RedisConfig, path of its file or "") of a creator's `config`."""
+    """(RedisConfig, path of its file or "", the environment variables naming the file in
+    TFRA's order) of a creator's `config`."""
     if isinstance(config, rc.RedisConfig):
         if config.redis_password or config.redis_sentinel_password:
             raise ValueError("a RedisConfig with a redis_password must come from its config file "
                              "(de.RedisTableConfig): the kernel reads the password from the file, "
                              "so that it is never written into a graph")
-        return config, ""
+        return config, "", ()
     path, _ = rc.resolve_config_path(config)
-    return rc.read_redis_config(config), path
+    env = tuple(v for v in (config.redis_config_abs_dir_env, rc.CONFIG_PATH_ENV) if v)
+    return rc.read_redis_config(config), path, env
+
+
+def named_fields(path):
+    """The fields a config file names (an empty set for no file)."""
+    if not path:
+        return set()
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return set()
+    return set(doc) if isinstance(doc, dict) else set()
+
+
+def store_mode_of(config, path):
+    """The `table_store_mode` a checkpoint follows: the file's when it names one, else 0 (the
+    rows, portable to every backend). TFRA's default is 1; here a dump needs asking for, as
+    earlier releases of this package always wrote the rows."""
+    return config.table_store_mode if "table_store_mode" in named_fields(path) else 0
+
+
+def expire_seconds_of(config, path):
+    """The TTL (s) every write sets on its hashes: `expire_model_tag_in_seconds` when the file
+    names it and it is > 0, else -1 (none). TFRA's default is 7 days; here a TTL needs asking
+    for, so that a pause in training never deletes a table."""
+    seconds = config.expire_model_tag_in_seconds
+    return seconds if "expire_model_tag_in_seconds" in named_fields(path) and seconds > 0 else -1
 
 
 class RedisKVTable(base.KVTable):
     """A shard table in Redis (see `KVTable` for the methods; module docstring for the layout).
 
     config: the parsed `RedisConfig`; password_file: the JSON file the kernel reads
-    `redis_password` from ("" for none).
+    `redis_password` from ("" for none); config_env: the environment variables that name the
+    file (TFRA's order). With a file, the kernel reads it again whenever it creates the table
+    -- also in a process that loads a SavedModel of it: there the first of `config_env` that is
+    set names the file, else `password_file`; its connection fields and model_tag_runtime
+    replace those of `config` (docs/redis.md, "Serving from Redis").
     """
 
+    saved_model_holds_rows = False   # a SavedModel reads the rows in Redis
+
     def __init__(self, key_dtype, value_dtype, dim, name, config, password_file="", device="",
-                 shared_name=None):
+                 shared_name=None, config_env=(), store_mode=0, expire_seconds=-1):
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         if key_dtype not in KEY_DTYPES:
             raise TypeError(f"key_dtype of a Redis table must be one of int32, int64, string; "
@@ -188,6 +234,9 @@ class RedisKVTable(base.KVTable):
             slots = rc.cluster_slot_ranges(cluster_nodes(config))   # TFRA's tags follow them
         self.hash_names = config.slice_names(self.redis_name, slots)
         self._password_file = password_file
+        self._config_env = list(config_env)
+        self._store_mode = int(store_mode)
+        self._expire_seconds = int(expire_seconds)
         self.resource_handle  # pylint: disable=pointless-statement  (create it now, on `device`)
 
     def _create_resource(self):
@@ -206,8 +255,49 @@ class RedisKVTable(base.KVTable):
             sentinel_connect_timeout_ms=c.redis_sentinel_connect_timeout,
             sentinel_socket_timeout_ms=c.redis_sentinel_socket_timeout,
             hash_names=self.hash_names, using_hash_storage_slice=c.using_hash_storage_slice,
-            keys_sending_size=c.keys_sending_size, shared_name=shared_name,
+            keys_sending_size=c.keys_sending_size,
+            expire_seconds=self._expire_seconds,
+            follow_config=bool(self._password_file),
+            config_env=self._config_env, model_tag=c.model_tag_runtime,
+            md5_prefix=c.using_md5_prefix_name, shared_name=shared_name,
             use_node_name_sharing=not tf.inside_function(), name=base.op_name(self.name))
+
+    # -- checkpoints: TFRA's table_store_mode ---------------------------------------------
+
+    @property
+    def store_mode(self):
+        """TFRA's `table_store_mode` (`store_mode_of`): 0 a checkpoint holds the rows, 1 it names
+        Redis dump files (`<model_lib_abs_dir>/<model_tag_runtime>/<hash>.rdb`, written at each
+        save, read back at restore), 2 it holds only the hash names (the rows stay in Redis)."""
+        return self._store_mode
+
+    def dump_directory(self):
+        return os.path.join(self.config.model_lib_abs_dir, self.config.model_tag_runtime)
+
+    def store_tensors(self):
+        """What a checkpoint holds of this table in store modes 1 and 2 (see `store_mode`).
+
+        Mode 1's dump is a SaveSpec of a callable, run only when the checkpoint is written: TF
+        also asks a trackable for its tensors when it restores it (for their names), and a dump
+        made then would overwrite the files about to be read (TFRA's restore has that bug)."""
+        device = self.device or "/device:CPU:0"
+        if self.store_mode == 1:
+            def dump():
+                with tf.device(self.device):
+                    return self.gen_ops.tfra_de_redis_dump(self.resource_handle,
+                                                           self.dump_directory())
+            return {"redis_dump_files": _tf_private.SaveSpec(dump, "", "", dtype=tf.string,
+                                                             device=device)}
+        with tf.device(self.device):
+            return {"redis_hashes": tf.constant(self.hash_names, tf.string)}
+
+    def restore_store_tensors(self, tensors):
+        """Store mode 1: reads the dump files named (never writes them); mode 2: nothing."""
+        with tf.device(self.device):
+            if "redis_dump_files" in tensors:
+                return self.gen_ops.tfra_de_redis_restore(self.resource_handle,
+                                                          tensors["redis_dump_files"])
+            return tf.no_op()
 
     # -- conversions ----------------------------------------------------------------------
 
@@ -285,6 +375,14 @@ class RedisKVTable(base.KVTable):
                 rows, exists = self.lookup_with_exists(keys, self._initial_rows(keys, init))
                 return rows, exists if return_exists else None
             rows, exists = self._lookup_or_zeros(keys)
+            drawer = self._drawer()
+            if drawer is not None and native.fused_form(init) is not None:
+                # Every key's initial row, drawn in C++ while the find waits on the server (the
+                # two ops do not depend on each other, so TF runs them side by side), then one
+                # select: no unique / gather / scatter over the missing keys.
+                drawn = drawer.lookup_or_init(keys, init, return_exists=False)[0]
+                rows = tf.where(tf.expand_dims(exists, -1), rows, drawn)
+                return rows, exists if return_exists else None
             missing = tf.where(tf.logical_not(exists))
             unique_keys, index = tf.unique(tf.gather_nd(keys, missing))
             new_rows = self._initial_rows(unique_keys, init)
@@ -370,13 +468,10 @@ class RedisKVCreator(base.KVCreator):
 
     def create(self, key_dtype, value_dtype, dim, name, device="", shared_name=None, init_size=0):
         del init_size  # Redis grows by itself
-        config, password_file = _config_of(self.config)
-        if config.table_store_mode != 0:
-            logging.log_first_n(logging.INFO, "Redis tables: checkpoints hold the rows "
-                                "(table_store_mode 0); table_store_mode %d is not used here", 1,
-                                config.table_store_mode)
+        config, password_file, config_env = _config_of(self.config)
         return RedisKVTable(key_dtype, value_dtype, dim, name, config, password_file, device,
-                            shared_name)
+                            shared_name, config_env, store_mode_of(config, password_file),
+                            expire_seconds_of(config, password_file))
 
 
 class RedisTableCreator(RedisKVCreator):
@@ -401,3 +496,4 @@ class RedisTableCreator(RedisKVCreator):
             raise TypeError(f"saver must be None or a de.FileSystemSaver; got {saver!r}")
         super().__init__(config)
         self.saver = saver
+

@@ -47,7 +47,7 @@ def tfra_redis_ops_library(name, library_name):
     main one never needs libhiredis. Must be called from the root BUILD (as tfra_ops_library).
     """
     srcs = native.glob(["cc/redis/*.cc"])
-    hdrs = native.glob(["cc/redis/*.h"])
+    hdrs = native.glob(["cc/redis/*.h"]) + ["cc/ops/de_util.h"]  # Mix64 (lane hash)
     declared = bool(srcs) and HIREDIS_AVAILABLE
     if declared:
         native.cc_binary(
