@@ -3,7 +3,8 @@
 `save` traces the serving functions with every `de.Variable` read from a stock snapshot of its
 rows (`tables.stock_lookups`) and saves a module holding those snapshots
 (`tables.stock_table.StockTable`), the dense variables the functions read and the functions: no
-op of this package, whatever backend trained the tables (the native one by default). Keras 3's `model.export(DIR)` and tf_keras'
+op of this package for tables of the native backend (Redis tables stay: they serve
+the rows training keeps writing). Keras 3's `model.export(DIR)` and tf_keras'
 `model.export(DIR)` write this by default for a model whose tables are not stock already
 (`install_keras_export`), `de.keras.models.save_model(..., stock_tables=True)` on request
 (`keras/models.py`; by default it saves the model as it is, as TFRA does). Keys a table does not
@@ -50,10 +51,11 @@ def dynamic_embeddings_of(model):
 
 
 def needs_stock_copy(model):
-    """Whether some table of `model` is on a backend that is not stock TensorFlow (the native
-    one, Redis, ...): its SavedModel then serves stock snapshots."""
-    from tfra_dynamic_embedding.tables import builtin  # pylint: disable=import-outside-toplevel
-    return any(not isinstance(table, builtin.BuiltinKVTable)
+    """Whether some table of `model` is on the native backend: its SavedModel then serves stock
+    snapshots. Built-in tables are stock already; Redis tables stay Redis tables, so that the
+    SavedModel reads the rows training keeps writing (docs/redis.md, "Serving from Redis")."""
+    from tfra_dynamic_embedding.tables import native  # pylint: disable=import-outside-toplevel
+    return any(isinstance(table, native.NativeKVTable)
                for variable in dynamic_embeddings_of(model) for table in variable.shards.tables)
 
 
