@@ -34,6 +34,7 @@ EXPECTED = {
     "cluster_connection": "function",
     "copy_handle_data": "callable",
     "saving_without_devices": "function",
+    "saving_saved_model": "function",
     "resource_variable_handle": "function",
     "recreate_resource": "function",
     "trainable_weight_list": "function",

@@ -31,6 +31,7 @@ import re
 
 import tensorflow as tf
 
+from tfra_dynamic_embedding import _tf_private
 from tfra_dynamic_embedding.tables import stock_lookups
 
 PACKAGE = "tfra_dynamic_embedding"
@@ -118,7 +119,7 @@ def save(export_dir, signatures, options=None, default=None):
             concrete[name] = function.get_concrete_function()
     if default is not None and SERVING_DEFAULT not in concrete:
         concrete[SERVING_DEFAULT] = concrete[default]
-    root = tf.__internal__.tracking.AutoTrackable()   # a tf.Module's `variables` is read-only
+    root = _tf_private.AutoTrackable()   # a tf.Module's `variables` is read-only
     root.tables = lookups.tables
     table_variables = {table.rows.ref() for table in lookups.tables}
     dense = []
