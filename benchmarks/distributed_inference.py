@@ -241,38 +241,11 @@ def percentiles(latencies):
 
 def timed(predict, requests, pids, clients):
     """Latencies and CPU: serially (clients=1) or closed loop with `clients` threads."""
-    latencies = [None] * len(requests)
-    errors = []
-    counter = iter(range(len(requests)))
-    lock = threading.Lock()
-
-    def client():
-        while True:
-            with lock:
-                index = next(counter, None)
-            if index is None:
-                return
-            began = time.perf_counter()
-            try:
-                predict(requests[index])
-            except Exception as error:  # pylint: disable=broad-except
-                errors.append(error)
-                return
-            latencies[index] = time.perf_counter() - began
-
     cpu_before = self_cpu() + sum(cpu_seconds(p) for p in pids)
-    began = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - began
+    latencies, rate = timed_client(predict, requests, clients)
     cpu = self_cpu() + sum(cpu_seconds(p) for p in pids) - cpu_before
-    if errors:
-        raise errors[0]
     return {**percentiles(latencies), "cpu_ms": round(cpu / len(requests) * 1e3, 2),
-            "requests_per_s": round(len(requests) / wall, 1)}
+            "requests_per_s": round(rate, 1)}
 
 
 def timed_client(call, payloads, clients):
